@@ -1,0 +1,4 @@
+"""Entry point of the ``hamid`` command."""
+
+def main() -> int:
+    return 0
