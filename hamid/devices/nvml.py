@@ -1,0 +1,274 @@
+"""The NVML backend: real GPUs through ``pynvml`` (package ``nvidia-ml-py``).
+
+Reads the inventory (index, UUID, name, memory, SMs, NUMA node, health, MIG
+capability and mode, the MIG profile table with its possible placements, and
+the live GPU instances), and creates and destroys MIG instances at an exact
+placement. It never changes MIG mode, clocks or any other GPU setting.
+
+Every call here blocks; the daemon runs them under ``trio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+from .errors import DeviceError
+from .types import GpuInfo, MigInstance, MigPlacement, MigProfile
+
+try:  # the module is a hard dependency, but the shared library may be absent
+    import pynvml
+except ImportError:  # pragma: no cover - nvidia-ml-py is in pyproject
+    pynvml = None  # type: ignore[assignment]
+
+# GPU-instance slice count -> compute-instance profile that spans the whole GI.
+_CI_PROFILE_FOR_SLICES = {
+    1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
+    2: "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE",
+    3: "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE",
+    4: "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE",
+    6: "NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE",
+    7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE",
+    8: "NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE",
+}
+
+
+def driver_present() -> bool:
+    """True when NVML can be initialised on this machine."""
+    if pynvml is None:
+        return False
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return False
+    try:
+        return pynvml.nvmlDeviceGetCount() > 0
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _nvml_error(e: Exception, what: str) -> DeviceError:
+    return DeviceError(f"{what}: NVML says {e}")
+
+
+class NvmlBackend:
+    kind = "nvml"
+
+    def __init__(self) -> None:
+        if pynvml is None:
+            raise DeviceError("nvidia-ml-py is not installed")
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            raise _nvml_error(e, "cannot initialise NVML") from e
+        self._lock = threading.Lock()  # NVML MIG calls are serialised per process
+        self.description = pynvml.nvmlSystemGetDriverVersion()
+
+    def close(self) -> None:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+    # --- inventory ---------------------------------------------------------
+
+    def gpus(self) -> list[GpuInfo]:
+        with self._lock:
+            return [self._read(i) for i in range(pynvml.nvmlDeviceGetCount())]
+
+    def _read(self, index: int) -> GpuInfo:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+        name = _text(pynvml.nvmlDeviceGetName(h))
+        healthy = True
+        try:
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)
+        except pynvml.NVMLError:
+            mem, healthy = 0, False
+        mig_capable, mig_enabled = False, False
+        try:
+            cur, _pending = pynvml.nvmlDeviceGetMigMode(h)
+            mig_capable, mig_enabled = True, cur == pynvml.NVML_DEVICE_MIG_ENABLE
+        except pynvml.NVMLError:
+            pass
+        profiles = self._profiles(h) if mig_capable else ()
+        sm = self._sm_count(h, profiles)
+        instances = self._instances(h, profiles) if mig_enabled else ()
+        try:
+            minor = pynvml.nvmlDeviceGetMinorNumber(h)
+        except pynvml.NVMLError:
+            minor = None
+        mem_slices = max((p.end for pr in profiles for p in pr.placements), default=0)
+        compute_slices = max((pr.slices for pr in profiles), default=0)
+        return GpuInfo(
+            index=index, uuid=uuid, name=name, memory_mib=mem, sm_count=sm,
+            numa_node=self._numa(h), healthy=healthy and self._ecc_ok(h),
+            mig_capable=mig_capable and bool(profiles), mig_enabled=mig_enabled,
+            memory_slices=mem_slices, compute_slices=compute_slices,
+            mig_profiles=profiles, mig_instances=instances, minor=minor,
+        )
+
+    @staticmethod
+    def _sm_count(h, profiles) -> int:
+        try:
+            return int(pynvml.nvmlDeviceGetAttributes(h).multiprocessorCount)
+        except (pynvml.NVMLError, AttributeError):
+            return max((p.sm_count for p in profiles), default=0)
+
+    @staticmethod
+    def _numa(h) -> int | None:
+        try:
+            bus = _text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower()
+            # NVML prints an 8-digit domain; sysfs uses 4.
+            bus = bus[-12:] if len(bus) > 12 else bus
+            raw = Path(f"/sys/bus/pci/devices/{bus}/numa_node").read_text().strip()
+            return max(0, int(raw))
+        except Exception:
+            return None
+
+    @staticmethod
+    def _ecc_ok(h) -> bool:
+        try:
+            n = pynvml.nvmlDeviceGetTotalEccErrors(
+                h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
+            return n == 0
+        except pynvml.NVMLError:
+            return True  # ECC not supported or disabled: no signal, not a fault
+
+    @staticmethod
+    def _profiles(h) -> tuple[MigProfile, ...]:
+        out: list[MigProfile] = []
+        for p in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, p)
+            except pynvml.NVMLError:
+                continue  # profile absent on this GPU
+            placements: tuple[MigPlacement, ...] = ()
+            try:
+                count = ctypes.c_uint(0)
+                pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, None, ctypes.byref(count))
+                arr = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+                pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(count))
+                placements = tuple(MigPlacement(a.start, a.size) for a in arr[: count.value])
+            except pynvml.NVMLError:
+                pass
+            name = _text(getattr(info, "name", b"")) or f"{info.sliceCount}g.{info.memorySizeMB // 1024}gb"
+            out.append(MigProfile(
+                name=name, profile_id=int(info.id), memory_mib=int(info.memorySizeMB),
+                slices=int(info.sliceCount), max_instances=int(info.instanceCount),
+                sm_count=int(info.multiprocessorCount), placements=placements))
+        return tuple(out)
+
+    @staticmethod
+    def _instances(h, profiles) -> tuple[MigInstance, ...]:
+        out: list[MigInstance] = []
+        for prof in profiles:
+            count = ctypes.c_uint(0)
+            arr = (pynvml.c_nvmlGpuInstance_t * max(1, prof.max_instances))()
+            try:
+                pynvml.nvmlDeviceGetGpuInstances(h, prof.profile_id, arr, ctypes.byref(count))
+            except pynvml.NVMLError:
+                continue
+            for gi in arr[: count.value]:
+                info = pynvml.nvmlGpuInstanceGetInfo(gi)
+                ci_id, mig_uuid = NvmlBackend._first_ci(gi, prof)
+                out.append(MigInstance(prof.name, MigPlacement(info.placement.start, info.placement.size),
+                                       int(info.id), ci_id, mig_uuid))
+        return tuple(out)
+
+    @staticmethod
+    def _ci_profile(gi, slices: int):
+        const = getattr(pynvml, _CI_PROFILE_FOR_SLICES.get(slices, ""), None)
+        if const is None:
+            raise DeviceError(f"no compute-instance profile for a {slices}-slice GPU instance")
+        return pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, const, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+
+    @staticmethod
+    def _first_ci(gi, prof: MigProfile) -> tuple[int, str]:
+        try:
+            ci_prof = NvmlBackend._ci_profile(gi, prof.slices)
+            arr = (pynvml.c_nvmlComputeInstance_t * 8)()
+            count = ctypes.c_uint(0)
+            pynvml.nvmlGpuInstanceGetComputeInstances(gi, ci_prof.id, arr, ctypes.byref(count))
+            if count.value:
+                info = pynvml.nvmlComputeInstanceGetInfo(arr[0])
+                return int(info.id), _text(pynvml.nvmlDeviceGetUUID(info.device))
+        except (pynvml.NVMLError, DeviceError):
+            pass
+        return -1, ""
+
+    def _handle(self, gpu: str):
+        try:
+            if gpu.startswith("GPU-"):
+                return pynvml.nvmlDeviceGetHandleByUUID(gpu)
+            return pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
+        except (pynvml.NVMLError, ValueError) as e:
+            raise _nvml_error(e, f"no GPU {gpu!r}") from e
+
+    # --- MIG ---------------------------------------------------------------
+
+    def create_mig_instance(self, gpu: str, profile_name: str, placement: MigPlacement) -> MigInstance:
+        with self._lock:
+            h = self._handle(gpu)
+            cur, _ = pynvml.nvmlDeviceGetMigMode(h)
+            if cur != pynvml.NVML_DEVICE_MIG_ENABLE:
+                raise DeviceError(f"GPU {gpu} is not in MIG mode; enable MIG on it first "
+                                  "(hamid never switches MIG mode)")
+            prof = next((p for p in self._profiles(h) if p.name == profile_name), None)
+            if prof is None:
+                raise DeviceError(f"GPU {gpu} has no MIG profile {profile_name!r}")
+            pl = pynvml.c_nvmlGpuInstancePlacement_t()
+            pl.start, pl.size = placement.start, placement.size
+            try:
+                gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, prof.profile_id, ctypes.byref(pl))
+            except pynvml.NVMLError as e:
+                raise _nvml_error(e, f"creating {profile_name} at {placement} on GPU {gpu}") from e
+            try:
+                ci_prof = self._ci_profile(gi, prof.slices)
+                ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_prof.id)
+                info = pynvml.nvmlComputeInstanceGetInfo(ci)
+                mig_uuid = _text(pynvml.nvmlDeviceGetUUID(info.device))
+                gi_info = pynvml.nvmlGpuInstanceGetInfo(gi)
+            except Exception as e:
+                try:  # roll back the GPU instance
+                    pynvml.nvmlGpuInstanceDestroy(gi)
+                except pynvml.NVMLError:
+                    pass
+                raise DeviceError(f"creating the compute instance for {profile_name} on GPU {gpu}: {e}") from e
+            return MigInstance(profile_name, placement, int(gi_info.id), int(info.id), mig_uuid)
+
+    def destroy_mig_instance(self, gpu: str, gi_id: int) -> bool:
+        with self._lock:
+            h = self._handle(gpu)
+            try:
+                gi = pynvml.nvmlDeviceGetGpuInstanceById(h, gi_id)
+            except pynvml.NVMLError_NotFound:
+                return False
+            except pynvml.NVMLError as e:
+                raise _nvml_error(e, f"looking up GPU instance {gi_id} on {gpu}") from e
+            for slices in sorted({int(s) for s in _CI_PROFILE_FOR_SLICES}):
+                try:
+                    ci_prof = self._ci_profile(gi, slices)
+                    arr = (pynvml.c_nvmlComputeInstance_t * 8)()
+                    count = ctypes.c_uint(0)
+                    pynvml.nvmlGpuInstanceGetComputeInstances(gi, ci_prof.id, arr, ctypes.byref(count))
+                except (pynvml.NVMLError, DeviceError):
+                    continue
+                for ci in arr[: count.value]:
+                    try:
+                        pynvml.nvmlComputeInstanceDestroy(ci)
+                    except pynvml.NVMLError_NotFound:
+                        pass
+            try:
+                pynvml.nvmlGpuInstanceDestroy(gi)
+            except pynvml.NVMLError_NotFound:
+                return False
+            except pynvml.NVMLError as e:
+                raise _nvml_error(e, f"destroying GPU instance {gi_id} on {gpu}") from e
+            return True

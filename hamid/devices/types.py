@@ -1,0 +1,87 @@
+"""Plain, immutable descriptions of GPUs and MIG profiles.
+
+These types are what every other part sees of a device: the placement engine
+reasons over them, the ledger stores them, the CLI prints them. They carry no
+behaviour that needs a driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class MigPlacement:
+    """A span of memory slices ``[start, start + size)`` on one GPU."""
+
+    start: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def overlaps(self, other: "MigPlacement") -> bool:
+        return self.start < other.end and other.start < self.end
+
+    def __str__(self) -> str:
+        return f"{self.start}:{self.size}"
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """One GPU-instance profile as NVML reports it for a given device.
+
+    ``profile_id`` is the per-device ID NVML wants in create calls (never
+    hard-code it across models); ``slices`` is the compute-slice count (the
+    ``Ng`` of the name); ``placements`` are the possible memory-slice spans.
+    """
+
+    name: str
+    profile_id: int
+    memory_mib: int
+    slices: int
+    max_instances: int
+    sm_count: int
+    placements: tuple[MigPlacement, ...]
+
+    @property
+    def media_extensions(self) -> bool:
+        return self.name.endswith("+me")
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A live GPU instance (with its one compute instance) on a GPU."""
+
+    profile: str
+    placement: MigPlacement
+    gi_id: int
+    ci_id: int
+    uuid: str
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """Everything hamid needs to know about one physical GPU."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    sm_count: int
+    numa_node: int | None = None
+    healthy: bool = True
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    memory_slices: int = 0
+    compute_slices: int = 0
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_instances: tuple[MigInstance, ...] = field(default=())
+    minor: int | None = None
+
+    def profile(self, name: str) -> MigProfile | None:
+        for p in self.mig_profiles:
+            if p.name == name:
+                return p
+        return None

@@ -1,0 +1,91 @@
+"""MIG: which profile, and which placement, for a request on one GPU.
+
+The profile is the one named, or else the smallest whose memory holds the
+request (then the fewest slices); ``+me`` profiles are only used when named.
+Among the free placements of that profile, the engine takes the one after
+which the largest profiles can still be created the most times, so small
+instances do not fragment a GPU that could still host a big one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..devices.types import MigPlacement, MigProfile
+from .view import GpuView, MigSlot
+
+
+def _max_instances(prof: MigProfile, used: Sequence[MigSlot], gpu: GpuView) -> int:
+    """How many more instances of ``prof`` could be created given ``used``."""
+    left = prof.max_instances - sum(1 for s in used if s.profile == prof.name)
+    if left <= 0:
+        return 0
+    used_slices = 0
+    for s in used:
+        p = gpu.profile(s.profile)
+        used_slices += p.slices if p else 0
+    if gpu.compute_slices:
+        left = min(left, (gpu.compute_slices - used_slices) // max(1, prof.slices))
+    # Greedy by end point gives the most non-overlapping placements.
+    taken = [s.placement for s in used]
+    count = 0
+    for pl in sorted(prof.placements, key=lambda p: (p.end, p.start)):
+        if count >= left:
+            break
+        if not any(pl.overlaps(t) for t in taken):
+            taken.append(pl)
+            count += 1
+    return count
+
+
+def free_placements(prof: MigProfile, used: Sequence[MigSlot], gpu: GpuView) -> list[MigPlacement]:
+    if _max_instances(prof, used, gpu) <= 0:
+        return []
+    return [pl for pl in prof.placements if not any(pl.overlaps(s.placement) for s in used)]
+
+
+def slot_is_valid(gpu: GpuView, profile: str, placement: MigPlacement, used: Sequence[MigSlot]) -> str | None:
+    """Why ``profile`` at ``placement`` cannot be booked on ``gpu`` now, or None."""
+    prof = gpu.profile(profile)
+    if prof is None:
+        return f"GPU {gpu.index} ({gpu.name}) has no MIG profile {profile}"
+    if placement not in prof.placements:
+        return f"GPU {gpu.index}: {placement} is not a placement of {profile}"
+    if placement not in free_placements(prof, used, gpu):
+        return f"GPU {gpu.index}: {profile} at {placement} overlaps a live instance or exceeds the profile's limit"
+    return None
+
+
+def _keep_score(gpu: GpuView, used: Sequence[MigSlot]) -> tuple[int, ...]:
+    order = sorted(gpu.mig_profiles, key=lambda p: (-p.slices, -p.memory_mib, p.name))
+    return tuple(_max_instances(p, used, gpu) for p in order if not p.media_extensions)
+
+
+def profiles_for(gpu: GpuView, mem_mib: int, named: str | None) -> list[MigProfile] | str:
+    """Candidate profiles in order of preference, or why there are none."""
+    if named is not None:
+        prof = gpu.profile(named)
+        if prof is None:
+            names = ", ".join(p.name for p in gpu.mig_profiles) or "none"
+            return f"GPU {gpu.index} ({gpu.name}) has no MIG profile {named}; its profiles: {names}"
+        return [prof]
+    fits = [p for p in gpu.mig_profiles if p.memory_mib >= mem_mib and not p.media_extensions]
+    if not fits:
+        biggest = max((p.memory_mib for p in gpu.mig_profiles), default=0)
+        return f"GPU {gpu.index}: no MIG profile holds {mem_mib} MiB (largest {biggest} MiB)"
+    return sorted(fits, key=lambda p: (p.memory_mib, p.slices, p.name))
+
+
+def choose(gpu: GpuView, mem_mib: int, named: str | None, used: Sequence[MigSlot]) -> tuple[MigProfile, MigPlacement] | str:
+    """The profile and placement to create, or why none is free."""
+    cands = profiles_for(gpu, mem_mib, named)
+    if isinstance(cands, str):
+        return cands
+    for prof in cands:
+        free = free_placements(prof, used, gpu)
+        if not free:
+            continue
+        best = max(free, key=lambda pl: (_keep_score(gpu, [*used, MigSlot(prof.name, pl)]), -pl.start))
+        return prof, best
+    names = "/".join(p.name for p in cands)
+    return f"GPU {gpu.index}: no free placement for {names} ({len(used)} MIG instance(s) live)"

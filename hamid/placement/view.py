@@ -1,0 +1,110 @@
+"""The engine's input: what a node has and what is already reserved on it.
+
+A :class:`GpuView` joins a GPU's capacity (after the node's scaling and split
+settings) with its current use. Views are built by the ledger (its own node),
+from gossip (peers) or from a cluster file (``hamid plan``); the engine never
+builds them from a device or a database itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from ..devices.types import GpuInfo, MigPlacement, MigProfile
+
+MODE_SHIM = "hami-core"
+MODE_MIG = "mig"
+
+
+@dataclass(frozen=True)
+class MigSlot:
+    """A MIG instance booked (or live) on a GPU."""
+
+    profile: str
+    placement: MigPlacement
+
+
+@dataclass(frozen=True)
+class GpuView:
+    uuid: str
+    index: int
+    name: str
+    mode: str  # MODE_SHIM or MODE_MIG
+    mem_total: int  # MiB bookable: physical x deviceMemoryScaling; MIG: largest profile
+    cores_total: int  # percent bookable: 100 x deviceCoreScaling
+    slots_total: int  # deviceSplitCount
+    numa: int | None = None
+    healthy: bool = True
+    filtered: bool = False  # excluded by filterDevices
+    mig_profiles: tuple[MigProfile, ...] = ()
+    compute_slices: int = 0
+    memory_slices: int = 0
+    mem_used: int = 0
+    cores_used: int = 0
+    slots_used: int = 0
+    exclusive: bool = False  # held by a tenant with cores=100
+    mig_used: tuple[MigSlot, ...] = ()
+
+    def profile(self, name: str) -> MigProfile | None:
+        for p in self.mig_profiles:
+            if p.name == name:
+                return p
+        return None
+
+
+@dataclass
+class NodeView:
+    name: str
+    gpus: tuple[GpuView, ...]
+    gpu_policy: str = "spread"
+    extra: dict = field(default_factory=dict, compare=False)  # caller's annotations (ignored here)
+
+    @cached_property
+    def usage_score(self) -> float:
+        """HAMi's node score on current use: 10*(slots + cores + memory fractions)."""
+        slots = cores = mem = 0
+        tslots = tcores = tmem = 0
+        for g in self.gpus:
+            if g.filtered:
+                continue
+            slots += g.slots_used
+            tslots += g.slots_total
+            cores += g.cores_used
+            tcores += g.cores_total
+            if g.mode == MODE_MIG and g.memory_slices:
+                used = sum(s.placement.size for s in g.mig_used)
+                mem += g.mem_total * used / g.memory_slices
+            else:
+                mem += g.mem_used
+            tmem += g.mem_total
+        score = 0.0
+        if tslots:
+            score += slots / tslots
+        if tcores:
+            score += cores / tcores
+        if tmem:
+            score += mem / tmem
+        return 10.0 * score
+
+
+def gpu_view_from_info(info: GpuInfo, *, split_count: int = 10, memory_scaling: float = 1.0,
+                       core_scaling: float = 1.0, filtered: bool = False) -> GpuView:
+    """Capacity of a GPU under a node's settings, with nothing used yet.
+
+    A GPU in MIG mode is booked by MIG instances only; its live instances
+    (from the device) are not added here: the ledger adds what it has booked,
+    and instances it does not know about are the reconciler's business.
+    """
+    if info.mig_enabled:
+        mem_total = max((p.memory_mib for p in info.mig_profiles), default=info.memory_mib)
+        return GpuView(uuid=info.uuid, index=info.index, name=info.name, mode=MODE_MIG, mem_total=mem_total,
+                       cores_total=100, slots_total=max((p.max_instances for p in info.mig_profiles), default=1),
+                       numa=info.numa_node, healthy=info.healthy, filtered=filtered,
+                       mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
+                       memory_slices=info.memory_slices)
+    return GpuView(uuid=info.uuid, index=info.index, name=info.name, mode=MODE_SHIM,
+                   mem_total=int(info.memory_mib * memory_scaling), cores_total=int(round(100 * core_scaling)),
+                   slots_total=split_count, numa=info.numa_node, healthy=info.healthy, filtered=filtered,
+                   mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
+                   memory_slices=info.memory_slices)
