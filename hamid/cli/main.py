@@ -1,4 +1,139 @@
-"""Entry point of the ``hamid`` command."""
+"""Argument parsing for ``hamid`` and the mapping of errors to exit codes.
 
-def main() -> int:
+Exit codes: 0 success, 1 a hamid error (the message says what and why; for
+``plan``, some item did not fit), 2 bad command-line usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .. import __version__
+from ..errors import HamidError
+
+DEFAULT_STATE_DIR = "/var/lib/hamid"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hamid", description="GPU sharing without a central scheduler.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the node daemon in the foreground")
+    run.add_argument("--config", help="YAML config file (see README); flags below override it")
+    run.add_argument("--state-dir", help=f"ledger, sockets and container dirs (default {DEFAULT_STATE_DIR})")
+    run.add_argument("--metrics-port", type=int, help="Prometheus port (default 9394; 0 disables)")
+    run.add_argument("--node-name", help="this node's name (default $NODE_NAME, then the host name)")
+    run.add_argument("--simulate", metavar="MODEL[:COUNT],...",
+                     help="simulated GPUs instead of NVML, e.g. H100-80GB-HBM3:2,T4")
+    run.add_argument("--log-format", choices=["auto", "json", "console"])
+    run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+    st = sub.add_parser("status", help="this node's GPUs and what is reserved on them")
+    st.add_argument("--state-dir", help=f"the daemon's state dir (default {DEFAULT_STATE_DIR})")
+    st.add_argument("--config", help="read stateDir from this config file")
+    st.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+    pl = sub.add_parser("plan", help="what-if placement of a workload on a described cluster")
+    pl.add_argument("--cluster", required=True, help="cluster file: nodes with their GPUs and config")
+    pl.add_argument("--workload", required=True, help="multi-document YAML of Pods and Docker entries")
+    pl.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+def _cmd_run(args) -> int:
+    import trio
+
+    from .. import logs
+    from ..config import load_config, resolve_node
+    from ..config.load import node_name
+    from ..daemon import service
+
+    overrides = {"stateDir": args.state_dir, "metricsPort": args.metrics_port, "nodeName": args.node_name,
+                 "simulate": args.simulate, "logFormat": args.log_format, "logLevel": args.log_level}
+    config = load_config(args.config, overrides)
+    logs.configure(config.logFormat, config.logLevel)
+    node = node_name(config)
+    settings = resolve_node(config, node)
+    if args.simulate:  # the flag beats a per-node override too
+        settings = settings.model_copy(update={"simulate": args.simulate})
+    daemon = service.prepare(config, settings, node)
+    try:
+        trio.run(service.run, daemon)
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:
+        raise HamidError(f"daemon stopped: {e}") from None
     return 0
+
+
+def _state_dir(args) -> Path:
+    if args.state_dir:
+        return Path(args.state_dir)
+    if args.config:
+        from ..config import load_config
+
+        return Path(load_config(args.config).stateDir)
+    return Path(DEFAULT_STATE_DIR)
+
+
+def _cmd_status(args) -> int:
+    from ..localapi.client import DaemonUnavailable, LocalClient
+
+    state = _state_dir(args)
+    try:
+        with LocalClient(state) as c:
+            doc = c.status()
+    except DaemonUnavailable as e:
+        from ..daemon.service import LEDGER_NAME
+        from ..ledger import Ledger
+        from ..ledger.report import status_document
+
+        path = state / LEDGER_NAME
+        if not path.exists():
+            raise HamidError(f"{e}, and no ledger at {path}: is hamid running with --state-dir {state}?") from None
+        print(f"note: {e}; showing the ledger at {path} directly", file=sys.stderr)
+        ledger = Ledger(path)
+        try:
+            doc = status_document(ledger.view(), ledger.list(), "unknown (daemon not running)")
+        finally:
+            ledger.close()
+    if args.output == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        from .render import status_table
+
+        print(status_table(doc))
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    from . import plan
+
+    nodes = plan.load_cluster(args.cluster)
+    results = plan.plan(nodes, plan.load_workload(args.workload))
+    if args.output == "json":
+        print(json.dumps(results, indent=2))
+    else:
+        print(plan.render(results))
+    return 1 if any("error" in r for r in results) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "version":
+            print(f"hamid {__version__}")
+            return 0
+        return {"run": _cmd_run, "status": _cmd_status, "plan": _cmd_plan}[args.cmd](args)
+    except HamidError as e:
+        print(f"hamid {args.cmd}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

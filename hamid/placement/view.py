@@ -108,3 +108,29 @@ def gpu_view_from_info(info: GpuInfo, *, split_count: int = 10, memory_scaling: 
                    slots_total=split_count, numa=info.numa_node, healthy=info.healthy, filtered=filtered,
                    mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
                    memory_slices=info.memory_slices)
+
+
+def gpu_view_to_dict(g: GpuView) -> dict:
+    """The capacity part of a view, as plain JSON-able data (no use)."""
+    return {
+        "uuid": g.uuid, "index": g.index, "name": g.name, "mode": g.mode, "mem_total": g.mem_total,
+        "cores_total": g.cores_total, "slots_total": g.slots_total, "numa": g.numa, "healthy": g.healthy,
+        "filtered": g.filtered, "compute_slices": g.compute_slices, "memory_slices": g.memory_slices,
+        "mig_profiles": [
+            {"name": p.name, "id": p.profile_id, "memory_mib": p.memory_mib, "slices": p.slices,
+             "max": p.max_instances, "sms": p.sm_count,
+             "placements": [[pl.start, pl.size] for pl in p.placements]}
+            for p in g.mig_profiles],
+    }
+
+
+def gpu_view_from_dict(d: dict) -> GpuView:
+    profs = tuple(
+        MigProfile(p["name"], int(p["id"]), int(p["memory_mib"]), int(p["slices"]), int(p["max"]), int(p["sms"]),
+                   tuple(MigPlacement(int(a), int(b)) for a, b in p["placements"]))
+        for p in d.get("mig_profiles", ()))
+    return GpuView(uuid=d["uuid"], index=int(d["index"]), name=d["name"], mode=d["mode"],
+                   mem_total=int(d["mem_total"]), cores_total=int(d["cores_total"]),
+                   slots_total=int(d["slots_total"]), numa=d.get("numa"), healthy=bool(d.get("healthy", True)),
+                   filtered=bool(d.get("filtered", False)), mig_profiles=profs,
+                   compute_slices=int(d.get("compute_slices", 0)), memory_slices=int(d.get("memory_slices", 0)))

@@ -1,0 +1,52 @@
+"""Readable tables with bars for ``hamid status`` and ``hamid plan``."""
+
+from __future__ import annotations
+
+BAR = 20
+
+
+def bar(used: float, total: float, width: int = BAR) -> str:
+    frac = 0.0 if total <= 0 else max(0.0, min(1.0, used / total))
+    full = int(round(frac * width))
+    return "[" + "#" * full + "." * (width - full) + "]"
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    out = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths)).rstrip()]
+    for r in rows:
+        out.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    return "\n".join(out)
+
+
+def status_table(doc: dict) -> str:
+    lines = [f"node {doc['node']}  devices: {doc['backend']}  reservations: {len(doc['reservations'])}", ""]
+    rows = []
+    for g in doc["gpus"]:
+        flags = []
+        if g["filtered"]:
+            flags.append("filtered")
+        if not g["healthy"]:
+            flags.append("UNHEALTHY")
+        if g["exclusive"]:
+            flags.append("exclusive")
+        if g["mode"] == "mig":
+            mem = f"{bar(g['mig_slices_used'], g['mig_slices_total'])} {g['mig_slices_used']}/{g['mig_slices_total']} slices"
+            cores = ", ".join(f"{m['profile']}@{m['start']}" for m in g["mig_instances"]) or "-"
+        else:
+            mem = f"{bar(g['memory_used_mib'], g['memory_total_mib'])} {g['memory_used_mib']}/{g['memory_total_mib']} MiB"
+            cores = f"{bar(g['cores_used'], g['cores_total'], 10)} {g['cores_used']}/{g['cores_total']}%"
+        rows.append([str(g["index"]), g["name"], g["mode"], mem, cores,
+                     f"{g['shares_used']}/{g['shares_total']}", " ".join(flags)])
+    lines.append(table(rows, ["GPU", "MODEL", "MODE", "MEMORY", "CORES / MIG", "SHARES", ""]))
+    if doc["reservations"]:
+        lines.append("")
+        rrows = []
+        for r in doc["reservations"]:
+            for c in r["decision"]["containers"]:
+                for d in c["devices"]:
+                    what = (f"{d['mig_profile']} @ {d['mig_placement']['start']}:{d['mig_placement']['size']}"
+                            if d.get("mig_profile") else f"{d['mem_mib']} MiB, {d['cores']}% cores")
+                    rrows.append([r["owner"], c["name"], str(d["index"]), what, r["state"]])
+        lines.append(table(rrows, ["OWNER", "CONTAINER", "GPU", "SHARE", "STATE"]))
+    return "\n".join(lines)

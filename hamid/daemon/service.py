@@ -1,0 +1,157 @@
+"""``hamid run``: the parts as tasks in one trio nursery.
+
+Start-up order: read the devices (the first log line says NVML or simulated),
+take the state directory's lock, open the ledger and record the inventory,
+reconcile once, then serve the local API and the metrics and reconcile
+periodically until SIGINT or SIGTERM. Blocking calls (NVML, SQLite) run in
+worker threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+
+from .. import __version__
+from ..config import Config, NodeSettings
+from ..devices import DeviceBackend, open_backend
+from ..errors import HamidError
+from ..ledger import Ledger
+from ..localapi import SOCKET_NAME
+from ..localapi.server import build_app
+from ..logs import get_logger
+from ..metrics.exporter import LedgerCollector, metrics_app, new_registry
+from .inventory import capacity_views
+from .reconcile import Reconciler
+
+log = get_logger("daemon")
+
+LEDGER_NAME = "ledger.db"
+LOCK_NAME = "hamid.lock"
+
+
+@dataclass
+class Daemon:
+    config: Config
+    settings: NodeSettings
+    node: str
+    state_dir: Path
+    backend: DeviceBackend
+    ledger: Ledger
+    reconciler: Reconciler
+
+    @property
+    def backend_label(self) -> str:
+        return f"{self.backend.kind} ({self.backend.description})"
+
+
+def _take_lock(state_dir: Path) -> int:
+    fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise HamidError(f"another hamid daemon is running on state dir {state_dir}") from None
+        raise
+    return fd
+
+
+def _clear_stale_socket(path: Path) -> None:
+    if not path.exists():
+        return
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(str(path))
+    except OSError:
+        path.unlink()  # nobody listens: a crashed daemon's leftover
+    else:
+        raise HamidError(f"a daemon already answers on {path}")
+    finally:
+        s.close()
+
+
+def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
+    """Everything before serving; raises HamidError with a message for the user."""
+    os.umask(0o077)  # every file and socket the daemon makes is private
+    backend = open_backend(simulate=settings.simulate, node_name=node,
+                           mig_enabled=settings.operatingMode == "mig", state_dir=Path(config.stateDir))
+    gpus = backend.gpus()
+    log.info("hamid starting", devices=backend.kind, inventory=backend.description, node=node,
+             gpus=len(gpus), version=__version__, state_dir=config.stateDir, mode=settings.operatingMode)
+    state_dir = Path(config.stateDir)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:
+        raise HamidError(f"cannot create state dir {state_dir}: {e.strerror}") from None
+    for g in gpus:
+        if g.mig_capable and (g.mig_enabled != (settings.operatingMode == "mig")):
+            log.warning("GPU MIG mode differs from operatingMode; the GPU's real mode wins",
+                        gpu=g.index, mig_enabled=g.mig_enabled, operating_mode=settings.operatingMode)
+    ledger = Ledger(state_dir / LEDGER_NAME)
+    ledger.set_inventory(node, capacity_views(gpus, settings), settings.gpuSchedulerPolicy)
+    return Daemon(config, settings, node, state_dir, backend, ledger, Reconciler(ledger, backend))
+
+
+async def _serve_app(app, bind: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    cfg = HyperConfig()
+    cfg.bind = [bind]
+    cfg.accesslog = None
+    cfg.errorlog = None
+    cfg.graceful_timeout = 1.0
+    await serve(app, cfg, task_status=task_status)
+
+
+async def _reconcile_loop(d: Daemon) -> None:
+    while True:
+        await trio.sleep(d.config.reconcileInterval)
+        await trio.to_thread.run_sync(d.reconciler.run_once)
+
+
+async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until cancelled or signalled."""
+    lock_fd = _take_lock(d.state_dir)
+    sock = d.state_dir / SOCKET_NAME
+    try:
+        _clear_stale_socket(sock)
+        await trio.to_thread.run_sync(d.reconciler.run_once)
+        registry, commits = new_registry()
+        registry.register(LedgerCollector(d.ledger, lambda: d.backend_label))
+        api = build_app(d.ledger, d.backend_label, d.settings.nodeSchedulerPolicy,
+                        on_commit=lambda result: commits.labels(result).inc())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(_serve_app, api, f"unix:{sock}")
+            os.chmod(sock, 0o600)
+            if d.config.metricsPort:
+                await nursery.start(_serve_app, metrics_app(registry),
+                                    f"{d.config.metricsAddress}:{d.config.metricsPort}")
+            nursery.start_soon(_reconcile_loop, d)
+            nursery.start_soon(_wait_for_signal, nursery.cancel_scope)
+            log.info("serving", socket=str(sock), metrics_port=d.config.metricsPort or None)
+            task_status.started()
+    finally:
+        try:
+            sock.unlink()
+        except FileNotFoundError:
+            pass
+        d.ledger.close()
+        d.backend.close()
+        os.close(lock_fd)
+        log.info("stopped")
+
+
+async def _wait_for_signal(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("shutting down", signal=signal.Signals(signum).name)
+            scope.cancel()
+            return

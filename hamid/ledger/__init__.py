@@ -1,0 +1,12 @@
+"""ledger: the node's authoritative record of what is reserved on its GPUs.
+
+SQLite in WAL mode, one ``BEGIN IMMEDIATE`` transaction per change, durable
+on commit (``synchronous=FULL``). Every reservation is re-checked inside its
+transaction by the placement engine against the ledger's own state, so two
+processes (the daemon and a runtime hook) committing at once never overbook a
+GPU, and no node-wide lock is held between proposing and committing.
+"""
+
+from .store import Ledger, LedgerConflict, LedgerError, Reservation
+
+__all__ = ["Ledger", "LedgerConflict", "LedgerError", "Reservation"]

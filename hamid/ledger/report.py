@@ -1,0 +1,27 @@
+"""The node's status as a plain document (for the local API and the CLI)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..placement.view import MODE_MIG, NodeView
+from .store import Reservation
+
+
+def status_document(view: NodeView, reservations: list[Reservation], backend: str) -> dict[str, Any]:
+    gpus = []
+    for g in view.gpus:
+        gpus.append({
+            "index": g.index, "uuid": g.uuid, "name": g.name, "mode": g.mode, "healthy": g.healthy,
+            "filtered": g.filtered, "numa": g.numa,
+            "memory_total_mib": g.mem_total, "memory_used_mib": g.mem_used,
+            "memory_free_mib": g.mem_total - g.mem_used,
+            "cores_total": g.cores_total, "cores_used": g.cores_used,
+            "shares_total": g.slots_total, "shares_used": g.slots_used, "exclusive": g.exclusive,
+            "mig_slices_total": g.memory_slices if g.mode == MODE_MIG else 0,
+            "mig_slices_used": sum(s.placement.size for s in g.mig_used),
+            "mig_instances": [{"profile": s.profile, "start": s.placement.start, "size": s.placement.size}
+                              for s in g.mig_used],
+        })
+    return {"node": view.name, "backend": backend, "gpus": gpus,
+            "reservations": [r.to_dict() for r in reservations]}

@@ -1,0 +1,87 @@
+"""Collectors of node and GPU metrics, and the ``/metrics`` ASGI app.
+
+Names follow HAMi where the meaning is the same (``reference/hami.md`` §8):
+``hami_gpu_memory_limit_bytes``, ``hami_gpu_memory_allocated_bytes``,
+``hami_gpu_core_limit_ratio``, ``hami_gpu_core_allocated_ratio``,
+``hami_gpu_shared_count``, ``hami_node_gpu_mig_instance_info``,
+``hami_vgpu_memory_allocated_bytes``, ``hami_vgpu_core_allocated_ratio``,
+``hami_build_info``; hamid's own are ``hamid_*``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio.to_thread
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import __version__
+from ..ledger import Ledger
+
+MIB = 1024 * 1024
+GPU_LABELS = ["node", "device_uuid", "device_index", "device_type"]
+
+
+class LedgerCollector:
+    """Reads the ledger on each scrape (in the scrape's worker thread)."""
+
+    def __init__(self, ledger: Ledger, backend: Callable[[], str]) -> None:
+        self._ledger = ledger
+        self._backend = backend
+
+    def collect(self):
+        view = self._ledger.view()
+        res = self._ledger.list()
+        f = {
+            "mem_limit": GaugeMetricFamily("hami_gpu_memory_limit_bytes", "Bookable device memory (after scaling)", labels=GPU_LABELS),
+            "mem_alloc": GaugeMetricFamily("hami_gpu_memory_allocated_bytes", "Device memory reserved in the ledger", labels=GPU_LABELS),
+            "core_limit": GaugeMetricFamily("hami_gpu_core_limit_ratio", "Bookable compute (1.0 = whole GPU)", labels=GPU_LABELS),
+            "core_alloc": GaugeMetricFamily("hami_gpu_core_allocated_ratio", "Compute reserved in the ledger", labels=GPU_LABELS),
+            "shared": GaugeMetricFamily("hami_gpu_shared_count", "Tenants sharing the GPU", labels=GPU_LABELS),
+        }
+        mig = GaugeMetricFamily("hami_node_gpu_mig_instance_info", "MIG instances booked on the GPU",
+                                labels=GPU_LABELS + ["profile", "placement_start", "placement_size"])
+        for g in view.gpus:
+            lab = [view.name, g.uuid, str(g.index), g.name]
+            f["mem_limit"].add_metric(lab, g.mem_total * MIB)
+            f["mem_alloc"].add_metric(lab, g.mem_used * MIB)
+            f["core_limit"].add_metric(lab, g.cores_total / 100)
+            f["core_alloc"].add_metric(lab, g.cores_used / 100)
+            f["shared"].add_metric(lab, g.slots_used)
+            for s in g.mig_used:
+                mig.add_metric(lab + [s.profile, str(s.placement.start), str(s.placement.size)], 1)
+        vmem = GaugeMetricFamily("hami_vgpu_memory_allocated_bytes", "Memory reserved per container and GPU",
+                                 labels=["node", "owner", "container", "device_uuid"])
+        vcore = GaugeMetricFamily("hami_vgpu_core_allocated_ratio", "Compute reserved per container and GPU",
+                                  labels=["node", "owner", "container", "device_uuid"])
+        per_kind: dict[str, int] = {}
+        for r in res:
+            per_kind[r.kind] = per_kind.get(r.kind, 0) + 1
+            for c in r.decision.containers:
+                for d in c.devices:
+                    vmem.add_metric([view.name, r.owner, c.name, d.uuid], d.mem_mib * MIB)
+                    vcore.add_metric([view.name, r.owner, c.name, d.uuid], d.cores / 100)
+        resv = GaugeMetricFamily("hamid_reservations", "Reservations in the ledger", labels=["kind"])
+        for kind in ("docker", "pod"):
+            resv.add_metric([kind], per_kind.get(kind, 0))
+        info = InfoMetricFamily("hami_build", "hamid build", value={"version": __version__, "backend": self._backend()})
+        yield from f.values()
+        yield from (mig, vmem, vcore, resv, info)
+
+
+def new_registry() -> tuple[CollectorRegistry, Counter]:
+    reg = CollectorRegistry()
+    commits = Counter("hamid_ledger_commits", "Reservation commits through the local API", ["result"], registry=reg)
+    return reg, commits
+
+
+def metrics_app(registry: CollectorRegistry) -> Starlette:
+    async def metrics(_req):
+        body = await anyio.to_thread.run_sync(generate_latest, registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])

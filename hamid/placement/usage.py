@@ -1,0 +1,47 @@
+"""Turning committed decisions into the use of each GPU.
+
+Per decision and GPU, a pod books the larger of its init containers' peak
+and its app containers' sum (they never run together); a tenant with
+``cores >= 100`` holds the GPU exclusively; MIG slots always add up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from .result import Decision
+from .view import GpuView, MigSlot, NodeView
+
+
+def with_usage(name: str, capacity: Sequence[GpuView], decisions: Iterable[Decision],
+               gpu_policy: str = "spread") -> NodeView:
+    acc: dict[str, list] = {g.uuid: [0, 0, 0, False, []] for g in capacity}
+    for dec in decisions:
+        per: dict[str, list[int]] = {}  # uuid -> [init mem, init cores, init n, app mem, app cores, app n]
+        for c in dec.containers:
+            for d in c.devices:
+                a = acc.get(d.uuid)
+                if a is None:
+                    continue  # a GPU that left the inventory; the reconciler reports it
+                if d.mig_profile is not None and d.mig_placement is not None:
+                    a[4].append(MigSlot(d.mig_profile, d.mig_placement))
+                    a[2] += 1
+                    continue
+                p = per.setdefault(d.uuid, [0, 0, 0, 0, 0, 0])
+                if c.init:
+                    p[0], p[1], p[2] = max(p[0], d.mem_mib), max(p[1], d.cores), 1
+                else:
+                    p[3] += d.mem_mib
+                    p[4] += d.cores
+                    p[5] += 1
+                if d.cores >= 100:
+                    a[3] = True
+        for uuid, p in per.items():
+            a = acc[uuid]
+            a[0] += max(p[0], p[3])
+            a[1] += max(p[1], p[4])
+            a[2] += max(p[2], p[5])
+    gpus = tuple(replace(g, mem_used=acc[g.uuid][0], cores_used=acc[g.uuid][1], slots_used=acc[g.uuid][2],
+                         exclusive=acc[g.uuid][3], mig_used=tuple(acc[g.uuid][4])) for g in capacity)
+    return NodeView(name, gpus, gpu_policy)
