@@ -17,6 +17,7 @@ together, so they always accumulate.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from ..request.model import GpuRequest, Request
 from . import mig
@@ -90,12 +91,51 @@ def _fit_container(req: GpuRequest, node: NodeView, use: _NodeUse, init: bool, p
     return None, tuple(out)
 
 
+def _quick_reject(req: GpuRequest, node: NodeView) -> str | None:
+    """A cheap necessary condition on the node as a whole (None = look closer).
+
+    Requests that name no mode may land on shim or MIG GPUs alike, so both
+    kinds are counted for them. A percent of memory is resolved per GPU, so
+    it is not checked here. This runs for every node a request passes over,
+    so it is O(1) for nodes without MIG GPUs.
+    """
+    need = req.count or 1
+    mig_ok = 0
+    if req.mode != "hami-core" and node.mig_creatable:
+        for best, names in node.mig_creatable:
+            if req.mig_profile is not None:
+                mig_ok += req.mig_profile in names
+            elif req.mem_mib is None or best >= req.mem_mib:
+                mig_ok += 1
+    if req.wants_mig:
+        if mig_ok < need:
+            what = req.mig_profile or (f"{req.mem_mib} MiB" if req.mem_mib else "any profile")
+            return f"needs {need} MIG GPU(s) that can still create {what}, {mig_ok} can"
+        return None
+    free = node.open_shim_free_mem  # most free first
+    short = need - mig_ok
+    if short <= 0:
+        return None
+    if len(free) < short:
+        return f"needs {need} GPU(s) with a free share slot, {len(free) + mig_ok} have one"
+    if req.mem_mib is not None and free[short - 1] < req.mem_mib:
+        n = sum(1 for f in free if f >= req.mem_mib)
+        return (f"needs {need} GPU(s) with {req.mem_mib} MiB free and a free share slot, {n + mig_ok} have it "
+                f"(most free: {free[0]} MiB)")
+    return None
+
+
 def fit_node(request: Request, node: NodeView) -> Decision | list[str]:
     """All containers of ``request`` on ``node``, or the reasons they do not fit."""
+    multi = sum(1 for c in request.containers if c.gpu is not None) > 1
+    for c in request.containers:
+        if c.gpu is not None and not c.gpu.devices and not c.gpu.use_uuids:
+            why = _quick_reject(c.gpu, node)
+            if why:
+                return [f"container {c.name}: {why}" if multi else why]
     policy = request.gpu_policy or node.gpu_policy
     use = _NodeUse(node)
     out = []
-    multi = sum(1 for c in request.containers if c.gpu is not None) > 1
     for c in request.containers:
         if c.gpu is None:
             out.append(ContainerAssignment(c.name, c.init, ()))
@@ -112,12 +152,15 @@ def fit_node(request: Request, node: NodeView) -> Decision | list[str]:
     return Decision(node.name, tuple(out))
 
 
+_BY_SCORE = attrgetter("usage_score")
+
+
 def place(request: Request, nodes: Sequence[NodeView], node_policy: str = "binpack") -> Decision | NoFit:
     """Choose a node and GPUs for ``request``, or say per node why not."""
     if not request.wants_gpu:
         return NoFit({"*": ("the request asks for no GPU",)})
     policy = request.node_policy or node_policy
-    ordered = sorted(nodes, key=lambda n: n.usage_score, reverse=(policy == "binpack"))
+    ordered = sorted(nodes, key=_BY_SCORE, reverse=(policy == "binpack"))
     reasons: dict[str, tuple[str, ...]] = {}
     for node in ordered:
         got = fit_node(request, node)

@@ -8,7 +8,6 @@ and its app containers' sum (they never run together); a tenant with
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
 from .result import Decision
 from .view import GpuView, MigSlot, NodeView
@@ -42,6 +41,5 @@ def with_usage(name: str, capacity: Sequence[GpuView], decisions: Iterable[Decis
             a[0] += max(p[0], p[3])
             a[1] += max(p[1], p[4])
             a[2] += max(p[2], p[5])
-    gpus = tuple(replace(g, mem_used=acc[g.uuid][0], cores_used=acc[g.uuid][1], slots_used=acc[g.uuid][2],
-                         exclusive=acc[g.uuid][3], mig_used=tuple(acc[g.uuid][4])) for g in capacity)
+    gpus = tuple(g.with_use(a[0], a[1], a[2], a[3], tuple(a[4])) for g in capacity for a in (acc[g.uuid],))
     return NodeView(name, gpus, gpu_policy)

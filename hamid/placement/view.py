@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 from ..devices.types import GpuInfo, MigPlacement, MigProfile
 
@@ -17,9 +18,8 @@ MODE_SHIM = "hami-core"
 MODE_MIG = "mig"
 
 
-@dataclass(frozen=True)
-class MigSlot:
-    """A MIG instance booked (or live) on a GPU."""
+class MigSlot(NamedTuple):
+    """A MIG instance booked (or live) on a GPU (a named tuple, for speed)."""
 
     profile: str
     placement: MigPlacement
@@ -52,6 +52,14 @@ class GpuView:
                 return p
         return None
 
+    def with_use(self, mem: int, cores: int, slots: int, exclusive: bool, mig: tuple[MigSlot, ...]) -> "GpuView":
+        """A copy with the given use (a fast ``dataclasses.replace`` for the hot path)."""
+        new = object.__new__(GpuView)
+        d = new.__dict__
+        d.update(self.__dict__)
+        d["mem_used"], d["cores_used"], d["slots_used"], d["exclusive"], d["mig_used"] = mem, cores, slots, exclusive, mig
+        return new
+
 
 @dataclass
 class NodeView:
@@ -59,6 +67,28 @@ class NodeView:
     gpus: tuple[GpuView, ...]
     gpu_policy: str = "spread"
     extra: dict = field(default_factory=dict, compare=False)  # caller's annotations (ignored here)
+
+    @cached_property
+    def open_shim_free_mem(self) -> tuple[int, ...]:
+        """Free MiB of each shim GPU that could take one more tenant, most free first."""
+        return tuple(sorted((g.mem_total - g.mem_used for g in self.gpus
+                             if g.mode == MODE_SHIM and g.healthy and not g.filtered and not g.exclusive
+                             and g.slots_used < g.slots_total), reverse=True))
+
+    @cached_property
+    def mig_creatable(self) -> tuple[tuple[int, frozenset[str]], ...]:
+        """Per usable MIG GPU: the largest memory (MiB) of a profile that can
+        still be created, and the names of all profiles that can."""
+        from .mig import free_placements  # mig imports this module
+
+        out = []
+        for g in self.gpus:
+            if g.mode != MODE_MIG or not g.healthy or g.filtered:
+                continue
+            names = frozenset(p.name for p in g.mig_profiles if free_placements(p, g.mig_used, g))
+            best = max((p.memory_mib for p in g.mig_profiles if p.name in names), default=0)
+            out.append((best, names))
+        return tuple(sorted(out, key=lambda x: -x[0]))
 
     @cached_property
     def usage_score(self) -> float:
