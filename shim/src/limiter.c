@@ -1,0 +1,420 @@
+/*
+ * limiter.c: the compute limit (CUDA_DEVICE_SM_LIMIT[_i], percent of the
+ * GPU's time). It owns the launch wrappers (cuLaunchKernel, cuLaunchKernelEx,
+ * cooperative launches, cuGraphLaunch, each with its _ptsz twin), the stream
+ * capture wrappers it needs to know when a launch is not real work, and the
+ * limiter itself.
+ *
+ * The limiter is a GCRA-style schedule of GPU time, per device and per
+ * container (tat_ns in the shared region): a launch whose kernel costs c ns
+ * of GPU time moves the container's schedule forward by c*100/limit, and a
+ * launch is held back (in the launching thread) while the schedule before it
+ * lies more than a few ms in the future. No credit accrues while idle.
+ * Costs are measured, not guessed from grid size (the HAMi-core failure on
+ * big GPUs, hami-core.md §4): the first launch of each (function, grid,
+ * block) shape, and then one launch in 64, is bracketed by two events; the
+ * elapsed time feeds a windowed minimum (contention by other containers only
+ * ever inflates a sample). Launches made before a shape's first measurement
+ * are charged when it arrives. Work per launch: a hash probe, a clock read,
+ * one CAS on the shared schedule; with no limit set, one predictable branch.
+ */
+#include "shim.h"
+
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#define EST_N 4096
+#define MAX_PENDING 64
+#define MAX_FREE_EVENTS 128
+#define WINDOW 8
+#define SAMPLE_EVERY 64
+
+struct est {
+    uint64_t key;
+    uint64_t est_ns;
+    uint64_t cur_min, prev_min;
+    uint32_t cur_n;
+    uint32_t launches;
+    uint32_t early;
+    uint32_t pending;
+};
+
+struct sample {
+    CUevent e0, e1;
+    CUcontext ctx;
+    uint64_t key;
+    uint32_t idx;
+    int rdev;
+    uint32_t pct;
+};
+
+static struct est g_est[EST_N];
+static struct sample g_pend[MAX_PENDING];
+static int g_npend;
+static struct { CUevent e; CUcontext ctx; } g_free_ev[MAX_FREE_EVENTS];
+static int g_nfree;
+static pthread_mutex_t g_smu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_last_poll;
+static int g_capture_active;
+static pthread_once_t g_lim_once = PTHREAD_ONCE_INIT;
+
+#define A_LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define A_ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+
+static void limiter_init_once(void) { acct_init(); }
+
+static inline uint64_t fmix(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k ? k : 1;
+}
+
+static inline uint64_t key_kernel(const void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                  unsigned bz, unsigned smem)
+{
+    uint64_t k = fmix((uint64_t)(uintptr_t)f ^ 0x5bd1e995ull);
+    k = fmix(k ^ ((uint64_t)gx | (uint64_t)gy << 32));
+    k = fmix(k ^ ((uint64_t)gz | (uint64_t)bx << 32));
+    return fmix(k ^ ((uint64_t)by | (uint64_t)bz << 20 | (uint64_t)smem << 40));
+}
+
+/* ---- stream capture: launches into a capture are not work ---- */
+
+HIDDEN int limiter_stream_capturing(CUstream s, int ptsz)
+{
+    if (LIKELY(!__atomic_load_n(&g_capture_active, __ATOMIC_RELAXED))) return 0;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult (*fn)(CUstream, CUstreamCaptureStatus *) = ptsz ? g_cu.cuStreamIsCapturing_ptsz : g_cu.cuStreamIsCapturing;
+    if (!fn) fn = g_cu.cuStreamIsCapturing;
+    if (!fn || fn(s, &st) != CUDA_SUCCESS) return 0;
+    return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static void capture_began(CUresult r)
+{
+    if (r == CUDA_SUCCESS) __atomic_fetch_add(&g_capture_active, 1, __ATOMIC_RELAXED);
+}
+
+#define BEGIN_CAPTURE(name, ...)                                                                                      \
+    ensure_cuda();                                                                                                    \
+    if (!g_cu.name) return CUDA_ERROR_NOT_FOUND;                                                                      \
+    CUresult r = g_cu.name(__VA_ARGS__);                                                                              \
+    capture_began(r);                                                                                                 \
+    return r;
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { BEGIN_CAPTURE(cuStreamBeginCapture_v2, s, mode) }
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) { BEGIN_CAPTURE(cuStreamBeginCapture_v2_ptsz, s, mode) }
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s, int mode) { BEGIN_CAPTURE(cuStreamBeginCapture_ptsz, s, mode) }
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps, const void *data,
+                                            size_t n, int mode)
+{
+    BEGIN_CAPTURE(cuStreamBeginCaptureToGraph, s, g, deps, data, n, mode)
+}
+EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps, const void *data,
+                                                 size_t n, int mode)
+{
+    BEGIN_CAPTURE(cuStreamBeginCaptureToGraph_ptsz, s, g, deps, data, n, mode)
+}
+
+static CUresult end_capture(CUresult (*fn)(CUstream, CUgraph *), CUstream s, CUgraph *g, int ptsz)
+{
+    int was = limiter_stream_capturing(s, ptsz);
+    CUresult r = fn(s, g);
+    if (was) {
+        int old = __atomic_load_n(&g_capture_active, __ATOMIC_RELAXED);
+        while (old > 0 && !__atomic_compare_exchange_n(&g_capture_active, &old, old - 1, 0, __ATOMIC_RELAXED,
+                                                       __ATOMIC_RELAXED)) {
+        }
+    }
+    return r;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+    ensure_cuda();
+    if (!g_cu.cuStreamEndCapture) return CUDA_ERROR_NOT_FOUND;
+    return end_capture(g_cu.cuStreamEndCapture, s, g, 0);
+}
+
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
+{
+    ensure_cuda();
+    if (!g_cu.cuStreamEndCapture_ptsz) return CUDA_ERROR_NOT_FOUND;
+    return end_capture(g_cu.cuStreamEndCapture_ptsz, s, g, 1);
+}
+
+/* ---- the schedule ---- */
+
+static void sleep_until(uint64_t t)
+{
+    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_wait)
+{
+    struct hamid_device *d = &g_region->devices[rdev];
+    int64_t w = (int64_t)(cost * 100 / pct);
+    int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED), base, nt;
+    do {
+        base = old > (int64_t)now ? old : (int64_t)now;
+        nt = base + w;
+    } while (!__atomic_compare_exchange_n(&d->tat_ns, &old, nt, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    __atomic_fetch_add(&d->gpu_time_ns, cost, __ATOMIC_RELAXED);
+    if (!may_wait || g_cfg.sm_observe_only) return;
+    int64_t until = base - g_cfg.sm_ahead_ns;
+    if (until > (int64_t)now) {
+        sleep_until((uint64_t)until);
+        __atomic_fetch_add(&d->throttle_ns, (uint64_t)(until - (int64_t)now), __ATOMIC_RELAXED);
+    }
+}
+
+/* ---- events ---- */
+
+static CUevent get_event_locked(CUcontext ctx)
+{
+    for (int i = g_nfree - 1; i >= 0; i--)
+        if (g_free_ev[i].ctx == ctx) {
+            CUevent e = g_free_ev[i].e;
+            g_free_ev[i] = g_free_ev[--g_nfree];
+            return e;
+        }
+    CUevent e = NULL;
+    if (!g_cu.cuEventCreate || g_cu.cuEventCreate(&e, 0) != CUDA_SUCCESS) return NULL;
+    return e;
+}
+
+static void put_event_locked(CUevent e, CUcontext ctx)
+{
+    if (!e) return;
+    if (g_nfree < MAX_FREE_EVENTS) {
+        g_free_ev[g_nfree].e = e;
+        g_free_ev[g_nfree].ctx = ctx;
+        g_nfree++;
+    } else if (g_cu.cuEventDestroy_v2) {
+        g_cu.cuEventDestroy_v2(e);
+    }
+}
+
+static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
+{
+    struct est *e = &g_est[p->idx];
+    if (A_LD(&e->key) != p->key) return;
+    if (m < 500) m = 500;
+    uint64_t cur = A_LD(&e->cur_min), prev = A_LD(&e->prev_min);
+    cur = (cur == 0 || m < cur) ? m : cur;
+    uint32_t n = A_LD(&e->cur_n) + 1;
+    uint64_t est = prev ? (cur < prev ? cur : prev) : cur;
+    if (n >= WINDOW) {
+        A_ST(&e->prev_min, cur);
+        A_ST(&e->cur_min, 0);
+        A_ST(&e->cur_n, 0);
+        est = cur;
+    } else {
+        A_ST(&e->cur_min, cur);
+        A_ST(&e->cur_n, n);
+    }
+    A_ST(&e->est_ns, est);
+    uint32_t early = __atomic_exchange_n(&e->early, 0, __ATOMIC_RELAXED);
+    if (early) charge(p->rdev, p->pct, est * early, now, 0);
+}
+
+static void poll_pending(uint64_t now)
+{
+    if (LIKELY(!A_LD(&g_npend))) return;
+    if (now - A_LD(&g_last_poll) < 100000) return;
+    if (A_LD(&g_capture_active)) return; /* event queries are not allowed during a global-mode capture */
+    if (pthread_mutex_trylock(&g_smu) != 0) return;
+    A_ST(&g_last_poll, now);
+    for (int i = 0; i < g_npend;) {
+        struct sample *p = &g_pend[i];
+        CUresult r = g_cu.cuEventQuery(p->e1);
+        if (r == CUDA_ERROR_NOT_READY) { i++; continue; }
+        if (r == CUDA_SUCCESS) {
+            float ms = 0;
+            if (g_cu.cuEventElapsedTime(&ms, p->e0, p->e1) == CUDA_SUCCESS && ms >= 0)
+                record_sample(p, (uint64_t)((double)ms * 1e6), now);
+        }
+        struct est *e = &g_est[p->idx];
+        if (A_LD(&e->key) == p->key) A_ST(&e->pending, 0);
+        put_event_locked(p->e0, p->ctx);
+        put_event_locked(p->e1, p->ctx);
+        g_pend[i] = g_pend[--g_npend];
+    }
+    pthread_mutex_unlock(&g_smu);
+}
+
+/* ---- launch bracketing ---- */
+
+struct lctx {
+    int sampling;
+    struct sample s;
+    CUstream es;
+};
+
+static int sample_begin(struct lctx *L, CUstream s, int ptsz)
+{
+    if (!g_cu.cuEventRecord || !g_cu.cuEventQuery || !g_cu.cuEventElapsedTime || !g_cu.cuCtxGetCurrent) return 0;
+    if (pthread_mutex_trylock(&g_smu) != 0) return 0;
+    int ok = 0;
+    CUcontext ctx = NULL;
+    if (g_npend < MAX_PENDING && g_cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx) {
+        CUevent e0 = get_event_locked(ctx), e1 = e0 ? get_event_locked(ctx) : NULL;
+        L->es = (ptsz && !s) ? CU_STREAM_PER_THREAD : s;
+        if (e0 && e1 && g_cu.cuEventRecord(e0, L->es) == CUDA_SUCCESS) {
+            L->s.e0 = e0;
+            L->s.e1 = e1;
+            L->s.ctx = ctx;
+            ok = 1;
+        } else {
+            put_event_locked(e0, ctx);
+            put_event_locked(e1, ctx);
+        }
+    }
+    pthread_mutex_unlock(&g_smu);
+    return ok;
+}
+
+/* Returns 1 when the launch is limited (post_launch must follow). */
+static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
+{
+    pthread_once(&g_lim_once, limiter_init_once);
+    L->sampling = 0;
+    if (!g_region) return 0;
+    int ord = dev_current_ordinal();
+    if (ord < 0) return 0;
+    int rdev = dev_region_index(ord);
+    if (rdev < 0) return 0;
+    uint32_t pct = g_cfg.sm_limit[rdev];
+    if (!pct) return 0;
+    if (limiter_stream_capturing(s, ptsz)) return 0;
+    uint64_t now = mono_ns();
+    poll_pending(now);
+    uint32_t idx = (uint32_t)(key & (EST_N - 1));
+    struct est *e = &g_est[idx];
+    if (A_LD(&e->key) != key) {
+        A_ST(&e->key, key);
+        A_ST(&e->est_ns, 0);
+        A_ST(&e->cur_min, 0);
+        A_ST(&e->prev_min, 0);
+        A_ST(&e->cur_n, 0);
+        A_ST(&e->launches, 0);
+        A_ST(&e->early, 0);
+        A_ST(&e->pending, 0);
+    }
+    uint32_t n = __atomic_add_fetch(&e->launches, 1, __ATOMIC_RELAXED);
+    uint64_t est = A_LD(&e->est_ns);
+    struct hamid_device *d = &g_region->devices[rdev];
+    __atomic_fetch_add(&d->launches, 1, __ATOMIC_RELAXED);
+    if ((n & 1023) == 1) A_ST(&d->last_kernel_realtime_ns, real_ns());
+    if (est) charge(rdev, pct, est, now, 1);
+    else __atomic_fetch_add(&e->early, 1, __ATOMIC_RELAXED);
+    if ((est == 0 || (n % SAMPLE_EVERY) == 0) && !A_LD(&e->pending) && !A_LD(&g_capture_active)) {
+        uint32_t zero = 0;
+        if (__atomic_compare_exchange_n(&e->pending, &zero, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+            if (sample_begin(L, s, ptsz)) {
+                L->sampling = 1;
+                L->s.key = key;
+                L->s.idx = idx;
+                L->s.rdev = rdev;
+                L->s.pct = pct;
+            } else {
+                A_ST(&e->pending, 0);
+            }
+        }
+    }
+    return 1;
+}
+
+static void post_launch(struct lctx *L, CUresult r)
+{
+    if (!L->sampling) return;
+    pthread_mutex_lock(&g_smu);
+    if (r == CUDA_SUCCESS && g_npend < MAX_PENDING && g_cu.cuEventRecord(L->s.e1, L->es) == CUDA_SUCCESS) {
+        g_pend[g_npend++] = L->s;
+    } else {
+        put_event_locked(L->s.e0, L->s.ctx);
+        put_event_locked(L->s.e1, L->s.ctx);
+        struct est *e = &g_est[L->s.idx];
+        if (A_LD(&e->key) == L->s.key) A_ST(&e->pending, 0);
+    }
+    pthread_mutex_unlock(&g_smu);
+}
+
+#define LAUNCH(fn, KEY, STREAM, PTSZ, ...)                                                                            \
+    ensure_cuda();                                                                                                    \
+    if (UNLIKELY(!g_cu.fn)) return CUDA_ERROR_NOT_FOUND;                                                              \
+    if (LIKELY(!g_cfg.any_sm_limit)) return g_cu.fn(__VA_ARGS__);                                                     \
+    struct lctx L;                                                                                                    \
+    if (!pre_launch(&L, (KEY), (STREAM), (PTSZ))) return g_cu.fn(__VA_ARGS__);                                        \
+    CUresult r = g_cu.fn(__VA_ARGS__);                                                                                \
+    post_launch(&L, r);                                                                                               \
+    return r;
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned smem, CUstream s, void **params, void **extra)
+{
+    LAUNCH(cuLaunchKernel, key_kernel(f, gx, gy, gz, bx, by, bz, smem), s, 0, f, gx, gy, gz, bx, by, bz, smem, s,
+           params, extra)
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                    unsigned bz, unsigned smem, CUstream s, void **params, void **extra)
+{
+    LAUNCH(cuLaunchKernel_ptsz, key_kernel(f, gx, gy, gz, bx, by, bz, smem), s, 1, f, gx, gy, gz, bx, by, bz, smem,
+           s, params, extra)
+}
+
+#define CFG_KEY(c, f)                                                                                                 \
+    ((c) ? key_kernel(f, (c)->gridDimX, (c)->gridDimY, (c)->gridDimZ, (c)->blockDimX, (c)->blockDimY,              \
+                      (c)->blockDimZ, (c)->sharedMemBytes)                                                            \
+         : 1)
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    LAUNCH(cuLaunchKernelEx, CFG_KEY(c, f), c ? c->hStream : NULL, 0, c, f, params, extra)
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    LAUNCH(cuLaunchKernelEx_ptsz, CFG_KEY(c, f), c ? c->hStream : NULL, 1, c, f, params, extra)
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                          unsigned by, unsigned bz, unsigned smem, CUstream s, void **params)
+{
+    LAUNCH(cuLaunchCooperativeKernel, key_kernel(f, gx, gy, gz, bx, by, bz, smem ^ 0xc00u), s, 0, f, gx, gy, gz, bx,
+           by, bz, smem, s, params)
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                               unsigned by, unsigned bz, unsigned smem, CUstream s, void **params)
+{
+    LAUNCH(cuLaunchCooperativeKernel_ptsz, key_kernel(f, gx, gy, gz, bx, by, bz, smem ^ 0xc00u), s, 1, f, gx, gy, gz,
+           bx, by, bz, smem, s, params)
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
+{
+    LAUNCH(cuGraphLaunch, fmix((uint64_t)(uintptr_t)g ^ 0x6772617068ull), s, 0, g, s)
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
+{
+    LAUNCH(cuGraphLaunch_ptsz, fmix((uint64_t)(uintptr_t)g ^ 0x6772617068ull), s, 1, g, s)
+}
+
+HIDDEN void limiter_after_fork_child(void)
+{
+    pthread_mutex_init(&g_smu, NULL);
+    g_npend = 0;
+    g_nfree = 0; /* the parent's events mean nothing here */
+    memset(g_est, 0, sizeof g_est);
+    g_capture_active = 0;
+}

@@ -1,0 +1,587 @@
+/*
+ * mem.c: the memory limit. It owns the process-local table of live
+ * allocations (pointer, VMM handle or array -> device, bytes) and the
+ * wrappers of every allocator and free the driver has: cuMemAlloc, pitch,
+ * managed, cuMemAllocAsync, pool allocations, VMM cuMemCreate/cuMemRelease,
+ * arrays and mipmapped arrays, plus the primary context's overhead, and the
+ * views cuMemGetInfo / cuDeviceTotalMem.
+ *
+ * Order of operations, always: reserve in the region (atomic admission) ->
+ * real allocation -> record; on failure the reservation is returned. Frees
+ * take the record out first, call the driver, and put it back only if the
+ * driver refused; untracked pointers are passed to the driver untouched and
+ * its CUresult is returned as is.
+ */
+#include "shim.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { K_EMPTY = 0, K_PTR = 1, K_VMM = 2, K_ARRAY = 3, K_MIPMAP = 4, K_TOMB = 0xff };
+
+struct rec {
+    uint64_t key;
+    uint64_t bytes;
+    uint8_t kind;
+    int8_t rdev;
+};
+
+static struct {
+    pthread_mutex_t mu;
+    struct rec *slots;
+    size_t cap, used; /* used counts live + tombstones */
+} g_tab = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+
+static size_t hash_key(uint64_t k, uint8_t kind)
+{
+    k ^= (uint64_t)kind << 59;
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (size_t)k;
+}
+
+static void tab_grow_locked(void)
+{
+    size_t ncap = g_tab.cap ? g_tab.cap * 2 : 1024;
+    struct rec *n = calloc(ncap, sizeof *n);
+    if (!n) return;
+    size_t live = 0;
+    for (size_t i = 0; i < g_tab.cap; i++) {
+        struct rec *r = &g_tab.slots[i];
+        if (r->kind == K_EMPTY || r->kind == K_TOMB) continue;
+        size_t j = hash_key(r->key, r->kind) & (ncap - 1);
+        while (n[j].kind != K_EMPTY) j = (j + 1) & (ncap - 1);
+        n[j] = *r;
+        live++;
+    }
+    free(g_tab.slots);
+    g_tab.slots = n;
+    g_tab.cap = ncap;
+    g_tab.used = live;
+}
+
+static void tab_put(uint8_t kind, uint64_t key, int rdev, uint64_t bytes)
+{
+    pthread_mutex_lock(&g_tab.mu);
+    if ((g_tab.used + 1) * 10 >= g_tab.cap * 7) tab_grow_locked();
+    if (g_tab.cap) {
+        size_t m = g_tab.cap - 1, j = hash_key(key, kind) & m, tomb = (size_t)-1;
+        for (;;) {
+            struct rec *r = &g_tab.slots[j];
+            if (r->kind == K_EMPTY) break;
+            if (r->kind == K_TOMB) { if (tomb == (size_t)-1) tomb = j; }
+            else if (r->kind == kind && r->key == key) { /* driver reused a key we missed freeing */
+                r->bytes += bytes; /* keep both charges so the next free returns all of it */
+                pthread_mutex_unlock(&g_tab.mu);
+                return;
+            }
+            j = (j + 1) & m;
+        }
+        if (tomb != (size_t)-1) j = tomb;
+        else g_tab.used++;
+        g_tab.slots[j] = (struct rec){key, bytes, kind, (int8_t)rdev};
+    }
+    pthread_mutex_unlock(&g_tab.mu);
+}
+
+/* Removes the record; returns 1 and its device/bytes when found. */
+static int tab_take(uint8_t kind, uint64_t key, int *rdev, uint64_t *bytes)
+{
+    int found = 0;
+    pthread_mutex_lock(&g_tab.mu);
+    if (g_tab.cap) {
+        size_t m = g_tab.cap - 1, j = hash_key(key, kind) & m;
+        for (;;) {
+            struct rec *r = &g_tab.slots[j];
+            if (r->kind == K_EMPTY) break;
+            if (r->kind == kind && r->key == key) {
+                *rdev = r->rdev;
+                *bytes = r->bytes;
+                r->kind = K_TOMB;
+                found = 1;
+                break;
+            }
+            j = (j + 1) & m;
+        }
+    }
+    pthread_mutex_unlock(&g_tab.mu);
+    return found;
+}
+
+/* Drops every record of one device (its context is gone); returns the bytes. */
+static uint64_t tab_drop_device(int rdev)
+{
+    uint64_t sum = 0;
+    pthread_mutex_lock(&g_tab.mu);
+    for (size_t i = 0; i < g_tab.cap; i++) {
+        struct rec *r = &g_tab.slots[i];
+        if (r->kind != K_EMPTY && r->kind != K_TOMB && r->rdev == rdev) {
+            sum += r->bytes;
+            r->kind = K_TOMB;
+        }
+    }
+    pthread_mutex_unlock(&g_tab.mu);
+    return sum;
+}
+
+/* ---- sizes ---- */
+
+#define MIB (1024ull * 1024ull)
+static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* What the driver really takes: 2 MiB pages for large blocks, 512 B granules for small ones. */
+static uint64_t charge_size(uint64_t bytes)
+{
+    return bytes >= MIB ? round_up(bytes, 2 * MIB) : round_up(bytes ? bytes : 1, 512);
+}
+
+static unsigned format_bytes(int fmt)
+{
+    switch (fmt) {
+    case 0x01: case 0x08: return 1;              /* (un)signed int8 */
+    case 0x02: case 0x09: case 0x10: return 2;   /* (un)signed int16, half */
+    case 0x03: case 0x0a: case 0x20: return 4;   /* (un)signed int32, float */
+    default: return 4;
+    }
+}
+
+/* ---- helpers ---- */
+
+struct where { int ord, rdev; };
+
+static int locate_current(struct where *w)
+{
+    acct_init();
+    w->ord = dev_current_ordinal();
+    if (w->ord < 0) return -1;
+    w->rdev = dev_region_index(w->ord);
+    return w->rdev < 0 ? -1 : 0;
+}
+
+static int locate_stream(CUstream s, struct where *w)
+{
+    acct_init();
+    if (!dev_single_device() && g_cu.cuStreamGetDevice && s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD) {
+        CUdevice d;
+        if (g_cu.cuStreamGetDevice(s, &d) == CUDA_SUCCESS) {
+            w->ord = d;
+            w->rdev = dev_region_index(d);
+            return w->rdev < 0 ? -1 : 0;
+        }
+    }
+    return locate_current(w);
+}
+
+extern HIDDEN int limiter_stream_capturing(CUstream s, int ptsz);
+
+#define REAL(fn) do { ensure_cuda(); if (UNLIKELY(!g_cu.fn)) return CUDA_ERROR_NOT_FOUND; } while (0)
+
+/* ---- NVML helpers for the context overhead ---- */
+
+static int nvml_handle_for(CUdevice ord, nvmlDevice_t *h)
+{
+    int rdev = dev_region_index(ord);
+    if (rdev < 0 || !nvml_ready() || !g_nv.nvmlDeviceGetHandleByIndex_v2) return -1;
+    return g_nv.nvmlDeviceGetHandleByIndex_v2((unsigned)rdev, h) == NVML_SUCCESS ? 0 : -1;
+}
+
+static int nvml_device_used(CUdevice ord, uint64_t *used)
+{
+    nvmlDevice_t h;
+    nvmlMemory_t m;
+    if (nvml_handle_for(ord, &h) != 0 || !g_nv.nvmlDeviceGetMemoryInfo) return -1;
+    if (g_nv.nvmlDeviceGetMemoryInfo(h, &m) != NVML_SUCCESS) return -1;
+    *used = m.used;
+    return 0;
+}
+
+/* This process's figure in NVML's per-process list, when its pid is visible. */
+static int nvml_own_usage(CUdevice ord, uint64_t *used)
+{
+    nvmlDevice_t h;
+    if (nvml_handle_for(ord, &h) != 0 || !g_nv.nvmlDeviceGetComputeRunningProcesses_v3) return -1;
+    nvmlProcessInfo_t buf[64], *infos = buf;
+    unsigned int n = 64;
+    nvmlReturn_t r = g_nv.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, infos);
+    if (r == NVML_ERROR_INSUFFICIENT_SIZE && n > 0 && n < 65536) {
+        n += 8;
+        infos = calloc(n, sizeof *infos);
+        if (!infos) return -1;
+        r = g_nv.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, infos);
+    }
+    int found = -1;
+    unsigned int me = (unsigned int)getpid();
+    if (r == NVML_SUCCESS)
+        for (unsigned int i = 0; i < n; i++)
+            if (infos[i].pid == me && infos[i].usedGpuMemory != ~0ull) { *used = infos[i].usedGpuMemory; found = 0; }
+    if (infos != buf) free(infos);
+    return found;
+}
+
+static uint64_t g_last_reconcile[HAMID_MAX_DEVICES];
+
+/*
+ * Where NVML can see this process (same pid namespace), its own per-process
+ * figure is the truth for everything the shim cannot see (context, loaded
+ * modules, driver rounding): the difference to the tracked allocations
+ * becomes this process's overhead. At most once a second per device.
+ */
+HIDDEN void mem_maybe_reconcile(int rdev, CUdevice ord)
+{
+    if (!g_cfg.nvml_reconcile || g_cfg.context_bytes_override || rdev < 0) return;
+    uint64_t now = mono_ns(), last = __atomic_load_n(&g_last_reconcile[rdev], __ATOMIC_RELAXED);
+    if (last && now - last < 1000000000ull) return;
+    if (!__atomic_compare_exchange_n(&g_last_reconcile[rdev], &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return;
+    uint64_t nv;
+    if (nvml_own_usage(ord, &nv) != 0) return;
+    uint64_t u = acct_proc_used(rdev), cx = acct_proc_context(rdev);
+    uint64_t tracked = u > cx ? u - cx : 0;
+    if (nv >= tracked && nv - tracked < (16ull << 30)) acct_set_context(rdev, nv - tracked);
+}
+
+/* ---- allocators ---- */
+
+static CUresult after_alloc(CUresult r, uint8_t kind, uint64_t key, const struct where *w, uint64_t charged)
+{
+    if (r != CUDA_SUCCESS) {
+        acct_release(w->rdev, charged);
+        return r;
+    }
+    tab_put(kind, key, w->rdev, charged);
+    mem_maybe_reconcile(w->rdev, w->ord);
+    return r;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    REAL(cuMemAlloc_v2);
+    struct where w;
+    if (!dptr || !bytesize || locate_current(&w) != 0) return g_cu.cuMemAlloc_v2(dptr, bytesize);
+    uint64_t c = charge_size(bytesize);
+    if (acct_reserve(w.rdev, c, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = g_cu.cuMemAlloc_v2(dptr, bytesize);
+    return after_alloc(r, K_PTR, r == CUDA_SUCCESS ? *dptr : 0, &w, c);
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    REAL(cuMemAllocManaged);
+    struct where w;
+    if (!dptr || !bytesize || locate_current(&w) != 0) return g_cu.cuMemAllocManaged(dptr, bytesize, flags);
+    uint64_t c = charge_size(bytesize);
+    if (acct_reserve(w.rdev, c, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = g_cu.cuMemAllocManaged(dptr, bytesize, flags);
+    return after_alloc(r, K_PTR, r == CUDA_SUCCESS ? *dptr : 0, &w, c);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int esz)
+{
+    REAL(cuMemAllocPitch_v2);
+    struct where w;
+    if (!dptr || !pitch || !width || !height || locate_current(&w) != 0)
+        return g_cu.cuMemAllocPitch_v2(dptr, pitch, width, height, esz);
+    uint64_t guess = charge_size(round_up(width, 512) * (uint64_t)height);
+    if (acct_reserve(w.rdev, guess, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = g_cu.cuMemAllocPitch_v2(dptr, pitch, width, height, esz);
+    if (r != CUDA_SUCCESS) return after_alloc(r, K_PTR, 0, &w, guess);
+    uint64_t real = charge_size((uint64_t)*pitch * height);
+    if (real > guess) acct_reserve(w.rdev, real - guess, 1);
+    else if (real < guess) acct_release(w.rdev, guess - real);
+    return after_alloc(r, K_PTR, *dptr, &w, real);
+}
+
+static CUresult alloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUresult (*pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream),
+                            CUmemoryPool pool, CUdeviceptr *dptr, size_t bytesize, CUstream s, int ptsz)
+{
+#define CALL() (fn ? fn(dptr, bytesize, s) : pool_fn(dptr, bytesize, pool, s))
+    struct where w;
+    if (!dptr || !bytesize || limiter_stream_capturing(s, ptsz) || locate_stream(s, &w) != 0) return CALL();
+    uint64_t c = charge_size(bytesize);
+    if (acct_reserve(w.rdev, c, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = CALL();
+    return after_alloc(r, K_PTR, r == CUDA_SUCCESS ? *dptr : 0, &w, c);
+#undef CALL
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+    REAL(cuMemAllocAsync);
+    return alloc_async(g_cu.cuMemAllocAsync, NULL, NULL, dptr, bytesize, s, 0);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+    REAL(cuMemAllocAsync_ptsz);
+    return alloc_async(g_cu.cuMemAllocAsync_ptsz, NULL, NULL, dptr, bytesize, s, 1);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
+{
+    REAL(cuMemAllocFromPoolAsync);
+    return alloc_async(NULL, g_cu.cuMemAllocFromPoolAsync, pool, dptr, bytesize, s, 0);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
+{
+    REAL(cuMemAllocFromPoolAsync_ptsz);
+    return alloc_async(NULL, g_cu.cuMemAllocFromPoolAsync_ptsz, pool, dptr, bytesize, s, 1);
+}
+
+/* A free: take the record, call the driver, restore the record if it refused. */
+static CUresult free_common(uint8_t kind, uint64_t key, CUresult r_fn(void *), void *arg)
+{
+    int rdev = -1;
+    uint64_t bytes = 0;
+    int had = key ? tab_take(kind, key, &rdev, &bytes) : 0;
+    CUresult r = r_fn(arg);
+    if (had) {
+        if (r == CUDA_SUCCESS) acct_release(rdev, bytes);
+        else tab_put(kind, key, rdev, bytes);
+    }
+    return r;
+}
+
+struct free_args { CUdeviceptr p; CUstream s; CUmemGenericAllocationHandle h; CUarray a; CUmipmappedArray m; };
+static CUresult call_free(void *x) { return g_cu.cuMemFree_v2(((struct free_args *)x)->p); }
+static CUresult call_free_async(void *x) { struct free_args *f = x; return g_cu.cuMemFreeAsync(f->p, f->s); }
+static CUresult call_free_async_ptsz(void *x) { struct free_args *f = x; return g_cu.cuMemFreeAsync_ptsz(f->p, f->s); }
+static CUresult call_release(void *x) { return g_cu.cuMemRelease(((struct free_args *)x)->h); }
+static CUresult call_array_destroy(void *x) { return g_cu.cuArrayDestroy(((struct free_args *)x)->a); }
+static CUresult call_mipmap_destroy(void *x) { return g_cu.cuMipmappedArrayDestroy(((struct free_args *)x)->m); }
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
+{
+    REAL(cuMemFree_v2);
+    struct free_args a = {.p = p};
+    return free_common(K_PTR, p, call_free, &a);
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    REAL(cuMemFreeAsync);
+    struct free_args a = {.p = p, .s = s};
+    if (limiter_stream_capturing(s, 0)) return g_cu.cuMemFreeAsync(p, s);
+    return free_common(K_PTR, p, call_free_async, &a);
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
+{
+    REAL(cuMemFreeAsync_ptsz);
+    struct free_args a = {.p = p, .s = s};
+    if (limiter_stream_capturing(s, 1)) return g_cu.cuMemFreeAsync_ptsz(p, s);
+    return free_common(K_PTR, p, call_free_async_ptsz, &a);
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags)
+{
+    REAL(cuMemCreate);
+    if (!handle || !prop || !size || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return g_cu.cuMemCreate(handle, size, prop, flags);
+    acct_init();
+    struct where w = {prop->location.id, dev_region_index(prop->location.id)};
+    if (w.rdev < 0) return g_cu.cuMemCreate(handle, size, prop, flags);
+    if (acct_reserve(w.rdev, size, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = g_cu.cuMemCreate(handle, size, prop, flags);
+    return after_alloc(r, K_VMM, r == CUDA_SUCCESS ? *handle : 0, &w, size);
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+    REAL(cuMemRelease);
+    struct free_args a = {.h = h};
+    return free_common(K_VMM, h, call_release, &a);
+}
+
+static CUresult array_common(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d2, const CUDA_ARRAY3D_DESCRIPTOR *d3)
+{
+    struct where w;
+    CUresult r;
+#define CALL() (d2 ? g_cu.cuArrayCreate_v2(ph, d2) : g_cu.cuArray3DCreate_v2(ph, d3))
+    if (!ph || (!d2 && !d3) || locate_current(&w) != 0) return CALL();
+    uint64_t wd = d2 ? d2->Width : d3->Width, ht = d2 ? d2->Height : d3->Height, dp = d2 ? 1 : d3->Depth;
+    unsigned ch = d2 ? d2->NumChannels : d3->NumChannels;
+    int fmt = d2 ? d2->Format : d3->Format;
+    uint64_t guess = charge_size(wd * (ht ? ht : 1) * (dp ? dp : 1) * format_bytes(fmt) * (ch ? ch : 1));
+    if (acct_reserve(w.rdev, guess, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    r = CALL();
+#undef CALL
+    if (r != CUDA_SUCCESS) return after_alloc(r, K_ARRAY, 0, &w, guess);
+    uint64_t real = guess;
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req;
+    memset(&req, 0, sizeof req);
+    if (g_cu.cuArrayGetMemoryRequirements && g_cu.cuArrayGetMemoryRequirements(&req, *ph, w.ord) == CUDA_SUCCESS &&
+        req.size)
+        real = charge_size(req.size);
+    if (real > guess) acct_reserve(w.rdev, real - guess, 1);
+    else if (real < guess) acct_release(w.rdev, guess - real);
+    return after_alloc(r, K_ARRAY, (uint64_t)(uintptr_t)*ph, &w, real);
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    REAL(cuArrayCreate_v2);
+    return array_common(ph, d, NULL);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    REAL(cuArray3DCreate_v2);
+    return array_common(ph, NULL, d);
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray a)
+{
+    REAL(cuArrayDestroy);
+    struct free_args f = {.a = a};
+    return free_common(K_ARRAY, (uint64_t)(uintptr_t)a, call_array_destroy, &f);
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    REAL(cuMipmappedArrayCreate);
+    struct where w;
+    if (!ph || !d || locate_current(&w) != 0) return g_cu.cuMipmappedArrayCreate(ph, d, levels);
+    uint64_t base = d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * format_bytes(d->Format) *
+                    (d->NumChannels ? d->NumChannels : 1);
+    uint64_t guess = charge_size(base + base / 3 + 1); /* all levels of a 2D chain: < 4/3 of the base */
+    if (acct_reserve(w.rdev, guess, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = g_cu.cuMipmappedArrayCreate(ph, d, levels);
+    if (r != CUDA_SUCCESS) return after_alloc(r, K_MIPMAP, 0, &w, guess);
+    uint64_t real = guess;
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req;
+    memset(&req, 0, sizeof req);
+    if (g_cu.cuMipmappedArrayGetMemoryRequirements &&
+        g_cu.cuMipmappedArrayGetMemoryRequirements(&req, *ph, w.ord) == CUDA_SUCCESS && req.size)
+        real = charge_size(req.size);
+    if (real > guess) acct_reserve(w.rdev, real - guess, 1);
+    else if (real < guess) acct_release(w.rdev, guess - real);
+    return after_alloc(r, K_MIPMAP, (uint64_t)(uintptr_t)*ph, &w, real);
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m)
+{
+    REAL(cuMipmappedArrayDestroy);
+    struct free_args f = {.m = m};
+    return free_common(K_MIPMAP, (uint64_t)(uintptr_t)m, call_mipmap_destroy, &f);
+}
+
+/* ---- views ---- */
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
+{
+    REAL(cuMemGetInfo_v2);
+    size_t f = 0, t = 0;
+    CUresult r = g_cu.cuMemGetInfo_v2(&f, &t);
+    if (r != CUDA_SUCCESS) return r;
+    struct where w;
+    if (locate_current(&w) == 0 && g_region) {
+        uint64_t lim = g_region->devices[w.rdev].limit_bytes;
+        if (lim) {
+            uint64_t used = __atomic_load_n(&g_region->devices[w.rdev].used_bytes, __ATOMIC_RELAXED);
+            uint64_t left = lim > used ? lim - used : 0;
+            t = (size_t)(lim < t || !t ? lim : t);
+            f = (size_t)(left < f ? left : f);
+        }
+    }
+    if (free_b) *free_b = f;
+    if (total_b) *total_b = t;
+    return r;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    REAL(cuDeviceTotalMem_v2);
+    CUresult r = g_cu.cuDeviceTotalMem_v2(bytes, dev);
+    if (r != CUDA_SUCCESS || !bytes) return r;
+    acct_init();
+    int rdev = dev_region_index(dev);
+    if (rdev >= 0 && g_region) {
+        uint64_t lim = g_region->devices[rdev].limit_bytes;
+        if (lim && lim < *bytes) *bytes = (size_t)lim;
+    }
+    return r;
+}
+
+/* ---- primary contexts: their overhead counts ---- */
+
+static int g_primary_refs[HAMID_MAX_DEVICES];
+
+static void context_created(CUdevice dev, int have_before, uint64_t before)
+{
+    int rdev = dev_region_index(dev);
+    if (rdev < 0) return;
+    uint64_t ctx = g_cfg.context_bytes_override;
+    uint64_t after;
+    if (!ctx && have_before && nvml_device_used(dev, &after) == 0 && after > before && after - before < (4ull << 30)) {
+        ctx = after - before;
+        uint64_t zero = 0;
+        if (g_region)
+            __atomic_compare_exchange_n(&g_region->devices[rdev].context_bytes, &zero, ctx, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED);
+    }
+    if (!ctx && g_region) ctx = __atomic_load_n(&g_region->devices[rdev].context_bytes, __ATOMIC_RELAXED);
+    acct_set_context(rdev, ctx);
+    mem_maybe_reconcile(rdev, dev);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    REAL(cuDevicePrimaryCtxRetain);
+    if (dev < 0 || dev >= HAMID_MAX_DEVICES) return g_cu.cuDevicePrimaryCtxRetain(pctx, dev);
+    acct_init();
+    int first = __atomic_load_n(&g_primary_refs[dev], __ATOMIC_ACQUIRE) == 0;
+    uint64_t before = 0;
+    int have_before = first && !g_cfg.context_bytes_override && nvml_device_used(dev, &before) == 0;
+    CUresult r = g_cu.cuDevicePrimaryCtxRetain(pctx, dev);
+    if (r == CUDA_SUCCESS && __atomic_fetch_add(&g_primary_refs[dev], 1, __ATOMIC_ACQ_REL) == 0)
+        context_created(dev, have_before, before);
+    return r;
+}
+
+static void context_gone(CUdevice dev)
+{
+    int rdev = dev_region_index(dev);
+    if (rdev < 0) return;
+    acct_release(rdev, tab_drop_device(rdev)); /* the driver freed them with the context */
+    acct_set_context(rdev, 0);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    REAL(cuDevicePrimaryCtxRelease_v2);
+    CUresult r = g_cu.cuDevicePrimaryCtxRelease_v2(dev);
+    if (r == CUDA_SUCCESS && dev >= 0 && dev < HAMID_MAX_DEVICES) {
+        int old = __atomic_load_n(&g_primary_refs[dev], __ATOMIC_ACQUIRE);
+        while (old > 0 && !__atomic_compare_exchange_n(&g_primary_refs[dev], &old, old - 1, 0, __ATOMIC_ACQ_REL,
+                                                       __ATOMIC_ACQUIRE)) {
+        }
+        if (old == 1) context_gone(dev);
+    }
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    REAL(cuDevicePrimaryCtxReset_v2);
+    CUresult r = g_cu.cuDevicePrimaryCtxReset_v2(dev);
+    if (r == CUDA_SUCCESS && dev >= 0 && dev < HAMID_MAX_DEVICES) {
+        __atomic_store_n(&g_primary_refs[dev], 0, __ATOMIC_RELEASE);
+        context_gone(dev);
+    }
+    return r;
+}
+
+HIDDEN void mem_after_fork_child(void)
+{
+    /* Nothing the parent allocated belongs to the child. */
+    pthread_mutex_init(&g_tab.mu, NULL);
+    free(g_tab.slots);
+    g_tab.slots = NULL;
+    g_tab.cap = g_tab.used = 0;
+    memset(g_primary_refs, 0, sizeof g_primary_refs);
+    memset(g_last_reconcile, 0, sizeof g_last_reconcile);
+}

@@ -1,0 +1,431 @@
+/*
+ * region.c: the container's shared region (layout in include/hamid_region.h).
+ * It owns opening/creating and initialising the region file, the robust
+ * process-shared lock, this process's slot (claimed lazily, released at exit,
+ * re-claimed in a forked child), atomic admission against the per-device
+ * limit, and reclaiming the usage of processes that died without releasing.
+ *
+ * Invariants:
+ *  - devices[d].used_bytes == sum over live slots of procs[p].used[d], kept
+ *    under the lock; if a process dies holding the lock, the next locker gets
+ *    EOWNERDEAD and recomputes every total from the slots before going on;
+ *  - a slot never moves; reclaiming clears it in place;
+ *  - no counter is ever decremented below zero.
+ * It must not call the CUDA driver.
+ */
+#define _GNU_SOURCE
+#include "shim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+HIDDEN struct hamid_region *g_region;
+static int g_slot = -1;
+static pid_t g_slot_pid;
+static int g_private;          /* region is process-private (file unusable) */
+static pthread_once_t g_region_once = PTHREAD_ONCE_INIT;
+static int g_region_ready;
+
+_Static_assert(sizeof(pthread_mutex_t) <= sizeof(((struct hamid_region *)0)->lock_storage), "mutex fits");
+
+static pthread_mutex_t *rmutex(void) { return (pthread_mutex_t *)(void *)g_region->lock_storage; }
+
+static uint64_t ld(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static void st(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+static uint64_t sub_clamp(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+static void recompute_totals_locked(void)
+{
+    struct hamid_region *r = g_region;
+    uint32_t hw = r->proc_high_water > HAMID_MAX_PROCS ? HAMID_MAX_PROCS : r->proc_high_water;
+    for (int d = 0; d < HAMID_MAX_DEVICES; d++) {
+        uint64_t sum = 0;
+        for (uint32_t p = 0; p < hw; p++)
+            if (r->procs[p].pid > 0) sum += ld(&r->procs[p].used[d]);
+        st(&r->devices[d].used_bytes, sum);
+    }
+}
+
+static int region_lock(void)
+{
+    int rc = pthread_mutex_lock(rmutex());
+    if (rc == 0) return 0;
+    if (rc == EOWNERDEAD) {
+        LOG_WARN("a process died holding the region lock; recomputing totals from the slots");
+        recompute_totals_locked();
+        pthread_mutex_consistent(rmutex());
+        return 0;
+    }
+    LOG_ERR("region lock failed (%d); continuing without it", rc);
+    return -1;
+}
+
+static void region_unlock(int locked)
+{
+    if (locked == 0) pthread_mutex_unlock(rmutex());
+}
+
+static uint64_t proc_start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p) return 0;
+    /* after ") " come fields 3 (state) .. ; starttime is field 22 */
+    p++;
+    for (int field = 2; field < 21 && *p; p++)
+        if (*p == ' ') field++;
+    return strtoull(p, NULL, 10);
+}
+
+/* 1 if the process that owns the slot is gone (or its pid was reused). */
+static int slot_dead(const struct hamid_proc *s)
+{
+    pid_t pid = s->pid;
+    if (pid <= 0) return 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ') return 0;
+    char state = p[2];
+    if (state == 'Z' || state == 'X' || state == 'x') return 1;
+    if (s->start_time) {
+        uint64_t now_start = proc_start_time(pid);
+        if (now_start && now_start != s->start_time) return 1;
+    }
+    return 0;
+}
+
+static void clear_slot_locked(int i)
+{
+    struct hamid_region *r = g_region;
+    struct hamid_proc *s = &r->procs[i];
+    for (int d = 0; d < HAMID_MAX_DEVICES; d++) {
+        uint64_t u = ld(&s->used[d]);
+        st(&r->devices[d].used_bytes, sub_clamp(ld(&r->devices[d].used_bytes), u));
+        st(&s->used[d], 0);
+        st(&s->context[d], 0);
+    }
+    s->start_time = 0;
+    s->flags = 0;
+    __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
+    while (r->proc_high_water > 0 && r->procs[r->proc_high_water - 1].pid == 0) r->proc_high_water--;
+}
+
+static int reclaim_dead_locked(void)
+{
+    struct hamid_region *r = g_region;
+    int n = 0;
+    uint32_t hw = r->proc_high_water > HAMID_MAX_PROCS ? HAMID_MAX_PROCS : r->proc_high_water;
+    for (uint32_t i = 0; i < hw; i++) {
+        if (r->procs[i].pid > 0 && (int)i != g_slot && slot_dead(&r->procs[i])) {
+            LOG_INFO("reclaiming slot %u of dead process %d", i, r->procs[i].pid);
+            clear_slot_locked((int)i);
+            n++;
+        }
+    }
+    if (n) {
+        r->generation++;
+        r->reclaimed_procs += (uint64_t)n;
+    }
+    return n;
+}
+
+static int live_slots_locked(void)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < g_region->proc_high_water && i < HAMID_MAX_PROCS; i++)
+        if (g_region->procs[i].pid > 0) n++;
+    return n;
+}
+
+static void init_fresh(struct hamid_region *r)
+{
+    memset(r, 0, sizeof *r);
+    r->abi_version = HAMID_REGION_ABI_VERSION;
+    r->struct_size = sizeof *r;
+    r->max_procs = HAMID_MAX_PROCS;
+    r->init_pid = (uint32_t)getpid();
+    r->created_realtime_ns = real_ns();
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init((pthread_mutex_t *)(void *)r->lock_storage, &a);
+    pthread_mutexattr_destroy(&a);
+    for (int d = 0; d < HAMID_MAX_DEVICES; d++) {
+        r->devices[d].limit_bytes = g_cfg.mem_limit[d];
+        r->devices[d].sm_limit = g_cfg.sm_limit[d];
+    }
+    __atomic_store_n(&r->magic, (uint64_t)HAMID_REGION_MAGIC, __ATOMIC_RELEASE);
+}
+
+static struct hamid_region *map_private(void)
+{
+    void *p = mmap(NULL, sizeof(struct hamid_region), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    init_fresh(p);
+    g_private = 1;
+    return p;
+}
+
+static struct hamid_region *map_file(const char *path)
+{
+    int created = 0;
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+        created = 1;
+        fchmod(fd, 0666); /* every uid of the container may join */
+    } else if (errno == EEXIST) {
+        fd = open(path, O_RDWR | O_CLOEXEC);
+    }
+    if (fd < 0) {
+        LOG_WARN("cannot open region %s (%s); limits hold per process only", path, strerror(errno));
+        return NULL;
+    }
+    (void)created;
+    struct hamid_region *r = NULL;
+    if (flock(fd, LOCK_EX) != 0) goto out;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) goto unlock;
+    if ((size_t)sb.st_size < sizeof *r && ftruncate(fd, (off_t)sizeof *r) != 0) {
+        LOG_WARN("cannot size region %s (%s)", path, strerror(errno));
+        goto unlock;
+    }
+    void *p = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) goto unlock;
+    r = p;
+    if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) != (uint64_t)HAMID_REGION_MAGIC) {
+        init_fresh(r);
+    } else if (r->struct_size < sizeof *r) {
+        LOG_ERR("region %s has struct_size %u < %zu (abi %u); not using it", path, r->struct_size, sizeof *r,
+                r->abi_version);
+        munmap(p, sizeof *r);
+        r = NULL;
+    }
+unlock:
+    flock(fd, LOCK_UN);
+out:
+    close(fd);
+    return r;
+}
+
+static void region_open_once(void)
+{
+    config_load();
+    struct hamid_region *r = map_file(g_cfg.region_path);
+    if (!r) r = map_private();
+    g_region = r;
+    if (r) __atomic_store_n(&g_region_ready, 1, __ATOMIC_RELEASE);
+}
+
+HIDDEN int region_ready(void)
+{
+    if (LIKELY(__atomic_load_n(&g_region_ready, __ATOMIC_ACQUIRE))) return 1;
+    pthread_once(&g_region_once, region_open_once);
+    return g_region != NULL;
+}
+
+static void release_my_slot(void)
+{
+    if (!g_region || g_slot < 0 || g_slot_pid != getpid()) return;
+    int locked = region_lock();
+    if (g_region->procs[g_slot].pid == (int32_t)g_slot_pid) clear_slot_locked(g_slot);
+    region_unlock(locked);
+    g_slot = -1;
+}
+
+/* Adopt or publish limits: a container's processes share one view. */
+static void sync_limits_locked(int alone)
+{
+    struct hamid_region *r = g_region;
+    for (int d = 0; d < HAMID_MAX_DEVICES; d++) {
+        struct hamid_device *dv = &r->devices[d];
+        if (alone) {
+            dv->limit_bytes = g_cfg.mem_limit[d];
+            dv->sm_limit = g_cfg.sm_limit[d];
+        } else if (dv->limit_bytes != g_cfg.mem_limit[d] || dv->sm_limit != g_cfg.sm_limit[d]) {
+            LOG_WARN("device %d: this process's limits (%llu B, %u%%) differ from the container's (%llu B, %u%%); "
+                     "using the container's", d, (unsigned long long)g_cfg.mem_limit[d], g_cfg.sm_limit[d],
+                     (unsigned long long)dv->limit_bytes, dv->sm_limit);
+            g_cfg.mem_limit[d] = dv->limit_bytes;
+            g_cfg.sm_limit[d] = dv->sm_limit;
+        }
+    }
+    g_cfg.any_sm_limit = 0;
+    for (int d = 0; d < HAMID_MAX_DEVICES; d++)
+        if (g_cfg.sm_limit[d]) g_cfg.any_sm_limit = 1;
+}
+
+static int g_atexit_done;
+
+static void register_slot(void)
+{
+    struct hamid_region *r = g_region;
+    pid_t pid = getpid();
+    uint64_t start = proc_start_time(pid);
+    int locked = region_lock();
+    reclaim_dead_locked();
+    /* A slot holding our own pid belongs to the image we replaced by exec. */
+    for (uint32_t i = 0; i < r->proc_high_water && i < HAMID_MAX_PROCS; i++)
+        if (r->procs[i].pid == pid) clear_slot_locked((int)i);
+    sync_limits_locked(live_slots_locked() == 0);
+    int slot = -1;
+    for (uint32_t i = 0; i < r->proc_high_water && i < HAMID_MAX_PROCS; i++)
+        if (r->procs[i].pid == 0) { slot = (int)i; break; }
+    if (slot < 0 && r->proc_high_water < HAMID_MAX_PROCS) slot = (int)r->proc_high_water++;
+    if (slot >= 0) {
+        struct hamid_proc *s = &r->procs[slot];
+        memset(s->used, 0, sizeof s->used);
+        memset(s->context, 0, sizeof s->context);
+        s->start_time = start;
+        s->flags = HAMID_PROC_FLAG_ACTIVE;
+        __atomic_store_n(&s->pid, (int32_t)pid, __ATOMIC_RELEASE);
+    } else {
+        LOG_ERR("region full (%d processes); this process is counted in the device totals only", HAMID_MAX_PROCS);
+    }
+    region_unlock(locked);
+    g_slot = slot;
+    g_slot_pid = pid;
+    if (!__atomic_exchange_n(&g_atexit_done, 1, __ATOMIC_ACQ_REL)) atexit(release_my_slot);
+}
+
+static pthread_mutex_t g_reg_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void ensure_slot(void)
+{
+    if (LIKELY(g_slot_pid == getpid())) return;
+    pthread_mutex_lock(&g_reg_mu);
+    if (g_slot_pid != getpid()) register_slot();
+    pthread_mutex_unlock(&g_reg_mu);
+}
+
+HIDDEN void acct_init(void)
+{
+    if (region_ready()) ensure_slot();
+}
+
+HIDDEN void region_after_fork_child(void)
+{
+    /* The child is a new process: it claims its own slot on first use. */
+    g_slot = -1;
+    g_slot_pid = 0;
+    pthread_mutex_init(&g_reg_mu, NULL);
+}
+
+static void bump_device_count_locked(int rdev)
+{
+    if ((uint32_t)rdev + 1 > g_region->device_count) g_region->device_count = (uint32_t)rdev + 1;
+}
+
+HIDDEN int acct_reserve(int rdev, uint64_t bytes, int force)
+{
+    if (rdev < 0 || rdev >= HAMID_MAX_DEVICES) return 0;
+    acct_init();
+    if (!g_region) return 0;
+    struct hamid_device *d = &g_region->devices[rdev];
+    int locked = region_lock();
+    uint64_t lim = d->limit_bytes, used = ld(&d->used_bytes);
+    if (!force && lim && (bytes > lim || used + bytes > lim)) {
+        if (reclaim_dead_locked() == 0 || (used = ld(&d->used_bytes)) + bytes > lim) {
+            d->oom_count++;
+            region_unlock(locked);
+            LOG_INFO("device %d: refusing %llu B (%llu of %llu B in use)", rdev, (unsigned long long)bytes,
+                     (unsigned long long)used, (unsigned long long)lim);
+            return -1;
+        }
+    }
+    used += bytes;
+    st(&d->used_bytes, used);
+    if (used > d->peak_used_bytes) d->peak_used_bytes = used;
+    if (g_slot >= 0) {
+        uint64_t *u = &g_region->procs[g_slot].used[rdev];
+        st(u, ld(u) + bytes);
+    }
+    bump_device_count_locked(rdev);
+    region_unlock(locked);
+    return 0;
+}
+
+HIDDEN void acct_release(int rdev, uint64_t bytes)
+{
+    if (rdev < 0 || rdev >= HAMID_MAX_DEVICES || !bytes) return;
+    acct_init();
+    if (!g_region) return;
+    struct hamid_device *d = &g_region->devices[rdev];
+    int locked = region_lock();
+    uint64_t take = bytes;
+    if (g_slot >= 0) {
+        uint64_t *u = &g_region->procs[g_slot].used[rdev];
+        if (take > ld(u)) take = ld(u);
+        st(u, ld(u) - take);
+    }
+    st(&d->used_bytes, sub_clamp(ld(&d->used_bytes), take));
+    region_unlock(locked);
+}
+
+HIDDEN void acct_set_context(int rdev, uint64_t bytes)
+{
+    if (rdev < 0 || rdev >= HAMID_MAX_DEVICES) return;
+    acct_init();
+    if (!g_region || g_slot < 0) return;
+    struct hamid_device *d = &g_region->devices[rdev];
+    struct hamid_proc *s = &g_region->procs[g_slot];
+    int locked = region_lock();
+    uint64_t old = ld(&s->context[rdev]);
+    st(&s->context[rdev], bytes);
+    if (bytes >= old) {
+        st(&s->used[rdev], ld(&s->used[rdev]) + (bytes - old));
+        st(&d->used_bytes, ld(&d->used_bytes) + (bytes - old));
+    } else {
+        uint64_t diff = old - bytes;
+        if (diff > ld(&s->used[rdev])) diff = ld(&s->used[rdev]);
+        st(&s->used[rdev], ld(&s->used[rdev]) - diff);
+        st(&d->used_bytes, sub_clamp(ld(&d->used_bytes), diff));
+    }
+    if (ld(&d->used_bytes) > d->peak_used_bytes) d->peak_used_bytes = ld(&d->used_bytes);
+    bump_device_count_locked(rdev);
+    region_unlock(locked);
+}
+
+HIDDEN uint64_t acct_proc_used(int rdev)
+{
+    if (!g_region || g_slot < 0 || rdev < 0 || rdev >= HAMID_MAX_DEVICES) return 0;
+    return ld(&g_region->procs[g_slot].used[rdev]);
+}
+
+HIDDEN uint64_t acct_proc_context(int rdev)
+{
+    if (!g_region || g_slot < 0 || rdev < 0 || rdev >= HAMID_MAX_DEVICES) return 0;
+    return ld(&g_region->procs[g_slot].context[rdev]);
+}
+
+HIDDEN int region_reclaim_dead(void)
+{
+    if (!region_ready() || g_private) return 0;
+    int locked = region_lock();
+    int n = reclaim_dead_locked();
+    region_unlock(locked);
+    return n;
+}
