@@ -62,6 +62,12 @@ static void build_map_locked(void)
             }
             d->cuda_ordinal_hint = (uint32_t)c;
         }
+        if (g_region) {
+            uint32_t want = (uint32_t)idx + 1, have = __atomic_load_n(&g_region->device_count, __ATOMIC_RELAXED);
+            while (have < want && !__atomic_compare_exchange_n(&g_region->device_count, &have, want, 0,
+                                                               __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+            }
+        }
         LOG_DEBUG("CUDA device %d (%s) is container device %d", c, u, idx);
     }
     __atomic_store_n(&g_count, n, __ATOMIC_RELEASE);

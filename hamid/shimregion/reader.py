@@ -1,0 +1,183 @@
+"""Read-only access to one container's shim region, through cffi.
+
+Owns: locating the region header (hamid_region.h, the same file the shim is
+compiled from), turning its HAMID_CDEF block into a cffi cdef, mapping a
+region file read-only, validating magic / ABI version / struct size, and
+returning a plain snapshot (per-device and per-process usage). Must not
+write to the file, take its lock, or judge liveness of pids (they live in
+the container's pid namespace, not ours).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import cffi
+
+_HERE = Path(__file__).resolve().parent
+_HEADER_CANDIDATES = (
+    Path(__file__).parent / "hamid_region.h",  # packaged copy (a symlink in the source tree)
+    _HERE.parent.parent / "shim" / "include" / "hamid_region.h",  # source checkout
+)
+
+
+class RegionError(Exception):
+    """A region file that is missing, too small, or not one we can read."""
+
+
+def header_path() -> Path:
+    for p in _HEADER_CANDIDATES:
+        if p.is_file():
+            return p
+    raise RegionError(f"hamid_region.h not found (looked in {', '.join(map(str, _HEADER_CANDIDATES))})")
+
+
+def cdef_source(text: str) -> str:
+    m = re.search(r"/\* HAMID_CDEF_BEGIN \*/(.*?)/\* HAMID_CDEF_END \*/", text, re.S)
+    if not m:
+        raise RegionError("hamid_region.h has no HAMID_CDEF_BEGIN/END block")
+    return m.group(1)
+
+
+@lru_cache(maxsize=1)
+def _ffi() -> cffi.FFI:
+    ffi = cffi.FFI()
+    ffi.cdef(cdef_source(header_path().read_text()))
+    return ffi
+
+
+def _consts() -> dict[str, int]:
+    ffi = _ffi()
+    lib = ffi.dlopen(None)
+    names = ("HAMID_REGION_MAGIC", "HAMID_REGION_ABI_VERSION", "HAMID_MAX_DEVICES", "HAMID_MAX_PROCS")
+    return {n: int(getattr(lib, n)) for n in names}
+
+
+def region_struct_size() -> int:
+    return _ffi().sizeof("struct hamid_region")
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    index: int
+    uuid: str
+    limit_bytes: int
+    used_bytes: int
+    peak_used_bytes: int
+    oom_count: int
+    sm_limit_percent: int
+    context_bytes: int
+    gpu_time_ns: int
+    throttle_ns: int
+    launches: int
+    last_kernel_realtime_ns: int
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    slot: int
+    pid: int
+    start_time: int
+    used_bytes: dict[int, int] = field(default_factory=dict)
+    context_bytes: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RegionSnapshot:
+    path: str
+    abi_version: int
+    struct_size: int
+    created_realtime_ns: int
+    generation: int
+    reclaimed_procs: int
+    devices: list[DeviceUsage]
+    processes: list[ProcessUsage]
+
+    def device(self, index: int) -> DeviceUsage | None:
+        for d in self.devices:
+            if d.index == index:
+                return d
+        return None
+
+
+def read_region(path: str | os.PathLike[str]) -> RegionSnapshot:
+    """Map `path` read-only and return what it holds right now."""
+    ffi = _ffi()
+    c = _consts()
+    size = region_struct_size()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise RegionError(f"{path}: {e.strerror}") from e
+    try:
+        st = os.fstat(fd)
+        if st.st_size < size:
+            raise RegionError(f"{path}: {st.st_size} bytes, a region needs {size}")
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    try:
+        r = ffi.from_buffer("struct hamid_region *", mm)
+        if r.magic != c["HAMID_REGION_MAGIC"]:
+            raise RegionError(f"{path}: bad magic {r.magic:#x} (not initialised, or not a hamid region)")
+        if r.abi_version < 1 or r.struct_size < size:
+            raise RegionError(
+                f"{path}: ABI {r.abi_version} with struct_size {r.struct_size}; this reader needs ABI >= 1 "
+                f"and struct_size >= {size}"
+            )
+        ndev = min(int(r.device_count), c["HAMID_MAX_DEVICES"])
+        devices = []
+        for i in range(c["HAMID_MAX_DEVICES"]):
+            d = r.devices[i]
+            if i >= ndev and not (d.flags & 1) and not d.used_bytes:
+                continue
+            devices.append(
+                DeviceUsage(
+                    index=i,
+                    uuid=ffi.string(d.uuid).decode(errors="replace") if d.flags & 1 else "",
+                    limit_bytes=int(d.limit_bytes),
+                    used_bytes=int(d.used_bytes),
+                    peak_used_bytes=int(d.peak_used_bytes),
+                    oom_count=int(d.oom_count),
+                    sm_limit_percent=int(d.sm_limit),
+                    context_bytes=int(d.context_bytes),
+                    gpu_time_ns=int(d.gpu_time_ns),
+                    throttle_ns=int(d.throttle_ns),
+                    launches=int(d.launches),
+                    last_kernel_realtime_ns=int(d.last_kernel_realtime_ns),
+                )
+            )
+        procs = []
+        hw = min(int(r.proc_high_water), c["HAMID_MAX_PROCS"])
+        for s in range(hw):
+            p = r.procs[s]
+            if p.pid <= 0:
+                continue
+            procs.append(
+                ProcessUsage(
+                    slot=s,
+                    pid=int(p.pid),
+                    start_time=int(p.start_time),
+                    used_bytes={i: int(p.used[i]) for i in range(c["HAMID_MAX_DEVICES"]) if p.used[i]},
+                    context_bytes={i: int(p.context[i]) for i in range(c["HAMID_MAX_DEVICES"]) if p.context[i]},
+                )
+            )
+        snap = RegionSnapshot(
+            path=str(path),
+            abi_version=int(r.abi_version),
+            struct_size=int(r.struct_size),
+            created_realtime_ns=int(r.created_realtime_ns),
+            generation=int(r.generation),
+            reclaimed_procs=int(r.reclaimed_procs),
+            devices=devices,
+            processes=procs,
+        )
+        del r
+        return snap
+    finally:
+        mm.close()

@@ -1,0 +1,354 @@
+/*
+ * fake_cuda.c: TEST STAND-IN ONLY, built by tests/shim as libcuda.so.1. It is
+ * not NVIDIA's driver and implements no GPU: just enough of the driver API
+ * (same names, same signatures, same CUresult values) for the shim's tests to
+ * exercise every path on a machine without a GPU. Memory is bookkept in the
+ * shared fake_state; a kernel "runs" for as many microseconds as its
+ * CUfunction handle's value, on one busy timeline per device, which events
+ * observe the way real events do.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fake_state.h"
+#include "hamid_cuda.h"
+
+#define API __attribute__((visibility("default")))
+
+static __thread int t_cur = -1; /* current device ordinal (via context) */
+static int g_inited;
+
+/* ordinal -> physical device, honouring CUDA_VISIBLE_DEVICES */
+static int g_map[FAKE_MAX_DEV];
+static int g_count = -1;
+static void map_devices(void)
+{
+    if (g_count >= 0) return;
+    struct fake_state *s = fake_state_get();
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    int n = 0;
+    if (v && *v) {
+        char buf[128];
+        snprintf(buf, sizeof buf, "%s", v);
+        for (char *tok = strtok(buf, ","); tok && n < FAKE_MAX_DEV; tok = strtok(NULL, ",")) {
+            int p = atoi(tok);
+            if (p >= 0 && (uint32_t)p < s->ndev) g_map[n++] = p;
+        }
+    } else {
+        for (uint32_t i = 0; i < s->ndev; i++) g_map[n++] = (int)i;
+    }
+    g_count = n;
+}
+static int phys(int ord) { map_devices(); return (ord >= 0 && ord < g_count) ? g_map[ord] : -1; }
+
+/* ---- allocation records (per process) ---- */
+struct alloc { uint64_t key; int dev; uint64_t charged; int kind; };
+static struct alloc g_allocs[65536];
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_next_ptr = 0x7f0000000000ull;
+
+static uint64_t page_round(uint64_t b) { return (b + (2u << 20) - 1) / (2u << 20) * (2u << 20); }
+
+static CUresult fake_alloc(int kind, uint64_t bytes, unsigned long long *out, int dev_ord)
+{
+    int ord = dev_ord >= 0 ? dev_ord : t_cur;
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ord < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    int p = phys(ord);
+    if (p < 0) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t c = page_round(bytes);
+    if (fake_charge(p, (int64_t)c, 1) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_mu);
+    uint64_t key = __atomic_fetch_add(&g_next_ptr, c + 4096, __ATOMIC_RELAXED);
+    for (int i = 0; i < 65536; i++)
+        if (!g_allocs[i].key) { g_allocs[i] = (struct alloc){key, p, c, kind}; break; }
+    pthread_mutex_unlock(&g_mu);
+    *out = key;
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_free(int kind, uint64_t key)
+{
+    if (!key) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < 65536; i++)
+        if (g_allocs[i].key == key && g_allocs[i].kind == kind) {
+            struct alloc a = g_allocs[i];
+            g_allocs[i].key = 0;
+            pthread_mutex_unlock(&g_mu);
+            fake_charge(a.dev, -(int64_t)a.charged, 0);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- init, devices, contexts ---- */
+API CUresult cuInit(unsigned int flags) { (void)flags; fake_state_get(); map_devices(); g_inited = 1; return CUDA_SUCCESS; }
+API CUresult cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
+API CUresult cuDeviceGetCount(int *n) { if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED; map_devices(); *n = g_count; return CUDA_SUCCESS; }
+API CUresult cuDeviceGet(CUdevice *d, int ord) { map_devices(); if (ord < 0 || ord >= g_count) return CUDA_ERROR_INVALID_VALUE; *d = ord; return CUDA_SUCCESS; }
+static CUresult get_uuid(CUuuid *u, CUdevice d)
+{
+    int p = phys(d);
+    if (p < 0) return CUDA_ERROR_INVALID_VALUE;
+    memset(u->bytes, 0, 16);
+    u->bytes[0] = (char)0xfa; u->bytes[1] = (char)0x4e; u->bytes[15] = (char)p;
+    return CUDA_SUCCESS;
+}
+API CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) { return get_uuid(u, d); }
+API CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return get_uuid(u, d); }
+API CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d)
+{
+    int p = phys(d);
+    if (p < 0 || !b) return CUDA_ERROR_INVALID_VALUE;
+    *b = fake_state_get()->dev[p].total;
+    return CUDA_SUCCESS;
+}
+
+static int g_primary[FAKE_MAX_DEV];
+static uint64_t ctx_size(void) { const char *v = getenv("FAKE_CTX_MB"); return (uint64_t)(v ? atoi(v) : 40) << 20; }
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
+{
+    int p = phys(d);
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (p < 0 || !pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (__atomic_fetch_add(&g_primary[d], 1, __ATOMIC_RELAXED) == 0) fake_charge(p, (int64_t)ctx_size(), 0);
+    *pctx = (CUcontext)(uintptr_t)(0x1000 + d);
+    return CUDA_SUCCESS;
+}
+static void drop_device_allocs(int p)
+{
+    uint64_t sum = 0;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < 65536; i++)
+        if (g_allocs[i].key && g_allocs[i].dev == p) { sum += g_allocs[i].charged; g_allocs[i].key = 0; }
+    pthread_mutex_unlock(&g_mu);
+    fake_charge(p, -(int64_t)sum, 0);
+}
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+    int p = phys(d);
+    if (p < 0 || g_primary[d] <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (--g_primary[d] == 0) { drop_device_allocs(p); fake_charge(p, -(int64_t)ctx_size(), 0); }
+    return CUDA_SUCCESS;
+}
+API CUresult cuDevicePrimaryCtxReset_v2(CUdevice d)
+{
+    int p = phys(d);
+    if (p < 0) return CUDA_ERROR_INVALID_VALUE;
+    if (g_primary[d] > 0) { drop_device_allocs(p); fake_charge(p, -(int64_t)ctx_size(), 0); }
+    g_primary[d] = 0;
+    return CUDA_SUCCESS;
+}
+API CUresult cuCtxSetCurrent(CUcontext c) { t_cur = c ? (int)((uintptr_t)c - 0x1000) : -1; return CUDA_SUCCESS; }
+API CUresult cuCtxGetCurrent(CUcontext *c) { *c = t_cur >= 0 ? (CUcontext)(uintptr_t)(0x1000 + t_cur) : NULL; return CUDA_SUCCESS; }
+API CUresult cuCtxGetDevice(CUdevice *d) { if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT; *d = t_cur; return CUDA_SUCCESS; }
+
+/* ---- memory ---- */
+API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) { if (!p || !b) return CUDA_ERROR_INVALID_VALUE; return fake_alloc(1, b, p, -1); }
+/* The CUDA 3.0 ABI: 32-bit size. A different function, as in the real driver. */
+API CUresult cuMemAlloc(unsigned int *p, unsigned int b)
+{
+    unsigned long long x;
+    CUresult r = fake_alloc(9, b, &x, -1);
+    if (r == CUDA_SUCCESS) *p = (unsigned int)(x & 0xffffffffu);
+    return r;
+}
+API CUresult cuMemFree_v2(CUdeviceptr p) { return fake_free(1, p); }
+API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t b, unsigned int f) { (void)f; return fake_alloc(1, b, p, -1); }
+API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int e)
+{
+    (void)e;
+    if (!p || !pitch) return CUDA_ERROR_INVALID_VALUE;
+    *pitch = (w + 511) / 512 * 512;
+    return fake_alloc(1, *pitch * h, p, -1);
+}
+API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s) { (void)s; return fake_alloc(1, b, p, -1); }
+API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s) { (void)s; return fake_alloc(1, b, p, -1); }
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t b, CUmemoryPool pool, CUstream s) { (void)s; if (!pool) return CUDA_ERROR_INVALID_VALUE; return fake_alloc(1, b, p, -1); }
+API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t b, CUmemoryPool pool, CUstream s) { (void)s; if (!pool) return CUDA_ERROR_INVALID_VALUE; return fake_alloc(1, b, p, -1); }
+API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return fake_free(1, p); }
+API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return fake_free(1, p); }
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t b, const CUmemAllocationProp *prop, unsigned long long f)
+{
+    (void)f;
+    if (!h || !prop || b % (2u << 20)) return CUDA_ERROR_INVALID_VALUE;
+    return fake_alloc(2, b, h, prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : t_cur);
+}
+API CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return fake_free(2, h); }
+static unsigned fmt_bytes(int f) { return f == 1 || f == 8 ? 1 : f == 2 || f == 9 || f == 0x10 ? 2 : 4; }
+API CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    unsigned long long x;
+    CUresult r = fake_alloc(3, d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels, &x, -1);
+    if (r == CUDA_SUCCESS) *a = (CUarray)(uintptr_t)x;
+    return r;
+}
+API CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    unsigned long long x;
+    CUresult r = fake_alloc(3, d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * fmt_bytes(d->Format) * d->NumChannels, &x, -1);
+    if (r == CUDA_SUCCESS) *a = (CUarray)(uintptr_t)x;
+    return r;
+}
+API CUresult cuArrayDestroy(CUarray a) { return fake_free(3, (uint64_t)(uintptr_t)a); }
+API CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *m, CUarray a, CUdevice d)
+{
+    (void)d;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < 65536; i++)
+        if (g_allocs[i].key == (uint64_t)(uintptr_t)a && g_allocs[i].kind == 3) {
+            m->size = g_allocs[i].charged;
+            m->alignment = 2u << 20;
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+API CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    (void)levels;
+    uint64_t base = d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels; unsigned long long x;
+    CUresult r = fake_alloc(4, base + base / 3, &x, -1);
+    if (r == CUDA_SUCCESS) *m = (CUmipmappedArray)(uintptr_t)x;
+    return r;
+}
+API CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) { return fake_free(4, (uint64_t)(uintptr_t)m); }
+API CUresult cuMemGetInfo_v2(size_t *f, size_t *t)
+{
+    if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    struct fake_state *s = fake_state_get();
+    int p = phys(t_cur);
+    *t = s->dev[p].total;
+    *f = s->dev[p].total - s->dev[p].used;
+    return CUDA_SUCCESS;
+}
+
+/* ---- streams, events, the busy timeline ---- */
+struct fstream { int capturing; int captured; };
+API CUresult cuStreamCreate(CUstream *s, unsigned int f) { (void)f; *s = calloc(1, sizeof(struct fstream)); return CUDA_SUCCESS; }
+static int is_real_stream(CUstream s) { return s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD; }
+static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *st)
+{
+    *st = is_real_stream(s) && ((struct fstream *)s)->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) { return is_capturing(s, st); }
+API CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st) { return is_capturing(s, st); }
+API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *m) { (void)m; return CUDA_SUCCESS; }
+static CUresult begin_capture(CUstream s) { if (!is_real_stream(s)) return CUDA_ERROR_NOT_SUPPORTED; ((struct fstream *)s)->capturing = 1; return CUDA_SUCCESS; }
+API CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { (void)mode; return begin_capture(s); }
+API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) { (void)mode; return begin_capture(s); }
+API CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+    if (!is_real_stream(s) || !((struct fstream *)s)->capturing) return CUDA_ERROR_INVALID_VALUE;
+    ((struct fstream *)s)->capturing = 0;
+    if (g) *g = (CUgraph)(uintptr_t)((struct fstream *)s)->captured;
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return cuStreamEndCapture(s, g); }
+
+static int64_t busy_until(int p) { return __atomic_load_n(&fake_state_get()->dev[p].busy_until, __ATOMIC_ACQUIRE); }
+static CUresult run_work(CUstream s, uint64_t us)
+{
+    if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (is_real_stream(s) && ((struct fstream *)s)->capturing) { ((struct fstream *)s)->captured += (int)us; return CUDA_SUCCESS; }
+    struct fake_state *st = fake_state_get();
+    int p = phys(t_cur);
+    int64_t now = fake_now(), old = busy_until(p), end;
+    do { end = (old > now ? old : now) + (int64_t)us * 1000; } while (!__atomic_compare_exchange_n(&st->dev[p].busy_until, &old, end, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    /* a bounded launch queue: the CPU blocks once 20 ms of work are queued */
+    int64_t ahead = end - now - 20000000;
+    if (ahead > 0) { struct timespec ts = {ahead / 1000000000, ahead % 1000000000}; nanosleep(&ts, NULL); }
+    return CUDA_SUCCESS;
+}
+API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa, void **ex) { return run_work(s, (uint64_t)(uintptr_t)f); }
+API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa, void **ex) { return run_work(s, (uint64_t)(uintptr_t)f); }
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **pa, void **ex) { return run_work(c->hStream, (uint64_t)(uintptr_t)f); }
+API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **pa, void **ex) { return run_work(c->hStream, (uint64_t)(uintptr_t)f); }
+API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa) { return run_work(s, (uint64_t)(uintptr_t)f); }
+API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa) { return run_work(s, (uint64_t)(uintptr_t)f); }
+API CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return run_work(s, (uint64_t)(uintptr_t)g); }
+API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return run_work(s, (uint64_t)(uintptr_t)g); }
+static void wait_idle(void)
+{
+    if (t_cur < 0) return;
+    int64_t t = busy_until(phys(t_cur)) - fake_now();
+    if (t > 0) { struct timespec ts = {t / 1000000000, t % 1000000000}; nanosleep(&ts, NULL); }
+}
+API CUresult cuCtxSynchronize(void) { wait_idle(); return CUDA_SUCCESS; }
+API CUresult cuStreamSynchronize(CUstream s) { (void)s; wait_idle(); return CUDA_SUCCESS; }
+
+struct fevent { int64_t ts; };
+API CUresult cuEventCreate(CUevent *e, unsigned int f) { (void)f; *e = calloc(1, sizeof(struct fevent)); return CUDA_SUCCESS; }
+API CUresult cuEventDestroy_v2(CUevent e) { free(e); return CUDA_SUCCESS; }
+API CUresult cuEventRecord(CUevent e, CUstream s)
+{
+    (void)s;
+    if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    int64_t now = fake_now(), b = busy_until(phys(t_cur));
+    ((struct fevent *)e)->ts = b > now ? b : now;
+    return CUDA_SUCCESS;
+}
+API CUresult cuEventQuery(CUevent e) { return fake_now() >= ((struct fevent *)e)->ts ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
+API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { *ms = (float)(((struct fevent *)b)->ts - ((struct fevent *)a)->ts) / 1e6f; return CUDA_SUCCESS; }
+API CUresult cuCtxSynchronize_marker(void) { return 4242; } /* a symbol the shim does not intercept */
+
+/* ---- cuGetProcAddress, answering per version like the driver ---- */
+struct ver { const char *base; int min; const char *exported; };
+static const struct ver g_vers[] = {
+    {"cuMemAlloc", 3020, "cuMemAlloc_v2"}, {"cuMemAlloc", 2000, "cuMemAlloc"},
+    {"cuMemFree", 3020, "cuMemFree_v2"}, {"cuMemAllocPitch", 3020, "cuMemAllocPitch_v2"},
+    {"cuMemGetInfo", 3020, "cuMemGetInfo_v2"}, {"cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2"},
+    {"cuArrayCreate", 3020, "cuArrayCreate_v2"}, {"cuArray3DCreate", 3020, "cuArray3DCreate_v2"},
+    {"cuDevicePrimaryCtxRelease", 11000, "cuDevicePrimaryCtxRelease_v2"},
+    {"cuDevicePrimaryCtxReset", 11000, "cuDevicePrimaryCtxReset_v2"},
+    {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2"},
+    {"cuEventDestroy", 4000, "cuEventDestroy_v2"}, {"cuDeviceGetUuid", 11040, "cuDeviceGetUuid_v2"},
+    {"cuGetProcAddress", 12000, "cuGetProcAddress_v2"}, {"cuGetProcAddress", 11030, "cuGetProcAddress"},
+    {"cuMemAllocAsync", 11020, "cuMemAllocAsync"}, {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync"},
+    {"cuMemFreeAsync", 11020, "cuMemFreeAsync"}, {"cuLaunchKernelEx", 11060, "cuLaunchKernelEx"},
+    {"cuMemCreate", 10020, "cuMemCreate"},
+};
+
+static CUresult proc_address(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st)
+{
+    if (!sym || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    const char *name = NULL;
+    int known = 0;
+    for (size_t i = 0; i < sizeof g_vers / sizeof g_vers[0]; i++)
+        if (strcmp(g_vers[i].base, sym) == 0) {
+            known = 1;
+            if (g_vers[i].min <= ver) { name = g_vers[i].exported; break; }
+        }
+    if (known && !name) {
+        if (st) *st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+        *pfn = NULL;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    if (!name) name = sym;
+    void *self = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    void *(*real_dlsym)(void *, const char *) = (void *(*)(void *, const char *))dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34");
+    if (!real_dlsym) real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.2.5");
+    void *f = NULL;
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s_ptsz", name);
+        f = real_dlsym(self, buf);
+    }
+    if (!f) f = real_dlsym(self, name);
+    if (self) dlclose(self);
+    *pfn = f;
+    if (st) *st = f ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return f ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+API CUresult cuGetProcAddress_v2(const char *s, void **p, int v, cuuint64_t f, CUdriverProcAddressQueryResult *st) { return proc_address(s, p, v, f, st); }
+API CUresult cuGetProcAddress(const char *s, void **p, int v, cuuint64_t f) { return proc_address(s, p, v, f, NULL); }

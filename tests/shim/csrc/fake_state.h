@@ -1,0 +1,103 @@
+/*
+ * fake_state.h: TEST STAND-IN ONLY. The state shared by the fake
+ * libcuda.so.1 and the fake libnvidia-ml.so.1 that tests/shim builds: a tiny
+ * simulated GPU (memory per device and per process, one busy timeline per
+ * device) kept in a file named by FAKE_GPU_STATE so that every process of a
+ * test sees the same "hardware", the way NVML sees the host.
+ */
+#ifndef FAKE_STATE_H
+#define FAKE_STATE_H
+
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FAKE_MAX_DEV 4
+#define FAKE_MAX_PROC 256
+
+struct fake_state {
+    uint64_t magic;
+    uint32_t lock;
+    uint32_t ndev;
+    struct {
+        uint64_t total;
+        uint64_t used;
+        int64_t busy_until;
+    } dev[FAKE_MAX_DEV];
+    struct {
+        int32_t pid;
+        uint32_t dev;
+        uint64_t used;
+    } procs[FAKE_MAX_PROC];
+};
+
+static inline int64_t fake_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static inline void fake_lock(struct fake_state *s)
+{
+    while (__atomic_exchange_n(&s->lock, 1, __ATOMIC_ACQUIRE)) usleep(10);
+}
+static inline void fake_unlock(struct fake_state *s) { __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE); }
+
+static inline struct fake_state *fake_state_get(void)
+{
+    static struct fake_state *st;
+    if (st) return st;
+    const char *p = getenv("FAKE_GPU_STATE");
+    if (!p) p = "/tmp/fake_gpu_state";
+    int fd = open(p, O_RDWR | O_CREAT, 0666);
+    if (fd < 0) abort();
+    if (ftruncate(fd, sizeof(struct fake_state)) != 0) abort();
+    void *m = mmap(NULL, sizeof(struct fake_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) abort();
+    struct fake_state *s = m;
+    fake_lock(s);
+    if (s->magic != 0xFA4EC0DAull) {
+        const char *n = getenv("FAKE_GPU_COUNT");
+        const char *mem = getenv("FAKE_GPU_MEM_MB");
+        s->ndev = n ? (uint32_t)atoi(n) : 2;
+        if (s->ndev > FAKE_MAX_DEV) s->ndev = FAKE_MAX_DEV;
+        for (uint32_t i = 0; i < FAKE_MAX_DEV; i++) s->dev[i].total = (mem ? strtoull(mem, 0, 10) : 16384ull) << 20;
+        s->magic = 0xFA4EC0DAull;
+    }
+    fake_unlock(s);
+    st = s;
+    return s;
+}
+
+/* Charge (or refund, delta < 0) a process's memory on a physical device. */
+static inline int fake_charge(int dev, int64_t delta, int check)
+{
+    struct fake_state *s = fake_state_get();
+    int32_t pid = (int32_t)getpid();
+    fake_lock(s);
+    if (check && delta > 0 && s->dev[dev].used + (uint64_t)delta > s->dev[dev].total) {
+        fake_unlock(s);
+        return -1;
+    }
+    s->dev[dev].used += (uint64_t)delta;
+    int slot = -1;
+    for (int i = 0; i < FAKE_MAX_PROC; i++) {
+        if (s->procs[i].pid == pid && s->procs[i].dev == (uint32_t)dev) { slot = i; break; }
+        if (slot < 0 && s->procs[i].pid == 0) slot = i;
+    }
+    if (slot >= 0) {
+        s->procs[slot].pid = pid;
+        s->procs[slot].dev = (uint32_t)dev;
+        s->procs[slot].used += (uint64_t)delta;
+    }
+    fake_unlock(s);
+    return 0;
+}
+
+#endif
