@@ -121,8 +121,8 @@ def read_region(path: str | os.PathLike[str]) -> RegionSnapshot:
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
     finally:
         os.close(fd)
+    r = ffi.from_buffer("struct hamid_region *", mm)
     try:
-        r = ffi.from_buffer("struct hamid_region *", mm)
         if r.magic != c["HAMID_REGION_MAGIC"]:
             raise RegionError(f"{path}: bad magic {r.magic:#x} (not initialised, or not a hamid region)")
         if r.abi_version < 1 or r.struct_size < size:
@@ -177,7 +177,7 @@ def read_region(path: str | os.PathLike[str]) -> RegionSnapshot:
             devices=devices,
             processes=procs,
         )
-        del r
         return snap
     finally:
+        ffi.release(r)
         mm.close()

@@ -250,15 +250,62 @@ static void *dlsym_filter(const char *name, void *r)
     return h->wrap;
 }
 
-EXPORT void *dlsym(void *handle, const char *name)
+/* Every lookup but RTLD_NEXT: the real answer, with driver functions swapped for wrappers. */
+HIDDEN void *hamid_dlsym_impl(void *handle, const char *name)
 {
     dlsym_fn real = real_dlsym();
-    if (handle == RTLD_NEXT) return real(handle, name); /* tail call: keeps the caller's identity */
     void *r = real(handle, name);
     if (r && ((name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && name[1] == 'v')))
         return dlsym_filter(name, r);
     return r;
 }
+
+HIDDEN void *hamid_real_dlsym_addr(void) { return (void *)real_dlsym(); }
+
+/*
+ * The exported dlsym. RTLD_NEXT is resolved relative to the *calling* object
+ * (glibc looks at the return address), so for it we jump, not call, into the
+ * real dlsym: the caller's return address stays on the stack untouched. Done
+ * in assembly so that no compiler setting can turn the jump into a call.
+ */
+#if defined(__x86_64__)
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym,@function\n"
+        "dlsym:\n"
+        "    cmpq $-1, %rdi\n"
+        "    jne hamid_dlsym_impl\n"
+        "    pushq %rdi\n"
+        "    pushq %rsi\n"
+        "    subq $8, %rsp\n"
+        "    call hamid_real_dlsym_addr\n"
+        "    addq $8, %rsp\n"
+        "    popq %rsi\n"
+        "    popq %rdi\n"
+        "    jmp *%rax\n"
+        ".size dlsym, .-dlsym\n");
+#elif defined(__aarch64__)
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym,%function\n"
+        "dlsym:\n"
+        "    cmn x0, #1\n"
+        "    b.ne hamid_dlsym_impl\n"
+        "    stp x29, x30, [sp, #-32]!\n"
+        "    stp x0, x1, [sp, #16]\n"
+        "    bl hamid_real_dlsym_addr\n"
+        "    mov x16, x0\n"
+        "    ldp x0, x1, [sp, #16]\n"
+        "    ldp x29, x30, [sp], #32\n"
+        "    br x16\n"
+        ".size dlsym, .-dlsym\n");
+#else
+EXPORT void *dlsym(void *handle, const char *name)
+{
+    if (handle == RTLD_NEXT) return real_dlsym()(handle, name); /* relies on the compiler's tail call */
+    return hamid_dlsym_impl(handle, name);
+}
+#endif
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                     CUdriverProcAddressQueryResult *symbolStatus)

@@ -133,10 +133,12 @@ static void load(const char *mode)
 
 static const char *owner(void *p)
 {
+    static char buf[512];
     Dl_info i;
     if (!p || !dladdr(p, &i) || !i.dli_fname) return "none";
     const char *b = strrchr(i.dli_fname, '/');
-    return b ? b + 1 : i.dli_fname;
+    snprintf(buf, sizeof buf, "%s:%s", b ? b + 1 : i.dli_fname, i.dli_sname ? i.dli_sname : "?");
+    return buf;
 }
 
 struct handle { char kind[16]; uint64_t v; };

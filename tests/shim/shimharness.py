@@ -1,0 +1,119 @@
+"""Harness for the shim's CPU tests (tests/shim/conftest.py exposes it as fixtures).
+
+Owns building, once per session and into a temporary directory, the honest
+stand-ins the tests run against: a fake libcuda.so.1 and libnvidia-ml.so.1
+(tests/shim/csrc/fake_*.c, NOT NVIDIA's libraries: a simulated GPU kept in a
+state file), the test program shimtest in its three linking modes, and the
+small libraries for the dlsym tests; plus a runner that starts shimtest under
+LD_PRELOAD=libvgpu.so with a fresh fake GPU and region per test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIM_DIR = ROOT / "shim"
+CSRC = Path(__file__).resolve().parent / "csrc"
+CFLAGS = ["-O1", "-g", "-Wall", "-Wno-unused-parameter", "-Werror", f"-I{SHIM_DIR / 'include'}", f"-I{CSRC}"]
+
+
+def _cc(*args: str) -> None:
+    subprocess.run(["gcc", *args], check=True, capture_output=True, text=True)
+
+
+@dataclass
+class Built:
+    libdir: Path
+    shim: Path
+    shimtest: Path
+    unrelated: Path
+    next_a: Path
+
+
+def build_all(tmp_path_factory) -> Built:
+    subprocess.run(["make", "-s", "-C", str(SHIM_DIR)], check=True, capture_output=True, text=True)
+    shim = (SHIM_DIR / "build" / "libvgpu.so").resolve()
+    d = tmp_path_factory.mktemp("fakedriver")
+    _cc(*CFLAGS, "-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-soname,libcuda.so.1",
+        "-o", str(d / "libcuda.so.1"), str(CSRC / "fake_cuda.c"), "-ldl", "-lpthread")
+    _cc(*CFLAGS, "-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-soname,libnvidia-ml.so.1",
+        "-o", str(d / "libnvidia-ml.so.1"), str(CSRC / "fake_nvml.c"))
+    _cc(*CFLAGS, "-o", str(d / "shimtest"), str(CSRC / "shimtest.c"), f"-L{d}", "-l:libcuda.so.1",
+        "-l:libnvidia-ml.so.1", "-ldl", "-lpthread", f"-Wl,-rpath,{d}")
+    _cc(*CFLAGS, "-shared", "-fPIC", "-o", str(d / "libfake_unrelated.so"), str(CSRC / "fake_unrelated.c"))
+    _cc(*CFLAGS, "-shared", "-fPIC", "-o", str(d / "libnext_b.so"), str(CSRC / "next_b.c"))
+    _cc(*CFLAGS, "-shared", "-fPIC", "-o", str(d / "libnext_a.so"), str(CSRC / "next_a.c"),
+        f"-L{d}", "-Wl,--no-as-needed", "-l:libnext_b.so", f"-Wl,-rpath,{d}", "-ldl")
+    return Built(d, shim, d / "shimtest", d / "libfake_unrelated.so", d / "libnext_a.so")
+
+
+@dataclass
+class Result:
+    rc: int
+    lines: list[str]
+    stderr: str
+
+    def find(self, word: str) -> list[list[str]]:
+        return [ln.split() for ln in self.lines if ln.split() and ln.split()[0] == word]
+
+    def one(self, word: str) -> list[str]:
+        got = self.find(word)
+        assert got, f"no {word!r} line in {self.lines}\nstderr: {self.stderr}"
+        return got[0]
+
+
+@dataclass
+class Shim:
+    built: Built
+    tmp: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def region(self) -> Path:
+        return self.tmp / "region.cache"
+
+    @property
+    def state(self) -> Path:
+        return self.tmp / "fake_gpu.state"
+
+    def environ(self, preload: bool = True, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "HAMID_", "LIBCUDA_", "FAKE_"))}
+        env.update(
+            LD_LIBRARY_PATH=str(self.built.libdir),
+            FAKE_GPU_STATE=str(self.state),
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(self.region),
+        )
+        if preload:
+            env["LD_PRELOAD"] = str(self.built.shim)
+        env.update(self.env)
+        env.update(extra)
+        return env
+
+    def run(self, mode: str, *cmds: str, preload: bool = True, timeout: float = 30, **extra: str) -> Result:
+        p = subprocess.run([str(self.built.shimtest), mode, *cmds], env=self.environ(preload, **extra),
+                           capture_output=True, text=True, timeout=timeout)
+        return Result(p.returncode, p.stdout.splitlines(), p.stderr)
+
+    def spawn(self, mode: str, *cmds: str, preload: bool = True, **extra: str) -> subprocess.Popen:
+        return subprocess.Popen([str(self.built.shimtest), mode, *cmds], env=self.environ(preload, **extra),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_ready(p: subprocess.Popen) -> list[str]:
+    """Read a spawned shimtest's lines up to its 'ready'."""
+    lines = []
+    while True:
+        ln = p.stdout.readline()
+        assert ln, f"process ended before 'ready': {lines} {p.stderr.read()}"
+        lines.append(ln.strip())
+        if ln.strip() == "ready":
+            return lines
+
+
+def finish(p: subprocess.Popen, timeout: float = 30) -> list[str]:
+    out, _ = p.communicate("go\n", timeout=timeout)
+    return out.splitlines()

@@ -1,0 +1,330 @@
+"""The shim (libvgpu.so) against fake driver stand-ins, on a CPU-only machine.
+
+Owns the CPU proof of shim/: every way a program reaches the driver, every
+allocator, the limit across processes, frees, the NVML view, fork, threads,
+dead-process reclaim, a lock owner's death, the compute limiter's share, and
+that unrelated "cu*" names and non-CUDA programs are left alone. The real-GPU
+proof is bench/gpu/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hamid.shimregion import read_region
+
+from shimharness import SHIM_DIR, Shim, finish, wait_ready
+
+MiB = 1 << 20
+GiB = 1 << 30
+CTX = 40 * MiB  # the fake driver's context size
+MODES = ["direct", "dlsym", "procaddr"]
+
+
+def used(shim) -> int:
+    return read_region(shim.region).device(0).used_bytes
+
+
+# ---- build ----------------------------------------------------------------
+
+def test_build_is_versioned_and_exports_only_the_intended_names(built):
+    real = built.shim
+    assert re.fullmatch(r"libvgpu\.so\.\d+\.\d+\.\d+", real.name), real.name
+    assert real.name == "libvgpu.so." + (SHIM_DIR / "VERSION").read_text().strip()
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(real)], capture_output=True, text=True, check=True)
+    exported = {ln.split()[-1] for ln in nm.stdout.splitlines() if ln.strip()}
+    mapfile = (SHIM_DIR / "libvgpu.map").read_text()
+    listed = set(re.findall(r"\b((?:cu|nvml)\w+|dlsym|hamid_shim_version)\b", mapfile.split("global:")[1].split("local:")[0]))
+    assert exported == listed
+    needed = subprocess.run(["readelf", "-d", str(real)], capture_output=True, text=True, check=True).stdout
+    assert "libcuda" not in needed and "libnvidia-ml" not in needed  # built with gcc alone, resolved at run time
+
+
+# ---- the three ways in ------------------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_limit_through_every_route(shim, mode):
+    r = shim.run(mode, "init", "alloc:mem:512m", "alloc:mem:600m", "meminfo", "totalmem", "nvml", "freebad",
+                 "freeall", "meminfo", CUDA_DEVICE_MEMORY_LIMIT="1g")
+    assert r.rc == 0, r
+    allocs = r.find("alloc")
+    assert [a[3] for a in allocs] == ["0", "2"]  # second one is CUDA_ERROR_OUT_OF_MEMORY
+    info = r.find("meminfo")
+    assert info[0][1] == "0" and int(info[0][3]) == GiB
+    assert int(info[0][2]) == GiB - 512 * MiB - CTX
+    assert r.one("totalmem")[1:] == ["0", str(GiB)]
+    nv, nv2 = r.one("nvml"), r.one("nvml2")
+    for line in (nv, nv2):
+        assert line[1] == "0" and int(line[2]) == GiB and int(line[3]) == 512 * MiB + CTX
+    assert r.one("freebad")[1] == "1"  # the driver's own answer for an unknown pointer
+    assert r.one("freeall")[1] == "0"
+    assert int(info[1][2]) == GiB - CTX  # everything returned, nothing leaked
+
+
+def test_without_the_shim_nothing_is_limited(shim):
+    r = shim.run("direct", "init", "alloc:mem:600m", "alloc:mem:600m", "totalmem", preload=False,
+                 CUDA_DEVICE_MEMORY_LIMIT="1g")
+    assert [a[3] for a in r.find("alloc")] == ["0", "0"]
+    assert int(r.one("totalmem")[2]) == 16384 * MiB
+    assert not shim.region.exists()
+
+
+@pytest.mark.parametrize("kind", ["mem", "managed", "pitch", "async", "asyncptsz", "pool", "vmm", "array", "array3d", "mipmap"])
+def test_every_allocator_counts_and_frees(shim, kind):
+    r = shim.run("procaddr", "init", f"alloc:{kind}:600m", "meminfo", f"alloc:{kind}:600m",
+                 "free:0", "meminfo", CUDA_DEVICE_MEMORY_LIMIT="1g")
+    allocs = r.find("alloc")
+    assert allocs[0][3] == "0" and allocs[1][3] == "2", (kind, r)
+    f, t = (int(x) for x in r.find("meminfo")[0][2:4])
+    charged = t - f - CTX
+    top = 810 * MiB if kind == "mipmap" else 604 * MiB  # a mipmap chain carries its smaller levels (< 4/3)
+    assert 600 * MiB <= charged <= top, (kind, charged)
+    assert r.one("free")[2] == "0"
+    f2, _ = (int(x) for x in r.find("meminfo")[1][2:4])
+    assert GiB - f2 == CTX, kind
+
+
+def test_accounting_matches_the_host_view(shim):
+    """The container's figure against the (fake) host's, with VMM, pools and arrays mixed."""
+    p = shim.spawn("procaddr", "init", "alloc:mem:300m", "alloc:vmm:256m", "alloc:pool:100m", "alloc:async:64m",
+                   "alloc:array:32m", "alloc:managed:10m", "wait", CUDA_DEVICE_MEMORY_LIMIT="4g")
+    wait_ready(p)
+    inside = used(shim)
+    host = shim.run("dlsym", "nvml", preload=False)
+    host_used = int(host.one("nvml")[3])
+    finish(p)
+    assert abs(inside - host_used) <= 0.02 * host_used, (inside, host_used)
+    snap = read_region(shim.region)
+    assert snap.processes == [] and snap.device(0).used_bytes == 0  # released at exit
+
+
+def test_version_and_flags_answered_like_the_driver(shim):
+    r = shim.run("direct", "init",
+                 "procaddr:cuMemAlloc:12080:0", "procaddr:cuMemAlloc:3000:0", "procaddr:cuLaunchKernel:12080:0",
+                 "procaddr:cuLaunchKernel:12080:2", "procaddr:cuCtxSynchronize:12080:0",
+                 "procaddr:cuGetProcAddress:12080:0", "procaddr:cuGetProcAddress:11040:0",
+                 "procaddr:cuNoSuchSymbol:12080:0", "procaddr:cuMemAllocAsync:11000:0",
+                 "procaddr:cuDevicePrimaryCtxRelease:10000:0", "procaddr:cuDevicePrimaryCtxRelease:11000:0")
+    ans = [ln[5] for ln in r.find("procaddr")]
+    assert ans[0].endswith(":cuMemAlloc_v2") and ans[0].startswith("libvgpu")
+    assert ans[1] == "libcuda.so.1:cuMemAlloc"  # the CUDA 3.0 ABI: the driver's, untouched
+    assert ans[2].startswith("libvgpu") and ans[2].endswith(":cuLaunchKernel")
+    assert ans[3].startswith("libvgpu") and ans[3].endswith(":cuLaunchKernel_ptsz")
+    assert ans[4] == "libcuda.so.1:cuCtxSynchronize"  # not ours: the real function
+    assert ans[5].startswith("libvgpu") and ans[5].endswith(":cuGetProcAddress_v2")
+    assert ans[6].startswith("libvgpu") and ans[6].endswith(":cuGetProcAddress")
+    lines = r.find("procaddr")
+    assert lines[7][3] == "500" and ans[7] == "none"
+    assert lines[8][3] == "500" and lines[8][4] == "2"  # version not sufficient, as the driver said
+    assert ans[9] == "libcuda.so.1:cuDevicePrimaryCtxRelease" or lines[9][3] != "0"
+    assert ans[10].startswith("libvgpu") and ans[10].endswith(":cuDevicePrimaryCtxRelease_v2")
+
+
+def test_dlsym_hands_out_wrappers_only_for_driver_functions(shim, built):
+    r = shim.run("direct", "dlsymowner:libcuda.so.1:cuMemAlloc_v2", "dlsymowner:libcuda.so.1:cuCtxSynchronize",
+                 "dlsymowner:libnvidia-ml.so.1:nvmlDeviceGetMemoryInfo_v2",
+                 "dlsymowner:libnvidia-ml.so.1:nvmlDeviceGetCount_v2")
+    owners = [ln[2] for ln in r.find("dlsymowner")]
+    assert owners[0].startswith("libvgpu") and owners[0].endswith(":cuMemAlloc_v2")
+    assert owners[1] == "libcuda.so.1:cuCtxSynchronize"
+    assert owners[2].startswith("libvgpu")
+    assert owners[3] == "libnvidia-ml.so.1:nvmlDeviceGetCount_v2"
+
+
+def test_unrelated_cu_names_are_not_hijacked(shim, built):
+    r = shim.run("direct", f"callfake:{built.unrelated}", CUDA_DEVICE_MEMORY_LIMIT="1g")
+    assert r.rc == 0 and r.one("callfake")[1:] == ["11", "22", "33", "44"]
+    assert not shim.region.exists()  # looking up cudnn*/cublas*/curl* never started the shim
+
+
+def test_rtld_next_keeps_the_callers_identity(shim, built):
+    r = shim.run("direct", f"next:{built.next_a}")
+    assert r.one("next")[1] == "2"
+
+
+@pytest.mark.parametrize("argv", [["/bin/true"], ["sh", "-c", "echo hi; ls / >/dev/null"],
+                                  [sys.executable, "-c", "import ctypes, threading; threading.Thread(target=print).start()"]])
+def test_programs_that_never_use_cuda(shim, argv):
+    p = subprocess.run(argv, env=shim.environ(CUDA_DEVICE_MEMORY_LIMIT="1g"), capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert "hamid-shim" not in p.stderr
+    assert not shim.region.exists()
+
+
+# ---- several processes -------------------------------------------------------
+
+def test_admission_is_atomic_across_processes(shim):
+    """8 processes race for 2 GiB in 256 MiB pieces: exactly 8 pieces fit, never a 9th."""
+    env = dict(CUDA_DEVICE_MEMORY_LIMIT="2g", FAKE_CTX_MB="0")
+    procs = [shim.spawn("procaddr", "init", "wait", *(["alloc:mem:256m"] * 4), "wait", **env) for _ in range(8)]
+    for p in procs:
+        wait_ready(p)
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    got = [wait_ready(p) for p in procs]
+    snap = read_region(shim.region)
+    for p in procs:
+        finish(p)
+    ok = sum(1 for lines in got for ln in lines if ln.startswith("alloc") and ln.split()[3] == "0")
+    refused = sum(1 for lines in got for ln in lines if ln.startswith("alloc") and ln.split()[3] == "2")
+    assert (ok, refused) == (8, 24)
+    assert snap.device(0).used_bytes == 2 * GiB
+    assert sum(p.used_bytes.get(0, 0) for p in snap.processes) == 2 * GiB
+    assert len(snap.processes) == 8 and len({p.slot for p in snap.processes}) == 8
+
+
+def test_dead_process_is_reclaimed_without_moving_others(shim):
+    env = dict(CUDA_DEVICE_MEMORY_LIMIT="1g")
+    holder = shim.spawn("procaddr", "init", "alloc:mem:100m", "wait", **env)
+    wait_ready(holder)
+    victim = shim.run("procaddr", "init", "alloc:mem:600m", "kill", **env)
+    assert victim.rc == -9
+    before = read_region(shim.region)
+    assert len(before.processes) == 2
+    holder_slot = next(p.slot for p in before.processes if p.pid == holder.pid)
+    r = shim.run("procaddr", "init", "alloc:mem:700m", **env)  # only fits once the dead one is reclaimed
+    assert r.one("alloc")[3] == "0", r
+    after = read_region(shim.region)
+    assert after.reclaimed_procs >= 1
+    assert [p.slot for p in after.processes if p.pid == holder.pid] == [holder_slot]
+    assert after.device(0).used_bytes == 100 * MiB + CTX
+    finish(holder)
+
+
+def test_a_process_dying_with_the_lock_blocks_nobody(shim):
+    env = dict(CUDA_DEVICE_MEMORY_LIMIT="1g")
+    assert shim.run("procaddr", "init", "alloc:mem:64m", **env).rc == 0
+    assert shim.run("direct", "lockdie", **env).one("locked")
+    t0 = time.monotonic()
+    r = shim.run("procaddr", "init", "alloc:mem:900m", "meminfo", timeout=10, **env)
+    assert r.one("alloc")[3] == "0" and time.monotonic() - t0 < 5
+    assert "died holding the region lock" in r.stderr
+
+
+def test_fork_child_counts_in_the_container_and_is_released(shim):
+    r = shim.run("procaddr", "init", "alloc:mem:300m", "fork", "alloc:mem:300m", "alloc:mem:300m", "endfork",
+                 "alloc:mem:300m", "alloc:mem:300m", "meminfo", CUDA_DEVICE_MEMORY_LIMIT="800m")
+    allocs = [a[3] for a in r.find("alloc")]
+    # parent 300 | child 300 ok, child's second 300 over the container's 800m | child gone: parent 300 ok, next not
+    assert allocs == ["0", "0", "2", "0", "2"], r
+    assert r.one("forkdone")[1] == "0"
+    assert used(shim) == 0  # everyone exited
+
+
+def test_threads_allocating_at_once_leave_exact_totals(shim):
+    p = shim.spawn("procaddr", "init", "threads:8:300:1m", "meminfo", "wait", CUDA_DEVICE_MEMORY_LIMIT="1g")
+    lines = wait_ready(p)
+    assert "threads done" in lines
+    snap = read_region(shim.region)
+    finish(p)
+    assert snap.device(0).used_bytes == CTX
+    assert [p.used_bytes.get(0) for p in snap.processes] == [CTX]
+
+
+def test_context_reset_returns_its_memory(shim):
+    p = shim.spawn("procaddr", "init", "alloc:mem:100m", "reset", "wait", CUDA_DEVICE_MEMORY_LIMIT="1g")
+    wait_ready(p)
+    assert used(shim) == 0
+    finish(p)
+
+
+def test_cuda_visible_devices_inside_charges_the_right_device(shim):
+    env = dict(FAKE_GPU_COUNT="2", CUDA_VISIBLE_DEVICES="1", CUDA_DEVICE_MEMORY_LIMIT_0="4g",
+               CUDA_DEVICE_MEMORY_LIMIT_1="1g")
+    p = shim.spawn("procaddr", "init", "alloc:mem:600m", "alloc:mem:600m", "wait", **env)
+    lines = wait_ready(p)
+    allocs = [ln.split()[3] for ln in lines if ln.startswith("alloc")]
+    snap = read_region(shim.region)
+    finish(p)
+    assert allocs == ["0", "2"]  # CUDA ordinal 0 is container device 1, whose limit is 1g
+    assert snap.device(1).used_bytes == 600 * MiB + CTX and snap.device(1).uuid.endswith("01")
+    assert snap.device(0).used_bytes == 0
+
+
+@pytest.mark.parametrize("value,expect", [("512m", 512 * MiB), ("1073741824", GiB), ("2G", 2 * GiB), ("3gi", 3 * GiB),
+                                          ("bogus", 16384 * MiB), ("0", 16384 * MiB)])
+def test_limit_units(shim, value, expect):
+    r = shim.run("direct", "init", "totalmem", CUDA_DEVICE_MEMORY_LIMIT=value)
+    assert int(r.one("totalmem")[2]) == expect
+    if value == "bogus":
+        assert "CUDA_DEVICE_MEMORY_LIMIT=bogus" in r.stderr
+
+
+def test_per_device_limit_wins_over_the_global_one(shim):
+    r = shim.run("direct", "init:1", "totalmem:0", "totalmem:1", FAKE_GPU_COUNT="2", CUDA_DEVICE_MEMORY_LIMIT="1g",
+                 CUDA_DEVICE_MEMORY_LIMIT_1="2g")
+    assert [int(x[2]) for x in r.find("totalmem")] == [GiB, 2 * GiB]
+
+
+# ---- compute ---------------------------------------------------------------
+
+KERNEL_US = 400
+
+
+def rate(res) -> float:
+    n, ns = res.one("run")[1:3]
+    return int(n) / (int(ns) / 1e9)
+
+
+@pytest.fixture(scope="module")
+def bare_rate(built, tmp_path_factory) -> float:
+    s = Shim(built, tmp_path_factory.mktemp("bare"))
+    return rate(s.run("direct", "init", f"run:1.2:{KERNEL_US}:k", preload=False))
+
+
+@pytest.mark.parametrize("variant,limit", [("k", 30), ("graph", 30), ("coop", 50), ("ex", 10), ("p", 70)])
+def test_compute_share_follows_the_limit(shim, bare_rate, variant, limit):
+    r = shim.run("direct", "init", f"run:0.3:{KERNEL_US}:{variant}", f"run:1.2:{KERNEL_US}:{variant}",
+                 CUDA_DEVICE_SM_LIMIT=str(limit))
+    share = rate(type(r)(r.rc, r.lines[-1:], r.stderr)) / bare_rate
+    assert abs(share - limit / 100) <= 0.07, (variant, limit, share)
+    d = read_region(shim.region).device(0)
+    assert d.sm_limit_percent == limit and d.gpu_time_ns > 0 and d.launches > 0
+
+
+def test_two_containers_30_and_70_share_one_gpu(built, tmp_path, bare_rate):
+    a, b = Shim(built, tmp_path / "a"), Shim(built, tmp_path / "b")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    state = str(tmp_path / "shared_gpu.state")
+    pa = a.spawn("direct", "init", "wait", f"run:0.3:{KERNEL_US}:k", f"run:1.5:{KERNEL_US}:k",
+                 CUDA_DEVICE_SM_LIMIT="30", FAKE_GPU_STATE=state)
+    pb = b.spawn("direct", "init", "wait", f"run:0.3:{KERNEL_US}:graph", f"run:1.5:{KERNEL_US}:graph",
+                 CUDA_DEVICE_SM_LIMIT="70", FAKE_GPU_STATE=state)
+    wait_ready(pa)
+    wait_ready(pb)
+    for p in (pa, pb):
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    shares = []
+    for p in (pa, pb):
+        out = finish(p)
+        n, ns = out[-1].split()[1:3]
+        shares.append(int(n) / (int(ns) / 1e9) / bare_rate)
+    assert abs(shares[0] - 0.30) <= 0.08 and abs(shares[1] - 0.70) <= 0.08, shares
+
+
+def test_no_limit_means_no_limiter_work(shim, bare_rate):
+    r = shim.run("direct", "init", f"run:0.6:{KERNEL_US}:k", CUDA_DEVICE_MEMORY_LIMIT="1g")
+    assert rate(r) / bare_rate > 0.9
+    assert read_region(shim.region).device(0).launches == 0
+
+
+def test_captured_launches_are_not_throttled(shim):
+    r = shim.run("direct", "init", "capture:200:2000", CUDA_DEVICE_SM_LIMIT="10")
+    ok, ok2, ns = r.one("capture")[1:4]
+    assert ok == "0" and ok2 == "0" and int(ns) < 200e6  # 0.4 s of work at 10% would take 4 s
+
+
+def test_observe_mode_charges_without_holding_back(shim, bare_rate):
+    r = shim.run("direct", "init", f"run:0.6:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="10", HAMID_SM_LIMIT_MODE="observe")
+    assert rate(r) / bare_rate > 0.9
+    d = read_region(shim.region).device(0)
+    assert d.gpu_time_ns > 0.3e9 and d.throttle_ns == 0
