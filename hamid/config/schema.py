@@ -142,6 +142,8 @@ class Config(NodeSettings):
     """``auto``: readable on a terminal, JSON lines otherwise."""
 
     logLevel: Literal["debug", "info", "warning", "error"] = "info"
+    """``info`` logs each reservation and release: enough to audit, little
+    enough to keep."""
 
     reconcileInterval: float = Field(30.0, gt=0, le=3600)
     """Seconds between reconciliations of the ledger against what really runs.

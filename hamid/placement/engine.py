@@ -125,11 +125,15 @@ def _quick_reject(req: GpuRequest, node: NodeView) -> str | None:
     return None
 
 
-def fit_node(request: Request, node: NodeView) -> Decision | list[str]:
-    """All containers of ``request`` on ``node``, or the reasons they do not fit."""
+def fit_node(request: Request, node: NodeView, quick: bool = True) -> Decision | list[str]:
+    """All containers of ``request`` on ``node``, or the reasons they do not fit.
+
+    With ``quick``, a node that cannot possibly fit is turned away with one
+    node-level reason; without it every GPU's reason is collected.
+    """
     multi = sum(1 for c in request.containers if c.gpu is not None) > 1
     for c in request.containers:
-        if c.gpu is not None and not c.gpu.devices and not c.gpu.use_uuids:
+        if quick and c.gpu is not None:
             why = _quick_reject(c.gpu, node)
             if why:
                 return [f"container {c.name}: {why}" if multi else why]
@@ -161,12 +165,15 @@ def place(request: Request, nodes: Sequence[NodeView], node_policy: str = "binpa
         return NoFit({"*": ("the request asks for no GPU",)})
     policy = request.node_policy or node_policy
     ordered = sorted(nodes, key=_BY_SCORE, reverse=(policy == "binpack"))
-    reasons: dict[str, tuple[str, ...]] = {}
     for node in ordered:
         got = fit_node(request, node)
         if isinstance(got, Decision):
             return got
-        reasons[node.name] = tuple(got) or ("no GPUs",)
+    # Nothing fits: only now pay for the per-GPU reasons on every node.
+    reasons: dict[str, tuple[str, ...]] = {}
+    for node in ordered:
+        got = fit_node(request, node, quick=False)
+        reasons[node.name] = tuple(got) if isinstance(got, list) and got else ("no GPUs",)
     return NoFit(reasons)
 
 

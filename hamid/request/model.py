@@ -85,20 +85,67 @@ class Request:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Request":
-        try:
-            conts = []
-            for c in d.get("containers", ()):
-                g = c.get("gpu")
-                gpu = None
-                if g is not None:
-                    kw = {f.name: g[f.name] for f in fields(GpuRequest) if f.name in g}
-                    for k in ("use_types", "nouse_types", "use_uuids", "nouse_uuids", "devices"):
-                        if k in kw:
-                            kw[k] = tuple(kw[k])
-                    gpu = GpuRequest(**kw)
-                conts.append(ContainerRequest(name=c["name"], init=bool(c.get("init", False)), gpu=gpu))
-            return cls(owner=d["owner"], containers=tuple(conts), node_policy=d.get("node_policy"),
-                       gpu_policy=d.get("gpu_policy"), uid=d.get("uid"))
-        except (KeyError, TypeError, AttributeError) as e:
-            raise RequestError(f"malformed request document: {e!r}") from None
+    def from_dict(cls, d: Any) -> "Request":
+        """Rebuild a request from its JSON form, checking every field's type."""
+        if not isinstance(d, dict):
+            raise RequestError(f"request: expected an object, got {type(d).__name__}")
+        owner = d.get("owner")
+        if not isinstance(owner, str) or not owner:
+            raise RequestError("request.owner: a non-empty string is required")
+        conts_in = d.get("containers", [])
+        if not isinstance(conts_in, list):
+            raise RequestError("request.containers: expected a list")
+        conts = []
+        for i, c in enumerate(conts_in):
+            where = f"request.containers[{i}]"
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+                raise RequestError(f"{where}: expected an object with a string name")
+            g = c.get("gpu")
+            gpu = None
+            if g is not None:
+                if not isinstance(g, dict):
+                    raise RequestError(f"{where}.gpu: expected an object")
+                kw = {}
+                for f in fields(GpuRequest):
+                    if f.name not in g:
+                        continue
+                    kw[f.name] = _typed(g[f.name], f.name, f"{where}.gpu.{f.name}")
+                gpu = GpuRequest(**kw)
+            conts.append(ContainerRequest(name=c["name"], init=bool(c.get("init", False)), gpu=gpu))
+        for k in ("node_policy", "gpu_policy"):
+            if d.get(k) not in (None, *POLICIES):
+                raise RequestError(f"request.{k}: bad value {d.get(k)!r}; accepted: {', '.join(POLICIES)}")
+        uid = d.get("uid")
+        return cls(owner=owner, containers=tuple(conts), node_policy=d.get("node_policy"),
+                   gpu_policy=d.get("gpu_policy"), uid=uid if isinstance(uid, str) else None)
+
+
+_INT_FIELDS = {"count": (1, 64), "mem_mib": (1, 1 << 30), "mem_percent": (1, 100), "cores": (0, 100),
+               "priority": (0, 1)}
+_STR_FIELDS = {"mig_profile", "mode"}
+_LIST_FIELDS = {"use_types", "nouse_types", "use_uuids", "nouse_uuids", "devices"}
+
+
+def _typed(v: Any, name: str, where: str) -> Any:
+    if name in _INT_FIELDS:
+        if v is None and name != "cores":
+            return None
+        lo, hi = _INT_FIELDS[name]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise RequestError(f"{where}: expected a whole number from {lo} to {hi}, got {v!r}")
+        return v
+    if name in _STR_FIELDS:
+        if v is not None and not isinstance(v, str):
+            raise RequestError(f"{where}: expected a string, got {v!r}")
+        if name == "mode" and v not in (None, *MODES):
+            raise RequestError(f"{where}: bad value {v!r}; accepted: {', '.join(MODES)}")
+        return v
+    if name in _LIST_FIELDS:
+        if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+            raise RequestError(f"{where}: expected a list of strings, got {v!r}")
+        return tuple(v)
+    if name == "numa_bind":
+        if not isinstance(v, bool):
+            raise RequestError(f"{where}: expected true or false, got {v!r}")
+        return v
+    raise RequestError(f"{where}: unknown field")

@@ -1,0 +1,84 @@
+"""The config file: defaults, per-node overrides, flags, and rejections."""
+
+from __future__ import annotations
+
+import pytest
+
+from hamid.config import ConfigError, load_config, resolve_node
+from hamid.config.schema import Config, NodeSettings
+
+
+def write(tmp_path, text):
+    p = tmp_path / "config.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_are_hamis():
+    c = load_config(None)
+    s = resolve_node(c, "any")
+    assert s.deviceSplitCount == 10
+    assert s.deviceMemoryScaling == 1.0
+    assert s.deviceCoreScaling == 1.0
+    assert s.operatingMode == "hami-core"
+    assert s.nodeSchedulerPolicy == "binpack" and s.gpuSchedulerPolicy == "spread"
+    assert s.defaultMemory == 0 and s.defaultCores == 0 and s.defaultGPUNum == 1
+
+
+def test_every_key_has_a_documented_default():
+    import inspect
+
+    from hamid.config import schema
+
+    import re
+
+    src = inspect.getsource(schema)
+    for name, field in Config.model_fields.items():
+        assert not field.is_required(), name
+        # the field's line in a class body is followed by its docstring
+        assert re.search(rf'\n    {name}: [^\n]*\n    """', src), f"{name} has no documented reason"
+
+
+def test_per_node_override_and_flags(tmp_path):
+    p = write(tmp_path, """
+deviceSplitCount: 4
+nodeconfig:
+  - name: gpu-7
+    operatingMode: mig
+    filterDevices: {index: [3], uuid: [GPU-x]}
+  - name: gpu-8
+    deviceMemoryScaling: 2
+""")
+    c = load_config(p, {"metricsPort": 9999, "stateDir": None})
+    assert c.metricsPort == 9999
+    assert c.stateDir == "/var/lib/hamid"
+    s7 = resolve_node(c, "gpu-7")
+    assert s7.operatingMode == "mig" and s7.deviceSplitCount == 4
+    assert s7.filterDevices.index == (3,) and s7.filterDevices.uuid == ("GPU-x",)
+    s8 = resolve_node(c, "gpu-8")
+    assert s8.deviceMemoryScaling == 2 and s8.operatingMode == "hami-core"
+    assert resolve_node(c, "other") == NodeSettings(deviceSplitCount=4)
+
+
+@pytest.mark.parametrize("text,needles", [
+    ("deviceSplitCnt: 3", ["unknown key 'deviceSplitCnt'", "deviceSplitCount"]),
+    ("deviceSplitCount: 0", ["deviceSplitCount=0", "greater than or equal to 1"]),
+    ("operatingMode: shared", ["operatingMode='shared'", "hami-core", "mig"]),
+    ("nodeconfig: [{name: a, bogus: 1}]", ["unknown key 'nodeconfig.0.bogus'"]),
+    ("filterDevices: {idx: [1]}", ["unknown key 'filterDevices.idx'", "index, uuid"]),
+    ("filterDevices: {index: [-1]}", ["filterDevices.index", "-1"]),
+    ("simulate: B200:2", ["simulate", "B200", "H100-80GB-HBM3"]),
+    ("deviceMemoryScaling: lots", ["deviceMemoryScaling='lots'"]),
+    ("- a list", ["top level must be a mapping"]),
+    ("a: [unclosed", ["not valid YAML"]),
+])
+def test_bad_values_are_named(tmp_path, text, needles):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    for n in needles:
+        assert n in str(e.value)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "nope.yaml")
