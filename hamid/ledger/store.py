@@ -185,7 +185,7 @@ class Ledger:
                    "VALUES (?, ?, ?, ?, ?, ?, '{}', ?)",
                    (owner, kind, res.state, res.created, json.dumps(request), json.dumps(decision.to_dict()),
                     json.dumps(res.details)))
-        return res
+        return self._existing(db, owner)  # as stored, so every caller sees one shape
 
     def reserve(self, request: Request, *, kind: str, node_policy: str = "binpack",
                 details: dict | None = None) -> Reservation:

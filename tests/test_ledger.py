@@ -1,0 +1,148 @@
+"""The ledger: durable, re-checked, idempotent, and safe across processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import sqlite3
+
+import pytest
+
+from conftest import node_view
+
+from hamid.ledger import Ledger, LedgerConflict, LedgerError
+from hamid.placement import place
+from hamid.request import parse_docker_env
+
+
+def new_ledger(path, spec="T4:2", **settings):
+    led = Ledger(path)
+    view = node_view("node-a", spec, **settings)
+    led.set_inventory("node-a", view.gpus)
+    return led
+
+
+def req(cid, spec="mem=4g", devices=None):
+    env = {"HAMI_VGPU_SPEC": spec}
+    if devices is not None:
+        env["HAMI_VISIBLE_DEVICES"] = devices
+    return parse_docker_env(env, cid)
+
+
+def test_reserve_release_and_idempotence(tmp_path):
+    led = new_ledger(tmp_path / "l.db")
+    r1 = led.reserve(req("a"), kind="docker", details={"dir": "/x"})
+    assert r1.state == "reserved" and r1.details == {"dir": "/x"}
+    assert led.reserve(req("a"), kind="docker") == r1  # same owner: same reservation
+    assert [r.owner for r in led.list()] == ["docker:a"]
+    assert led.view().gpus[0].mem_used + led.view().gpus[1].mem_used == 4096
+    assert led.release("docker:a") == r1
+    assert led.release("docker:a") is None  # idempotent
+    assert all(g.mem_used == 0 for g in led.view().gpus)
+
+
+def test_conflict_names_the_gpu(tmp_path):
+    led = new_ledger(tmp_path / "l.db", "T4")
+    led.reserve(req("a", "mem=12g"), kind="docker")
+    with pytest.raises(LedgerConflict) as e:
+        led.reserve(req("b", "mem=4g"), kind="docker")
+    assert "GPU 0 has 3072 MiB free, 4096 requested" in str(e.value)
+    assert len(led.list()) == 1
+
+
+def test_commit_rechecks_a_stale_proposal(tmp_path):
+    led = new_ledger(tmp_path / "l.db", "T4")
+    view = led.view()
+    d1 = place(req("a", "mem=10g"), [view])
+    d2 = place(req("b", "mem=10g"), [view])  # both proposed on the same view
+    led.commit("docker:a", d1, kind="docker")
+    with pytest.raises(LedgerConflict, match="5120 MiB free, 10240 requested"):
+        led.commit("docker:b", d2, kind="docker")
+    other = place(req("c", "mem=2g"), [view])
+    with pytest.raises(LedgerConflict, match="already holds a different"):
+        led.commit("docker:a", other, kind="docker")
+    assert led.commit("docker:a", d1, kind="docker").owner == "docker:a"  # replay is fine
+
+
+def test_filtered_gpu_is_refused_even_if_proposed(tmp_path):
+    led = new_ledger(tmp_path / "l.db", "T4:2", filterDevices={"index": [1]})
+    forged = place(req("a", "mem=1g", "1"), [node_view("node-a", "T4:2")])  # a view without the filter
+    with pytest.raises(LedgerConflict, match="excluded by this node's filterDevices"):
+        led.commit("docker:a", forged, kind="docker")
+
+
+def test_durable_wal_and_private(tmp_path):
+    path = tmp_path / "state" / "l.db"
+    led = new_ledger(path)
+    led.reserve(req("a"), kind="docker")
+    led.update("docker:a", state="active", mig={"GPU-x": {"gi": 1, "ci": 0, "uuid": "MIG-y"}})
+    led.close()
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+    again = Ledger(path)
+    r = again.get("docker:a")
+    assert r.state == "active" and r.mig["GPU-x"]["gi"] == 1
+
+
+def test_no_inventory_is_a_clear_error(tmp_path):
+    led = Ledger(tmp_path / "l.db")
+    with pytest.raises(LedgerError, match="no inventory yet"):
+        led.reserve(req("a"), kind="docker")
+
+
+def test_reconcile_releases_only_the_dead(tmp_path):
+    led = new_ledger(tmp_path / "l.db")
+    for c in ("a", "b", "c"):
+        led.reserve(req(c, "mem=1g"), kind="docker")
+    gone = led.reconcile(lambda r: r.owner != "docker:b")
+    assert [r.owner for r in gone] == ["docker:b"]
+    assert sorted(r.owner for r in led.list()) == ["docker:a", "docker:c"]
+
+
+def _hammer(path: str, worker: int, rounds: int, seed: int, out) -> None:
+    rnd = random.Random(seed)
+    led = Ledger(path)
+    mine: list[str] = []
+    ok = conflicts = 0
+    for i in range(rounds):
+        if mine and rnd.random() < 0.45:
+            led.release(mine.pop(rnd.randrange(len(mine))))
+            continue
+        owner = f"w{worker}-{i}"
+        spec = rnd.choice(["mem=1g", "mem=3g,cores=20", "mem=5g,cores=35", "mem=25%", "mem=2g,cores=50"])
+        try:
+            led.reserve(req(owner, spec), kind="docker")
+            mine.append(f"docker:{owner}")
+            ok += 1
+        except LedgerConflict:
+            conflicts += 1
+        if i % 7 == 0:  # observe the node while the other process writes
+            for g in led.view().gpus:
+                if g.mem_used > g.mem_total or g.cores_used > g.cores_total or g.slots_used > g.slots_total:
+                    out.put(("overbooked", worker, i, g.index, g.mem_used, g.cores_used, g.slots_used))
+                    return
+    out.put(("done", worker, ok, conflicts))
+
+
+@pytest.mark.slow
+def test_two_processes_never_overbook(tmp_path):
+    path = tmp_path / "l.db"
+    new_ledger(path, "T4:2", deviceSplitCount=4).close()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    rounds = int(os.environ.get("HAMID_LEDGER_ROUNDS", "2500"))
+    procs = [ctx.Process(target=_hammer, args=(str(path), w, rounds, w + 11, q)) for w in range(2)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert all(r[0] == "done" for r in results), results
+    assert sum(r[2] for r in results) > 500 and sum(r[3] for r in results) > 50, results  # both paths exercised
+    led = Ledger(path)
+    for g in led.view().gpus:
+        assert g.mem_used <= g.mem_total and g.cores_used <= g.cores_total and g.slots_used <= g.slots_total
