@@ -225,10 +225,10 @@ static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
     if (early) charge(p->rdev, p->pct, est * early, now, 0);
 }
 
-static void poll_pending(uint64_t now)
+static void poll_pending_force(uint64_t now, int force)
 {
     if (LIKELY(!A_LD(&g_npend))) return;
-    if (now - A_LD(&g_last_poll) < 100000) return;
+    if (!force && now - A_LD(&g_last_poll) < 100000) return;
     if (A_LD(&g_capture_active)) return; /* event queries are not allowed during a global-mode capture */
     if (pthread_mutex_trylock(&g_smu) != 0) return;
     A_ST(&g_last_poll, now);
@@ -248,6 +248,27 @@ static void poll_pending(uint64_t now)
         g_pend[i] = g_pend[--g_npend];
     }
     pthread_mutex_unlock(&g_smu);
+}
+
+static void poll_pending(uint64_t now) { poll_pending_force(now, 0); }
+
+/*
+ * A shape whose first measurement is still in flight: rather than let the
+ * CPU queue an unbounded, uncharged burst behind it, wait (at most 20 ms)
+ * for that measurement. This costs each new shape about one kernel's time,
+ * once.
+ */
+static void wait_first_sample(struct est *e, uint64_t key)
+{
+    uint64_t start = mono_ns();
+    struct timespec ts = {0, 20000};
+    while (A_LD(&e->key) == key && A_LD(&e->pending) && !A_LD(&e->est_ns) && !A_LD(&g_capture_active)) {
+        uint64_t now = mono_ns();
+        if (now - start > 20000000ull) break;
+        poll_pending_force(now, 1);
+        if (!A_LD(&e->pending) || A_LD(&e->est_ns)) break;
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* ---- launch bracketing ---- */
@@ -308,8 +329,13 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
         A_ST(&e->early, 0);
         A_ST(&e->pending, 0);
     }
-    uint32_t n = __atomic_add_fetch(&e->launches, 1, __ATOMIC_RELAXED);
     uint64_t est = A_LD(&e->est_ns);
+    if (!est && A_LD(&e->pending) && !g_cfg.sm_observe_only) {
+        wait_first_sample(e, key);
+        est = A_LD(&e->est_ns);
+        now = mono_ns();
+    }
+    uint32_t n = __atomic_add_fetch(&e->launches, 1, __ATOMIC_RELAXED);
     struct hamid_device *d = &g_region->devices[rdev];
     __atomic_fetch_add(&d->launches, 1, __ATOMIC_RELAXED);
     if ((n & 1023) == 1) A_ST(&d->last_kernel_realtime_ns, real_ns());

@@ -226,13 +226,13 @@ static uint64_t g_last_reconcile[HAMID_MAX_DEVICES];
  * Where NVML can see this process (same pid namespace), its own per-process
  * figure is the truth for everything the shim cannot see (context, loaded
  * modules, driver rounding): the difference to the tracked allocations
- * becomes this process's overhead. At most once a second per device.
+ * becomes this process's overhead. At most every 200 ms per device.
  */
 HIDDEN void mem_maybe_reconcile(int rdev, CUdevice ord)
 {
     if (!g_cfg.nvml_reconcile || g_cfg.context_bytes_override || rdev < 0) return;
     uint64_t now = mono_ns(), last = __atomic_load_n(&g_last_reconcile[rdev], __ATOMIC_RELAXED);
-    if (last && now - last < 1000000000ull) return;
+    if (last && now - last < 200000000ull) return;
     if (!__atomic_compare_exchange_n(&g_last_reconcile[rdev], &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
     uint64_t nv;

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# bench/gpu/run.sh: the shim's benchmark on a real GPU (an H100), in one run.
+# Builds libvgpu.so there (make -C shim), the CUDA helper (nvcc) and the region
+# dumper (gcc), then runs bench/gpu/shim_bench.py, which measures PyTorch and
+# CUDA programs with and without the shim and prints the table beside
+# HAMi-core's figures (shared/reference/anchors-h100.md). Results also go to
+# $OUT (results.json, table.md) when OUT is set.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/shimbench-out}
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/shimbench.XXXXXX)
+make -s -C shim
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+nvcc -O2 -arch=sm_90 -o "$WORK/cbench" bench/gpu/cbench.cu -L"$CUDA_HOME/lib64/stubs" -L"$CUDA_HOME/lib64" -lcuda
+gcc -O2 -Ishim/include -o "$WORK/regiondump" bench/gpu/regiondump.c
+exec python3 bench/gpu/shim_bench.py --work "$WORK" --out "$OUT" "$@"

@@ -1,0 +1,126 @@
+"""PyTorch workloads for the shim's H100 benchmark, one per process (the shim
+reads its limits once per process). Prints one JSON line. Modes:
+
+  memlimit                   mem_get_info, then a 3 GiB and a 5 GiB allocation
+  hold <MiB>                 a cuBLAS matmul plus <MiB> of tensors, 'ready <pid>', wait for stdin
+  matmul <seconds>           8192^3 bf16 matmul throughput (TFLOP/s)
+  shares <seconds> <start>   rates of: a large matmul, a large elementwise kernel,
+                             a CUDA graph of 100 small elementwise kernels
+  one <workload> <seconds> <start_epoch_ns>  one of those, started at a given wall time
+"""
+
+import json
+import sys
+import time
+
+import torch
+
+GiB = 1 << 30
+
+
+def sync():
+    torch.cuda.synchronize()
+
+
+def memlimit():
+    free, total = torch.cuda.mem_get_info()
+    out = {"free": free, "total": total, "backend": torch.cuda.get_allocator_backend()}
+    for gib in (3, 5):
+        try:
+            t = torch.empty(gib * GiB, dtype=torch.uint8, device="cuda")
+            t.fill_(1)
+            sync()
+            out[f"alloc_{gib}g"] = "ok"
+            del t
+            torch.cuda.empty_cache()
+        except torch.OutOfMemoryError:
+            out[f"alloc_{gib}g"] = "oom"
+        except RuntimeError as e:  # noqa: PERF203
+            out[f"alloc_{gib}g"] = "error: " + str(e)[:100]
+    return out
+
+
+def make(workload):
+    if workload == "matmul":
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+
+        def step():
+            torch.mm(a, b)
+        return step, 2 * 8192**3
+    if workload == "elementwise":
+        x = torch.ones(32 * 1024 * 1024, device="cuda")
+
+        def step():
+            x.mul_(1.0000001)
+        return step, 1
+    if workload == "graph_small":
+        x = torch.ones(1024 * 1024, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                x.mul_(1.0000001)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(100):
+                x.mul_(1.0000001)
+
+        def step():
+            g.replay()
+        return step, 1
+    raise SystemExit(f"unknown workload {workload}")
+
+
+def rate(step, seconds):
+    sync()
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    n = 0
+    while True:
+        for _ in range(4):
+            step()
+        n += 4
+        if time.perf_counter() >= end:
+            break
+    sync()
+    return n / (time.perf_counter() - t0)
+
+
+def run_one(workload, seconds, start_ns=0):
+    step, _ = make(workload)
+    rate(step, 0.6)  # warm-up (and lets the limiter learn kernel costs)
+    while start_ns and time.time_ns() < start_ns:
+        time.sleep(0.001)
+    return rate(step, seconds)
+
+
+def main():
+    mode = sys.argv[1]
+    torch.cuda.init()
+    if mode == "memlimit":
+        print(json.dumps(memlimit()))
+    elif mode == "hold":
+        a = torch.randn(4096, 4096, device="cuda")
+        (a @ a).sum().item()
+        keep = torch.empty(int(sys.argv[2]) << 20, dtype=torch.uint8, device="cuda")
+        keep.fill_(1)
+        sync()
+        print(f"ready {__import__('os').getpid()}", flush=True)
+        sys.stdin.readline()
+        del keep
+    elif mode == "matmul":
+        step, flop = make("matmul")
+        rate(step, 0.5)
+        r = rate(step, float(sys.argv[2]))
+        print(json.dumps({"tflops": r * flop / 1e12}))
+    elif mode == "shares":
+        secs = float(sys.argv[2])
+        print(json.dumps({w: run_one(w, secs) for w in ("matmul", "elementwise", "graph_small")}))
+    elif mode == "one":
+        print(json.dumps({sys.argv[2]: run_one(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))}))
+
+
+if __name__ == "__main__":
+    main()
