@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from conftest import node_view
+from simnodes import node_view
 
 from hamid.ledger import Ledger, LedgerConflict, LedgerError
 from hamid.placement import place

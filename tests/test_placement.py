@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import node_view
+from simnodes import node_view
 
 from hamid.placement import Decision, NoFit, check, place
 from hamid.placement.usage import with_usage

@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import node_view
+from simnodes import node_view
 
 from hamid.placement import Decision, check, place
 from hamid.placement.fit import Use, score, try_gpu
