@@ -1,7 +1,7 @@
 // cbench.cu: the C/CUDA half of the shim's H100 benchmark (bench/gpu/run.sh
 // builds it with nvcc on the GPU machine). Modes:
 //   alloc_rate <seconds> <MiB> <start_epoch_ns>  cudaMalloc+cudaFree loop; prints "alloc_rate <n> <ns>"
-//   launch_cost <n> <reps>                        empty-kernel launches; prints "launch_ns <best ns per launch>"
+//   launch_cost <n> <reps>                        batches of n empty-kernel launches; prints "launch_ns <best ns per launch>"
 //   hold <malloc MiB> <vmm MiB> <pool MiB> <async MiB> <array MiB>
 //        allocates through cudaMalloc, VMM (cuMemCreate+cuMemMap), an explicit pool
 //        (cudaMallocFromPoolAsync), the default pool (cudaMallocAsync) and a CUDA array,
@@ -39,6 +39,8 @@ int main(int argc, char **argv)
         while (now_ns(CLOCK_MONOTONIC) < end) { CK(cudaMalloc(&p, sz)); CK(cudaFree(p)); n++; }
         printf("alloc_rate %ld %lld\n", n, now_ns(CLOCK_MONOTONIC) - t0);
     } else if (!strcmp(argv[1], "launch_cost")) {
+        /* CPU cost of a launch: time only the submission of a batch small enough
+           never to fill the launch queue, drain between batches; best of reps. */
         int n = atoi(argv[2]), reps = atoi(argv[3]);
         for (int i = 0; i < 2000; i++) empty_kernel<<<1, 1>>>();
         CK(cudaDeviceSynchronize());

@@ -228,18 +228,48 @@ static uint64_t g_last_reconcile[HAMID_MAX_DEVICES];
  * modules, driver rounding): the difference to the tracked allocations
  * becomes this process's overhead. At most every 200 ms per device.
  */
-HIDDEN void mem_maybe_reconcile(int rdev, CUdevice ord)
+/* Without NVML's per-process figure: the smallest context size any process of
+ * the container measured is the best estimate (a measurement can only be
+ * inflated by other processes allocating at the same moment). */
+static void context_from_region(int rdev)
 {
-    if (!g_cfg.nvml_reconcile || g_cfg.context_bytes_override || rdev < 0) return;
+    if (!g_region || g_cfg.context_bytes_override) return;
+    uint64_t best = __atomic_load_n(&g_region->devices[rdev].context_bytes, __ATOMIC_RELAXED);
+    if (best && best < acct_proc_context(rdev)) acct_set_context(rdev, best);
+}
+
+static void reconcile(int rdev, CUdevice ord, int force)
+{
+    if (g_cfg.context_bytes_override || rdev < 0) return;
+    if (!g_cfg.nvml_reconcile) {
+        context_from_region(rdev);
+        return;
+    }
     uint64_t now = mono_ns(), last = __atomic_load_n(&g_last_reconcile[rdev], __ATOMIC_RELAXED);
-    if (last && now - last < 200000000ull) return;
-    if (!__atomic_compare_exchange_n(&g_last_reconcile[rdev], &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    if (!force && last && now - last < 200000000ull) return;
+    if (!__atomic_compare_exchange_n(&g_last_reconcile[rdev], &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED) &&
+        !force)
         return;
     uint64_t nv;
-    if (nvml_own_usage(ord, &nv) != 0) return;
+    if (nvml_own_usage(ord, &nv) != 0) {
+        context_from_region(rdev);
+        return;
+    }
     uint64_t u = acct_proc_used(rdev), cx = acct_proc_context(rdev);
     uint64_t tracked = u > cx ? u - cx : 0;
     if (nv >= tracked && nv - tracked < (16ull << 30)) acct_set_context(rdev, nv - tracked);
+}
+
+HIDDEN void mem_maybe_reconcile(int rdev, CUdevice ord) { reconcile(rdev, ord, 0); }
+
+#define LARGE_ALLOC (256ull << 20)
+
+/* Admission; before refusing, bring this process's overhead up to date once. */
+static int reserve(const struct where *w, uint64_t bytes)
+{
+    if (acct_reserve(w->rdev, bytes, 0) == 0) return 0;
+    reconcile(w->rdev, w->ord, 1);
+    return acct_reserve(w->rdev, bytes, 0);
 }
 
 /* ---- allocators ---- */
@@ -251,7 +281,7 @@ static CUresult after_alloc(CUresult r, uint8_t kind, uint64_t key, const struct
         return r;
     }
     tab_put(kind, key, w->rdev, charged);
-    mem_maybe_reconcile(w->rdev, w->ord);
+    reconcile(w->rdev, w->ord, charged >= LARGE_ALLOC);
     return r;
 }
 
@@ -261,7 +291,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     struct where w;
     if (!dptr || !bytesize || locate_current(&w) != 0) return g_cu.cuMemAlloc_v2(dptr, bytesize);
     uint64_t c = charge_size(bytesize);
-    if (acct_reserve(w.rdev, c, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (reserve(&w, c) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = g_cu.cuMemAlloc_v2(dptr, bytesize);
     return after_alloc(r, K_PTR, r == CUDA_SUCCESS ? *dptr : 0, &w, c);
 }
@@ -272,7 +302,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
     struct where w;
     if (!dptr || !bytesize || locate_current(&w) != 0) return g_cu.cuMemAllocManaged(dptr, bytesize, flags);
     uint64_t c = charge_size(bytesize);
-    if (acct_reserve(w.rdev, c, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (reserve(&w, c) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = g_cu.cuMemAllocManaged(dptr, bytesize, flags);
     return after_alloc(r, K_PTR, r == CUDA_SUCCESS ? *dptr : 0, &w, c);
 }
@@ -284,7 +314,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     if (!dptr || !pitch || !width || !height || locate_current(&w) != 0)
         return g_cu.cuMemAllocPitch_v2(dptr, pitch, width, height, esz);
     uint64_t guess = charge_size(round_up(width, 512) * (uint64_t)height);
-    if (acct_reserve(w.rdev, guess, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (reserve(&w, guess) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = g_cu.cuMemAllocPitch_v2(dptr, pitch, width, height, esz);
     if (r != CUDA_SUCCESS) return after_alloc(r, K_PTR, 0, &w, guess);
     uint64_t real = charge_size((uint64_t)*pitch * height);
@@ -300,7 +330,7 @@ static CUresult alloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUr
     struct where w;
     if (!dptr || !bytesize || limiter_stream_capturing(s, ptsz) || locate_stream(s, &w) != 0) return CALL();
     uint64_t c = charge_size(bytesize);
-    if (acct_reserve(w.rdev, c, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (reserve(&w, c) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = CALL();
     return after_alloc(r, K_PTR, r == CUDA_SUCCESS ? *dptr : 0, &w, c);
 #undef CALL
@@ -384,7 +414,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
     acct_init();
     struct where w = {prop->location.id, dev_region_index(prop->location.id)};
     if (w.rdev < 0) return g_cu.cuMemCreate(handle, size, prop, flags);
-    if (acct_reserve(w.rdev, size, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (reserve(&w, size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = g_cu.cuMemCreate(handle, size, prop, flags);
     return after_alloc(r, K_VMM, r == CUDA_SUCCESS ? *handle : 0, &w, size);
 }
@@ -406,7 +436,7 @@ static CUresult array_common(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d2, const
     unsigned ch = d2 ? d2->NumChannels : d3->NumChannels;
     int fmt = d2 ? d2->Format : d3->Format;
     uint64_t guess = charge_size(wd * (ht ? ht : 1) * (dp ? dp : 1) * format_bytes(fmt) * (ch ? ch : 1));
-    if (acct_reserve(w.rdev, guess, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (reserve(&w, guess) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     r = CALL();
 #undef CALL
     if (r != CUDA_SUCCESS) return after_alloc(r, K_ARRAY, 0, &w, guess);
@@ -447,8 +477,8 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_
     if (!ph || !d || locate_current(&w) != 0) return g_cu.cuMipmappedArrayCreate(ph, d, levels);
     uint64_t base = d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * format_bytes(d->Format) *
                     (d->NumChannels ? d->NumChannels : 1);
-    uint64_t guess = charge_size(base + base / 3 + 1); /* all levels of a 2D chain: < 4/3 of the base */
-    if (acct_reserve(w.rdev, guess, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t guess = charge_size(base + base / 3); /* all levels of a 2D chain: < 4/3 of the base */
+    if (reserve(&w, guess) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = g_cu.cuMipmappedArrayCreate(ph, d, levels);
     if (r != CUDA_SUCCESS) return after_alloc(r, K_MIPMAP, 0, &w, guess);
     uint64_t real = guess;
@@ -518,10 +548,14 @@ static void context_created(CUdevice dev, int have_before, uint64_t before)
     uint64_t after;
     if (!ctx && have_before && nvml_device_used(dev, &after) == 0 && after > before && after - before < (4ull << 30)) {
         ctx = after - before;
-        uint64_t zero = 0;
-        if (g_region)
-            __atomic_compare_exchange_n(&g_region->devices[rdev].context_bytes, &zero, ctx, 0, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED);
+        if (g_region) { /* keep the container's smallest measurement */
+            uint64_t *slot = &g_region->devices[rdev].context_bytes, cur = __atomic_load_n(slot, __ATOMIC_RELAXED);
+            while ((cur == 0 || ctx < cur) &&
+                   !__atomic_compare_exchange_n(slot, &cur, ctx, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+            }
+            cur = __atomic_load_n(slot, __ATOMIC_RELAXED);
+            if (cur && cur < ctx) ctx = cur;
+        }
     }
     if (!ctx && g_region) ctx = __atomic_load_n(&g_region->devices[rdev].context_bytes, __ATOMIC_RELAXED);
     acct_set_context(rdev, ctx);
