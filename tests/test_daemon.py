@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hamid.ledger import LedgerConflict
+from hamid.localapi.client import Conflict as LedgerConflict
 from hamid.localapi.client import LocalClient
 from hamid.request import parse_docker_env
 

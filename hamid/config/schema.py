@@ -150,5 +150,139 @@ class Config(NodeSettings):
     30 s bounds how long a missed release holds capacity without costing
     measurable CPU."""
 
+    shimLibrary: str | None = None
+    """The built shim (``libvgpu.so``) to install into ``stateDir/shim`` at
+    start-up. Unset: ``shim/build/libvgpu.so`` of this source tree, then
+    ``/usr/lib/hamid/libvgpu.so``. Without a shim, containers asking for
+    memory or compute limits are refused rather than run unlimited."""
+
+    devRoot: str = "/dev"
+    """Where the host's NVIDIA device nodes are. Only tests change it."""
+
+    migCapsRoot: str = "/proc/driver/nvidia/capabilities"
+    """Where the driver publishes MIG capability minors. Only tests change it."""
+
+    dockerStartGrace: float = Field(120.0, gt=0, le=3600)
+    """Seconds a Docker reservation may exist before runc has created its
+    container. The runtime reserves before it execs runc; 120 s covers a slow
+    image mount without holding a crashed start's capacity for long."""
+
+    releasePollInterval: float = Field(0.2, gt=0, le=60)
+    """Seconds between looks for containers whose poststop hook has run. The
+    look is one directory listing; 0.2 s returns a GPU to the pool about as
+    fast as Docker reports the exit. Every reservation drains them first anyway."""
+
     nodeconfig: tuple[NodeOverride, ...] = ()
     """Per-node overrides, matched on the node's name."""
+
+    # --- gossip (hamid/gossip; defaults after memberlist's LAN profile) ---
+
+    gossipListen: str | None = None
+    """``HOST:PORT`` the gossip listener binds (websocket). Unset: no gossip,
+    the daemon knows only its own node, as before. memberlist's port is 7946;
+    we suggest 7947 so both can run on one host."""
+
+    gossipAdvertise: str | None = None
+    """``HOST:PORT`` peers dial to reach this node. Unset: ``gossipListen``,
+    which must then be a concrete address (not 0.0.0.0): a wildcard cannot be
+    dialled, and guessing an interface picks the wrong one on multi-homed nodes."""
+
+    gossipJoin: tuple[str, ...] = ()
+    """Seed addresses (``HOST:PORT``) to join through. Empty: this node starts
+    a cluster of its own and waits to be joined. Seeds are retried with
+    backoff until one answers, and again whenever every peer is gone."""
+
+    gossipKeyFile: str | None = None
+    """Keyring file: one base64 AES key (16, 24 or 32 bytes) per line; the
+    first seals what this node sends, all are tried on what it receives, so
+    keys rotate without downtime. Unset: frames are plain CBOR and a node with
+    a key refuses them (a daemon logs a warning: use a key off loopback)."""
+
+    gossipProbeInterval: float = Field(1.0, gt=0, le=60)
+    """Seconds between failure-detection probes (memberlist LAN: 1 s). Detection
+    time and probe load per member both scale with it; 1 s keeps the load at
+    one ping/ack pair per second per member at any group size."""
+
+    gossipProbeTimeout: float = Field(0.5, gt=0, le=60)
+    """Seconds to wait for a direct ack before asking helpers (LAN: 500 ms):
+    well above a LAN round trip plus a busy event loop's delay, and leaves half
+    the interval for the indirect probes."""
+
+    gossipIndirectChecks: int = Field(3, ge=0, le=16)
+    """Helpers (k) asked to probe a member that missed its direct ack (LAN: 3).
+    Three independent paths make a lossy link between two nodes unlikely to
+    cause a suspicion, at 4 messages per helper."""
+
+    gossipSuspicionMult: float = Field(3.0, gt=0, le=100)
+    """Minimum suspicion timeout = mult x max(1, log10 n) x probe interval.
+    memberlist LAN uses 4, which alone gives 8 s at 100 members and puts the
+    median detection near 10 s; 3 (memberlist's Local profile) gives 6 s at
+    100 and meets a median detection under 8 s. False positives stay rare
+    because a suspected member refutes within a few gossip rounds."""
+
+    gossipSuspicionMaxTimeoutMult: float = Field(6.0, ge=1, le=100)
+    """Maximum suspicion timeout = this x the minimum (LAN: 6). A suspicion
+    nobody confirms waits this long, which is what protects a member that only
+    one slow or cut-off prober cannot reach."""
+
+    gossipSuspicionConfirmations: int = Field(2, ge=0, le=32)
+    """Independent confirmations (other members also suspecting) that shrink
+    the timeout from max to min (Lifeguard). memberlist derives it as
+    SuspicionMult - 2 = 2 on LAN; kept at 2 here since the multiplier is lower.
+    0 when the group has fewer than k + 2 members."""
+
+    gossipRetransmitMult: int = Field(4, ge=1, le=64)
+    """Each update is piggybacked mult x ceil(log10(n + 1)) times (LAN: 4):
+    enough for an epidemic to reach every member with high probability."""
+
+    gossipInterval: float = Field(0.2, gt=0, le=60)
+    """Seconds between gossip rounds that push queued updates (LAN: 200 ms).
+    With 3 targets per round, a change reaches 99% of 100 members in about
+    six rounds (~1.2 s); rounds with nothing queued send nothing."""
+
+    gossipNodes: int = Field(3, ge=1, le=64)
+    """Members each gossip round sends to (fanout; LAN: 3)."""
+
+    gossipPushPullInterval: float = Field(30.0, gt=0, le=86400)
+    """Seconds between full-state exchanges with one random member (LAN: 30 s),
+    stretched by ceil(log2 n - 5) + 1 above 32 members so the traffic stays
+    flat. Anti-entropy repairs what epidemic dissemination missed."""
+
+    gossipToTheDeadTime: float = Field(30.0, ge=0, le=86400)
+    """Seconds a dead member still receives gossip (LAN: 30 s), so a member
+    wrongly declared dead hears it and refutes quickly."""
+
+    gossipConnectTimeout: float = Field(5.0, gt=0, le=300)
+    """Seconds to dial a peer or finish a send before the link is dropped.
+    memberlist's TCP timeout is 10 s for its rare stream calls; ours carry
+    probes, so 5 s, still far above a LAN handshake."""
+
+    gossipAwarenessMaxMultiplier: int = Field(8, ge=1, le=64)
+    """Lifeguard local health: the probe interval stretches up to this factor
+    when this node sees signs that it, not its peers, is slow (missed nacks,
+    refutations, a late event loop). 8, as memberlist."""
+
+    gossipMaxFrameBytes: int = Field(256 * 1024, ge=4096, le=64 * 1024 * 1024)
+    """Largest frame accepted or sent. A node document of 8 GPUs with full MIG
+    tables is ~2.2 KB and a push/pull of 1000 members ~50 KB, so 256 KiB leaves
+    room while bounding what a peer can make us buffer and decode."""
+
+    gossipPiggybackBytes: int = Field(16 * 1024, ge=512, le=1024 * 1024)
+    """Budget of updates piggybacked on one frame. memberlist is bound by a
+    1400 B UDP packet; over TCP 16 KiB carries several node documents per frame
+    and still keeps a probe's latency low."""
+
+    gossipCapacityInterval: float = Field(1.0, gt=0, le=3600)
+    """Seconds between reads of this node's ledger for its capacity document
+    (a commit through the local API also triggers a read). One small SQLite
+    read per second; a new document goes out only when something changed."""
+
+    gossipReconnectInterval: float = Field(10.0, gt=0, le=86400)
+    """Seconds between full-state exchanges with one random dead member (as
+    serf's reconnect). This is what heals a partition: both sides learn they
+    were declared dead and refute."""
+
+    gossipDeadRetention: float = Field(86400.0, gt=0)
+    """Seconds a dead member stays in the table (shown by ``status --cluster``
+    and retried for reconnection) before it is forgotten; 24 h, serf's
+    reconnect timeout."""

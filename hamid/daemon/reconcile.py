@@ -42,15 +42,40 @@ class Reconciler:
     def run_once(self) -> list[Reservation]:
         released = self._ledger.reconcile(self._alive)
         for r in released:
-            destroy_mig(self._backend, r)
+            destroy_mig_of(self._backend, r.to_dict())
             log.info("released stale reservation", owner=r.owner, kind=r.kind)
         return released
 
 
-def destroy_mig(backend: DeviceBackend, r: Reservation) -> None:
-    """Destroy every MIG instance recorded on ``r``; already gone is fine."""
-    for gpu_uuid, inst in r.mig.items():
+def destroy_mig_of(backend: DeviceBackend, reservation: dict) -> int:
+    """Destroy the MIG instances made for a (released) reservation.
+
+    Instances recorded on the reservation are destroyed by their GPU-instance
+    ID. A MIG slot of the decision with no record (the creator died between
+    creating it and recording it) is found among the GPU's live instances by
+    its profile and placement, which no other reservation can hold. Already
+    gone is fine. Returns how many were destroyed.
+    """
+    recorded = reservation.get("mig") or {}
+    wanted = [d for c in reservation["decision"]["containers"] for d in c["devices"] if d.get("mig_profile")]
+    if not wanted:
+        return 0
+    live = None
+    done = 0
+    for d in wanted:
+        gi = (recorded.get(d["uuid"]) or {}).get("gi")
+        if gi is None:
+            if live is None:
+                live = {g.uuid: g.mig_instances for g in backend.gpus()}
+            pl = d["mig_placement"]
+            match = [i for i in live.get(d["uuid"], ()) if i.profile == d["mig_profile"]
+                     and (i.placement.start, i.placement.size) == (pl["start"], pl["size"])]
+            if not match:
+                continue
+            gi = match[0].gi_id
         try:
-            backend.destroy_mig_instance(gpu_uuid, int(inst["gi"]))
+            done += backend.destroy_mig_instance(d["uuid"], int(gi))
         except DeviceError as e:
-            log.error("could not destroy MIG instance", owner=r.owner, gpu=gpu_uuid, gi=inst.get("gi"), error=str(e))
+            log.error("could not destroy MIG instance", owner=reservation.get("owner"), gpu=d["uuid"], gi=gi,
+                      error=str(e))
+    return done

@@ -31,7 +31,10 @@ from ..localapi.server import build_app
 from ..logs import get_logger
 from ..metrics.exporter import LedgerCollector, metrics_app, new_registry
 from .inventory import capacity_views
-from .reconcile import Reconciler
+from .nodefacts import write_facts
+from ..runtime.liveness import docker_alive
+from ..runtime import released
+from .reconcile import Reconciler, destroy_mig_of
 
 log = get_logger("daemon")
 
@@ -99,7 +102,50 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
                         gpu=g.index, mig_enabled=g.mig_enabled, operating_mode=settings.operatingMode)
     ledger = Ledger(state_dir / LEDGER_NAME)
     ledger.set_inventory(node, capacity_views(gpus, settings), settings.gpuSchedulerPolicy)
-    return Daemon(config, settings, node, state_dir, backend, ledger, Reconciler(ledger, backend))
+    shim = install_shim_for(config, state_dir)
+    write_facts(state_dir, {
+        "devices": {"kind": backend.kind, "node": node, "mig_enabled": settings.operatingMode == "mig",
+                    "simulate": backend.description if backend.kind == "simulated" else None},
+        "defaults": {"memory_mib": settings.defaultMemory, "cores": settings.defaultCores,
+                     "gpu_num": settings.defaultGPUNum},
+        "node_policy": settings.nodeSchedulerPolicy,
+        "gpu_minors": {g.uuid: g.minor for g in gpus if g.minor is not None},
+        "dev_root": config.devRoot, "caps_root": config.migCapsRoot,
+        "shim": shim,
+    })
+    reconciler = Reconciler(ledger, backend)
+    reconciler.register("docker", docker_alive(config.dockerStartGrace))
+    return Daemon(config, settings, node, state_dir, backend, ledger, reconciler)
+
+
+def install_shim_for(config: Config, state_dir: Path) -> dict:
+    """Install the shim (versioned, atomic) and the ld.so.preload file next to it."""
+    from ..shiminstall import ShimInstallError, install_shim
+
+    candidates = [config.shimLibrary] if config.shimLibrary else [
+        str(Path(__file__).resolve().parents[2] / "shim" / "build" / "libvgpu.so"), "/usr/lib/hamid/libvgpu.so"]
+    src = next((c for c in candidates if Path(c).exists()), None)
+    if src is None:
+        if config.shimLibrary:
+            raise HamidError(f"shimLibrary {config.shimLibrary} does not exist")
+        log.warning("no shim found; containers asking for memory or compute limits will be refused",
+                    looked_in=candidates)
+        return {"library": None, "preload": None}
+    dest = state_dir / "shim"
+    try:
+        lib = install_shim(src, dest)
+    except ShimInstallError as e:
+        raise HamidError(f"cannot install the shim from {src}: {e}") from None
+    os.chmod(dest, 0o755)
+    preload = dest / "ld.so.preload"
+    want = "/usr/local/vgpu/libvgpu.so\n"
+    if not preload.exists() or preload.read_text() != want:
+        tmp = dest / ".ld.so.preload.tmp"
+        tmp.write_text(want)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, preload)
+    log.info("shim installed", library=str(lib))
+    return {"library": str(lib), "preload": str(preload)}
 
 
 async def _serve_app(app, bind: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -109,6 +155,48 @@ async def _serve_app(app, bind: str, *, task_status=trio.TASK_STATUS_IGNORED) ->
     cfg.errorlog = None
     cfg.graceful_timeout = 1.0
     await serve(app, cfg, task_status=task_status)
+
+
+def gossip_service(d: Daemon):
+    """The gossip service when ``gossipListen`` is set, else None. Its capacity
+    document is read from the ledger in a worker thread."""
+    c = d.config
+    if not c.gossipListen:
+        return None
+    from ..gossip.keyring import Keyring
+    from ..gossip.params import GossipParams
+    from ..gossip.service import GossipService
+
+    keyring = Keyring.load(c.gossipKeyFile) if c.gossipKeyFile else None
+    if keyring is None:
+        log.warning("gossip without a key: frames are neither encrypted nor authenticated (gossipKeyFile)")
+    return GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=tuple(c.gossipJoin),
+                         advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view)
+
+
+def _committed(commits, gossip, result: str) -> None:
+    commits.labels(result).inc()
+    if gossip is not None and result == "ok":
+        gossip.poke()
+
+
+def drain_released(d: Daemon) -> list[str]:
+    """Finish the releases that poststop hooks left as markers (blocking)."""
+    def release(owner: str) -> dict | None:
+        r = d.ledger.release(owner)
+        return r.to_dict() if r else None
+
+    done = released.drain(str(d.state_dir), release, lambda res: destroy_mig_of(d.backend, res))
+    for cid in done:
+        log.info("released", owner=f"docker:{cid}", by="poststop")
+    return done
+
+
+async def _drain_loop(d: Daemon) -> None:
+    while True:
+        await trio.sleep(d.config.releasePollInterval)
+        if released.pending(str(d.state_dir)):
+            await trio.to_thread.run_sync(drain_released, d)
 
 
 async def _reconcile_loop(d: Daemon) -> None:
@@ -123,18 +211,26 @@ async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     sock = d.state_dir / SOCKET_NAME
     try:
         _clear_stale_socket(sock)
+        await trio.to_thread.run_sync(drain_released, d)
         await trio.to_thread.run_sync(d.reconciler.run_once)
         registry, commits = new_registry()
         registry.register(LedgerCollector(d.ledger, lambda: d.backend_label))
+        gossip = gossip_service(d)
+        if gossip is not None:
+            registry.register(gossip.collector())
         api = build_app(d.ledger, d.backend_label, d.settings.nodeSchedulerPolicy,
-                        on_commit=lambda result: commits.labels(result).inc())
+                        on_commit=lambda result: _committed(commits, gossip, result),
+                        cluster=gossip.cluster_document if gossip is not None else None)
         async with trio.open_nursery() as nursery:
             await nursery.start(_serve_app, api, f"unix:{sock}")
             os.chmod(sock, 0o600)
             if d.config.metricsPort:
                 await nursery.start(_serve_app, metrics_app(registry),
                                     f"{d.config.metricsAddress}:{d.config.metricsPort}")
+            if gossip is not None:
+                await nursery.start(gossip.run)
             nursery.start_soon(_reconcile_loop, d)
+            nursery.start_soon(_drain_loop, d)
             nursery.start_soon(_wait_for_signal, nursery.cancel_scope)
             log.info("serving", socket=str(sock), metrics_port=d.config.metricsPort or None)
             task_status.started()

@@ -1,14 +1,21 @@
-"""Synchronous client of the local API (for the CLI and the runtime hook)."""
+"""Synchronous client of the local API (for the CLI and the runtime hook).
+
+``hamid-runtime`` runs on every container start, and importing
+``http.client`` (email parsing, ssl) costs more than the whole request, so
+this client speaks the small subset of HTTP/1.1 the local API needs itself:
+one request per connection (``Connection: close``), JSON bodies with a
+``Content-Length``, the answer read to EOF.
+"""
 
 from __future__ import annotations
 
+import json
+import socket
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from ..errors import HamidError
-from ..ledger import LedgerConflict
 from . import SOCKET_NAME
 
 
@@ -16,14 +23,48 @@ class DaemonUnavailable(HamidError):
     """No daemon answers on the socket (not running, or a stale socket)."""
 
 
+class Conflict(HamidError):
+    """The daemon's ledger refused a reservation (HTTP 409); ``reasons`` says why."""
+
+    def __init__(self, message: str, reasons=()) -> None:
+        super().__init__(message)
+        self.reasons = tuple(reasons)
+
+
+def _http(path: str, timeout: float, method: str, target: str, body: bytes | None) -> tuple[int, bytes]:
+    head = [f"{method} {target} HTTP/1.1", "Host: hamid", "Connection: close", "Accept: application/json"]
+    if body is not None:
+        head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    data = ("\r\n".join(head) + "\r\n\r\n").encode() + (body or b"")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(data)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    raw = b"".join(chunks)
+    header, sep, payload = raw.partition(b"\r\n\r\n")
+    lines = header.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if not sep or len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise ValueError(f"not an HTTP response: {lines[0]!r}")
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            payload = payload[: int(value.strip())]
+        elif name.strip().lower() == "transfer-encoding" and "chunked" in value.lower():
+            raise ValueError("chunked responses are not expected from the local API")
+    return int(parts[1]), payload
+
+
 class LocalClient:
     def __init__(self, state_dir: str | Path, timeout: float = 30.0) -> None:
         self.socket = Path(state_dir) / SOCKET_NAME
-        self._http = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)),
-                                  base_url="http://hamid", timeout=timeout)
+        self._timeout = timeout
 
     def close(self) -> None:
-        self._http.close()
+        pass
 
     def __enter__(self):
         return self
@@ -31,40 +72,50 @@ class LocalClient:
     def __exit__(self, *exc):
         self.close()
 
-    def _call(self, method: str, path: str, **kw) -> Any:
+    def _call(self, method: str, path: str, *, params: dict | None = None, json_body: Any = None) -> Any:
         if not self.socket.exists():
             raise DaemonUnavailable(f"no daemon socket at {self.socket}")
+        if params:
+            path += "?" + urllib.parse.urlencode(params)
+        body = None if json_body is None else json.dumps(json_body).encode()
         try:
-            r = self._http.request(method, path, **kw)
+            status, raw = _http(str(self.socket), self._timeout, method, path, body)
         except PermissionError as e:
             raise HamidError(f"cannot reach the daemon at {self.socket}: {e.strerror} (run as root)") from None
-        except httpx.TransportError as e:
+        except (ConnectionError, FileNotFoundError, socket.timeout) as e:
             raise DaemonUnavailable(f"no daemon answers at {self.socket}: {e}") from None
+        except ValueError as e:
+            raise HamidError(f"the daemon at {self.socket} answered badly: {e}") from None
         try:
-            body = r.json()
+            doc = json.loads(raw)
         except ValueError:
-            raise HamidError(f"daemon answered {r.status_code} with a non-JSON body") from None
-        if r.status_code == 409:
-            raise LedgerConflict(body.get("error", "conflict"), body.get("reasons", ()))
-        if r.status_code >= 400:
-            raise HamidError(body.get("error", f"daemon answered {r.status_code}"))
-        return body
+            raise HamidError(f"daemon answered {status} with a non-JSON body") from None
+        if status == 409:
+            raise Conflict(doc.get("error", "conflict"), doc.get("reasons", ()))
+        if status >= 400:
+            raise HamidError(doc.get("error", f"daemon answered {status}"))
+        return doc
 
     def status(self) -> dict:
         return self._call("GET", "/v1/status")
+
+    def cluster(self) -> dict:
+        """The gossiped cluster view (members, states, capacity documents)."""
+        return self._call("GET", "/v1/cluster")
 
     def reservations(self) -> list[dict]:
         return self._call("GET", "/v1/reservations")
 
     def reserve(self, request: dict, kind: str, details: dict | None = None) -> dict:
-        return self._call("POST", "/v1/reservations", json={"kind": kind, "request": request, "details": details or {}})
+        return self._call("POST", "/v1/reservations",
+                          json_body={"kind": kind, "request": request, "details": details or {}})
 
     def commit(self, owner: str, decision: dict, kind: str, request: dict | None = None) -> dict:
         return self._call("POST", "/v1/reservations/commit",
-                          json={"kind": kind, "owner": owner, "decision": decision, "request": request or {}})
+                          json_body={"kind": kind, "owner": owner, "decision": decision, "request": request or {}})
 
     def update(self, owner: str, **fields) -> dict:
-        return self._call("PATCH", "/v1/reservations", params={"owner": owner}, json=fields)
+        return self._call("PATCH", "/v1/reservations", params={"owner": owner}, json_body=fields)
 
     def release(self, owner: str) -> dict:
         return self._call("DELETE", "/v1/reservations", params={"owner": owner})

@@ -49,9 +49,14 @@ def _kind(body: dict) -> str:
 
 
 def build_app(ledger: Ledger, backend_label: str, node_policy: str,
-              on_commit: Callable[[str], None] | None = None) -> Starlette:
-    """``on_commit(result)`` is told "ok" or "conflict" for each commit (metrics)."""
+              on_commit: Callable[[str], None] | None = None,
+              cluster: Callable[[], dict] | None = None,
+              before_reserve: Callable[[], object] | None = None) -> Starlette:
+    """``on_commit(result)`` is told "ok" or "conflict" for each commit (metrics);
+    ``before_reserve()`` runs (in a thread) before each placement, so releases
+    that are already due are finished first."""
     note = on_commit or (lambda _r: None)
+    prepare = before_reserve or (lambda: None)
 
     async def run(fn, *args, **kw):
         return await anyio.to_thread.run_sync(lambda: fn(*args, **kw))
@@ -65,6 +70,9 @@ def build_app(ledger: Ledger, backend_label: str, node_policy: str,
                 return _error(409, str(e), e.reasons)
             except HamidError as e:
                 return _error(400, str(e))
+            except Exception as e:  # a bug: say so, in JSON, and log it whole
+                log.exception("local API handler failed", path=req.url.path)
+                return _error(500, f"internal error in the daemon: {e!r}")
         return wrapped
 
     async def status(req: HttpRequest):
@@ -79,6 +87,7 @@ def build_app(ledger: Ledger, backend_label: str, node_policy: str,
         body = await _body(req)
         kind = _kind(body)
         request = Request.from_dict(body.get("request") or {})
+        await run(prepare)
         res = await run(ledger.reserve, request, kind=kind, node_policy=node_policy,
                         details=body.get("details") or {})
         note("ok")
@@ -100,6 +109,11 @@ def build_app(ledger: Ledger, backend_label: str, node_policy: str,
                         details=body.get("details") or {})
         note("ok")
         return JSONResponse(res.to_dict())
+
+    async def cluster_view(req: HttpRequest):
+        if cluster is None:
+            return _error(404, "gossip is not enabled on this daemon (set gossipListen or --gossip-listen)")
+        return JSONResponse(cluster())
 
     def _owner(req: HttpRequest) -> str:
         owner = req.query_params.get("owner")
@@ -123,6 +137,7 @@ def build_app(ledger: Ledger, backend_label: str, node_policy: str,
 
     routes = [
         Route("/v1/status", guarded(status), methods=["GET"]),
+        Route("/v1/cluster", guarded(cluster_view), methods=["GET"]),
         Route("/v1/reservations", guarded(list_reservations), methods=["GET"]),
         Route("/v1/reservations", guarded(reserve), methods=["POST"]),
         Route("/v1/reservations/commit", guarded(commit), methods=["POST"]),

@@ -1,0 +1,27 @@
+"""Does a Docker container still exist? Asked by the daemon's reconciler.
+
+The runtime records runc's state root (``--root``) and the container id on
+the reservation; runc keeps ``<root>/<id>/state.json`` from ``create`` until
+``delete``. A reservation younger than the start grace period counts as
+alive even without it: the runtime reserves before it execs runc.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from ..ledger import Reservation
+
+
+def docker_alive(grace_s: float) -> Callable[[Reservation], bool]:
+    def alive(r: Reservation) -> bool:
+        root, cid = r.details.get("runc_root"), r.details.get("id")
+        if not root or not cid:
+            return True  # cannot prove it gone
+        if os.path.exists(os.path.join(root, cid, "state.json")):
+            return True
+        return time.time() - r.created < grace_s
+
+    return alive
