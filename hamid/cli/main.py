@@ -30,14 +30,26 @@ def _parser() -> argparse.ArgumentParser:
                      help="simulated GPUs instead of NVML, e.g. H100-80GB-HBM3:2,T4")
     run.add_argument("--log-format", choices=["auto", "json", "console"])
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    run.add_argument("--gossip-listen", metavar="HOST:PORT", help="join the gossip group: listen here (gossipListen)")
+    run.add_argument("--gossip-advertise", metavar="HOST:PORT", help="the address peers dial (default: --gossip-listen)")
+    run.add_argument("--join", metavar="HOST:PORT[,...]", help="seed members to join through (gossipJoin)")
+    run.add_argument("--gossip-key-file", metavar="FILE",
+                     help="keyring: one base64 AES key (16/24/32 bytes) per line, the first sends (gossipKeyFile)")
 
     st = sub.add_parser("status", help="this node's GPUs and what is reserved on them")
     st.add_argument("--state-dir", help=f"the daemon's state dir (default {DEFAULT_STATE_DIR})")
     st.add_argument("--config", help="read stateDir from this config file")
     st.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    st.add_argument("--cluster", action="store_true",
+                    help="every gossip member (alive, suspect, dead) with its GPUs and their use")
 
     pl = sub.add_parser("plan", help="what-if placement of a workload on a described cluster")
-    pl.add_argument("--cluster", required=True, help="cluster file: nodes with their GPUs and config")
+    src = pl.add_mutually_exclusive_group(required=True)
+    src.add_argument("--cluster", help="cluster file: nodes with their GPUs and config")
+    src.add_argument("--live", action="store_true",
+                     help="plan on the live gossiped view of the local daemon (--state-dir) instead of a file")
+    pl.add_argument("--state-dir", help=f"with --live: the daemon's state dir (default {DEFAULT_STATE_DIR})")
+    pl.add_argument("--config", help="with --live: node settings (defaults, policies) and stateDir from this file")
     pl.add_argument("--workload", required=True, help="multi-document YAML of Pods and Docker entries")
     pl.add_argument("-o", "--output", choices=["table", "json"], default="table")
 
@@ -54,7 +66,10 @@ def _cmd_run(args) -> int:
     from ..daemon import service
 
     overrides = {"stateDir": args.state_dir, "metricsPort": args.metrics_port, "nodeName": args.node_name,
-                 "simulate": args.simulate, "logFormat": args.log_format, "logLevel": args.log_level}
+                 "simulate": args.simulate, "logFormat": args.log_format, "logLevel": args.log_level,
+                 "gossipListen": args.gossip_listen, "gossipAdvertise": args.gossip_advertise,
+                 "gossipKeyFile": args.gossip_key_file,
+                 "gossipJoin": tuple(a.strip() for a in args.join.split(",") if a.strip()) if args.join else None}
     config = load_config(args.config, overrides)
     logs.configure(config.logFormat, config.logLevel)
     node = node_name(config)
@@ -85,6 +100,8 @@ def _cmd_status(args) -> int:
     from ..localapi.client import DaemonUnavailable, LocalClient
 
     state = _state_dir(args)
+    if args.cluster:
+        return _cluster_status(state, args.output)
     try:
         with LocalClient(state) as c:
             doc = c.status()
@@ -111,10 +128,40 @@ def _cmd_status(args) -> int:
     return 0
 
 
+def _cluster_status(state: Path, output: str) -> int:
+    from ..gossip.report import cluster_status, cluster_table
+    from ..localapi.client import DaemonUnavailable, LocalClient
+
+    try:
+        with LocalClient(state) as c:
+            doc = c.cluster()
+    except DaemonUnavailable as e:
+        raise HamidError(f"{e}: the cluster view lives in a running daemon") from None
+    st = cluster_status(doc)
+    print(json.dumps(st, indent=2) if output == "json" else cluster_table(st))
+    return 0
+
+
+def _live_nodes(args) -> list:
+    from ..config import NodeSettings, load_config
+    from ..gossip.report import LiveNode, live_views
+    from ..localapi.client import LocalClient
+
+    settings = NodeSettings()
+    if args.config:
+        cfg = load_config(args.config)
+        settings = NodeSettings.model_validate({k: getattr(cfg, k) for k in NodeSettings.model_fields})
+    with LocalClient(_state_dir(args)) as c:
+        views = live_views(c.cluster())
+    if not views:
+        raise HamidError("the live view has no member with capacity yet")
+    return [LiveNode(v, settings) for v in views]
+
+
 def _cmd_plan(args) -> int:
     from . import plan
 
-    nodes = plan.load_cluster(args.cluster)
+    nodes = _live_nodes(args) if args.live else plan.load_cluster(args.cluster)
     results = plan.plan(nodes, plan.load_workload(args.workload))
     if args.output == "json":
         print(json.dumps(results, indent=2))

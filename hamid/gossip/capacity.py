@@ -1,0 +1,112 @@
+"""Capacity documents: what one node has and has free, as gossiped.
+
+A document is built from the node's ledger view (capacity after the node's
+scaling and split settings, plus what is booked) and carries a version that
+only grows, so a newer document replaces an older one everywhere. MIG profile
+tables are stored once per GPU model (``profiles``), not once per GPU, to keep
+documents small. ``view_from_doc`` turns a peer's document back into the
+placement engine's :class:`NodeView`. No I/O here: the service reads the
+ledger (in a worker thread) and hands the view in.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..placement.view import MODE_MIG, MigSlot, NodeView, gpu_view_from_dict, gpu_view_to_dict
+from ..devices.types import MigPlacement
+
+
+def new_version() -> int:
+    """A starting version above any a previous life of this node used
+    (milliseconds of wall clock), so a restarted node's document wins."""
+    return time.time_ns() // 1_000_000
+
+
+def doc_from_view(view: NodeView, version: int) -> dict[str, Any]:
+    profiles: dict[str, list] = {}
+    gpus = []
+    for g in view.gpus:
+        d = gpu_view_to_dict(g)
+        profs = d.pop("mig_profiles")
+        if profs:
+            profiles.setdefault(g.name, profs)
+        d["use"] = [g.mem_used, g.cores_used, g.slots_used, g.exclusive,
+                    [[s.profile, s.placement.start, s.placement.size] for s in g.mig_used]]
+        gpus.append(d)
+    return {"node": view.name, "version": version, "policy": view.gpu_policy, "gpus": gpus,
+            "profiles": profiles}
+
+
+def same_content(a: dict | None, b: dict | None) -> bool:
+    """Equal apart from the version."""
+    if a is None or b is None:
+        return a is b
+    return {k: v for k, v in a.items() if k != "version"} == {k: v for k, v in b.items() if k != "version"}
+
+
+def view_from_doc(doc: dict) -> NodeView:
+    gpus = []
+    for d in doc["gpus"]:
+        d = dict(d, mig_profiles=doc.get("profiles", {}).get(d["name"], []))
+        cap = gpu_view_from_dict(d)
+        mem, cores, slots, excl, mig = d["use"]
+        gpus.append(cap.with_use(int(mem), int(cores), int(slots), bool(excl),
+                                 tuple(MigSlot(p, MigPlacement(int(s), int(z))) for p, s, z in mig)))
+    return NodeView(doc["node"], tuple(gpus), doc.get("policy", "spread"))
+
+
+def doc_problem(doc: Any) -> str | None:
+    """Why ``doc`` is not a valid capacity document, or None."""
+    if type(doc) is not dict:
+        return "not a map"
+    if type(doc.get("node")) is not str or not doc["node"]:
+        return "node missing"
+    v = doc.get("version")
+    if type(v) is not int or not 0 <= v < 1 << 63:
+        return "version missing"
+    if type(doc.get("gpus")) is not list or type(doc.get("profiles", {})) is not dict:
+        return "gpus or profiles malformed"
+    if len(doc["gpus"]) > 256:
+        return "too many GPUs"
+    try:
+        view_from_doc(doc)
+    except Exception as e:  # any shape error in a peer's document
+        return f"malformed GPU entry ({type(e).__name__})"
+    return None
+
+
+def summary(doc: dict | None) -> dict[str, Any]:
+    """Per-node totals for tables: GPUs, memory and cores total/used/free."""
+    out = {"gpus": 0, "memory_total_mib": 0, "memory_used_mib": 0, "cores_total": 0, "cores_used": 0}
+    if not doc:
+        return out
+    for g in view_from_doc(doc).gpus:
+        if g.filtered:
+            continue
+        out["gpus"] += 1
+        if g.mode == MODE_MIG and g.memory_slices:
+            used = g.mem_total * sum(s.placement.size for s in g.mig_used) // g.memory_slices
+        else:
+            used = g.mem_used
+        out["memory_total_mib"] += g.mem_total
+        out["memory_used_mib"] += used
+        out["cores_total"] += g.cores_total
+        out["cores_used"] += g.cores_used
+    out["memory_free_mib"] = out["memory_total_mib"] - out["memory_used_mib"]
+    return out
+
+
+def gpu_rows(doc: dict) -> list[dict[str, Any]]:
+    """Each GPU of a document as a flat row (for ``status --cluster``)."""
+    rows = []
+    for g in view_from_doc(doc).gpus:
+        rows.append({"index": g.index, "uuid": g.uuid, "name": g.name, "mode": g.mode, "healthy": g.healthy,
+                     "filtered": g.filtered, "memory_total_mib": g.mem_total, "memory_used_mib": g.mem_used,
+                     "memory_free_mib": g.mem_total - g.mem_used, "cores_total": g.cores_total,
+                     "cores_used": g.cores_used, "shares_total": g.slots_total, "shares_used": g.slots_used,
+                     "exclusive": g.exclusive,
+                     "mig_instances": [{"profile": s.profile, "start": s.placement.start, "size": s.placement.size}
+                                       for s in g.mig_used]})
+    return rows

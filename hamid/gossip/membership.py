@@ -1,0 +1,512 @@
+"""SWIM membership with Lifeguard's refinements, and capacity documents riding on it.
+
+What it owns: the member table (name, address, incarnation, state), the
+probe, gossip, push/pull and join/reconnect loops, the suspicion timers and
+the local health score, and the table of peers' capacity documents. What it
+does not: sockets and frames (``transport``), the ledger (the service hands
+in this node's document).
+
+- **Probes.** Every probe interval x (health + 1), the next member in a
+  shuffled round-robin gets a ``ping``; no ``ack`` within the probe timeout
+  sends ``preq`` to k random members, who ping it and relay the ``ack`` or
+  answer ``nack``. No ack by the end of the interval: suspect it. A suspect
+  target gets the ``suspect`` update with the ping (buddy system).
+- **Suspicion.** A suspected member is dead after a timeout that starts at
+  ``max`` and shrinks towards ``min`` with each independent confirmation
+  (``params.suspicion_timeout``). Any ``alive`` with a higher incarnation ends it.
+- **Refutation.** A node that hears itself suspected or dead takes an
+  incarnation above it and spreads ``alive``; each refutation also raises its
+  health score. Incarnations start at the wall-clock second, so a restarted
+  node outranks what the group remembers of its previous life.
+- **Local health (Lifeguard).** +1 per missed nack, per failed probe without
+  helpers, per refutation and per probe tick the event loop ran late by more
+  than the probe timeout; -1 per successful probe; bounded by
+  ``awareness_max - 1``. It stretches the probe interval.
+- **Dissemination.** Updates (``alive``, ``suspect``, ``dead``, ``cap``) are
+  piggybacked on pings, acks and gossip frames to ``gossip_nodes`` random
+  members every gossip interval, each at most ``retransmit_limit(n)`` times;
+  every node re-queues the updates it learns.
+- **Anti-entropy.** Every push/pull interval (scaled with n), a full exchange
+  of member states and document versions with one random member; newer
+  documents are then fetched from whoever has them. Dead members are
+  gossiped to for ``gossip_to_the_dead`` and reconnected to every
+  ``reconnect_interval``, which heals partitions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import cbor2
+import trio
+
+from ..logs import get_logger
+from .broadcast import Broadcasts
+from .codec import ALIVE, DEAD, LEFT, STATE_NAMES, SUSPECT
+from .params import GossipParams, suspicion_timeout
+from .stats import Stats
+
+log = get_logger("gossip")
+
+
+@dataclass
+class Suspicion:
+    start: float
+    lo: float
+    hi: float
+    needed: int
+    by: str
+    confirmers: set[str] = field(default_factory=set)
+
+    def confirm(self, by: str) -> bool:
+        if by == self.by or by in self.confirmers or len(self.confirmers) >= self.needed:
+            return False
+        self.confirmers.add(by)
+        return True
+
+    @property
+    def deadline(self) -> float:
+        return self.start + suspicion_timeout(self.lo, self.hi, len(self.confirmers), self.needed)
+
+
+@dataclass
+class Member:
+    name: str
+    addr: str
+    inc: int
+    state: int = ALIVE
+    since: float = 0.0  # trio clock of the last state change
+    suspicion: Suspicion | None = None
+
+    @property
+    def state_name(self) -> str:
+        return STATE_NAMES[self.state]
+
+
+class _Waiter:
+    __slots__ = ("event", "nacks")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.nacks = 0
+
+
+class Membership:
+    def __init__(self, name: str, addr: str, params: GossipParams, stats: Stats,
+                 send: Callable[[str, dict], None], *, seeds: tuple[str, ...] = (),
+                 forget: Callable[[str], None] = lambda _a: None) -> None:
+        self.name = name
+        self.addr = addr
+        self.p = params
+        self.stats = stats
+        self._send_raw = send
+        self._forget = forget
+        self.seeds = tuple(s for s in seeds if s != addr)
+        self.inc = int(time.time())
+        self.me = Member(name, addr, self.inc, ALIVE, 0.0)
+        self.members: dict[str, Member] = {name: self.me}
+        self.docs: dict[str, dict] = {}  # name -> newest capacity document known
+        self.health = 0
+        self.broadcasts = Broadcasts()
+        self._seq = itertools.count(random.randrange(1 << 30))
+        self._waiters: dict[int, _Waiter] = {}
+        self._probe_order: list[str] = []
+        self._probe_at = 0
+        self._susp_wake = trio.Event()
+        self._doc_asked: dict[str, float] = {}
+        self._seeds_pending = set(self.seeds)  # seeds that never answered a push/pull yet
+        self._nursery: trio.Nursery | None = None
+        self.changes: list[tuple[float, str, str]] = []  # (time, member, state) for tests/bench hooks
+        self.on_change: Callable[[str, str], None] | None = None
+
+    # --- public -----------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.me.since = trio.current_time()
+            self._broadcast_alive()
+            nursery.start_soon(self._probe_loop)
+            nursery.start_soon(self._gossip_loop)
+            nursery.start_soon(self._push_pull_loop)
+            nursery.start_soon(self._join_loop)
+            nursery.start_soon(self._suspicion_loop)
+            task_status.started()
+
+    def set_local_doc(self, doc: dict) -> None:
+        """This node's capacity document changed (its version must have grown)."""
+        self.docs[self.name] = doc
+        self.broadcasts.add((self.name, "cap"), {"t": "cap", "n": self.name, "doc": doc})
+        self._broadcast_alive()
+
+    def n(self) -> int:
+        return sum(1 for m in self.members.values() if m.state in (ALIVE, SUSPECT))
+
+    def by_state(self) -> dict[str, int]:
+        out = {s: 0 for s in STATE_NAMES.values()}
+        for m in self.members.values():
+            out[m.state_name] += 1
+        return out
+
+    def live_docs(self) -> dict[str, dict]:
+        """Documents of alive and suspect members (a dead member's capacity leaves the view)."""
+        return {n: d for n, d in self.docs.items()
+                if n in self.members and self.members[n].state in (ALIVE, SUSPECT)}
+
+    # --- sending helpers ---------------------------------------------------
+
+    def _send(self, addr: str, msg: dict, extra: list[dict] | None = None) -> None:
+        g = list(extra or ())
+        g += self.broadcasts.take(self.p.retransmit_limit(self.n()), self.p.piggyback_bytes)
+        if g:
+            msg["g"] = g
+        self._send_raw(addr, msg)
+
+    def _broadcast_alive(self) -> None:
+        self.me.inc = self.inc
+        doc = self.docs.get(self.name)
+        self.broadcasts.add((self.name, "m"), {"t": "alive", "n": self.name, "a": self.addr, "i": self.inc,
+                                               "cv": doc["version"] if doc else 0})
+
+    def _peers(self, *states: int) -> list[Member]:
+        return [m for m in self.members.values() if m.name != self.name and m.state in states]
+
+    def _set_state(self, m: Member, state: int) -> None:
+        if m.state != state:
+            m.state = state
+            m.since = trio.current_time()
+            self.changes.append((time.monotonic(), m.name, STATE_NAMES[state]))
+            if len(self.changes) > 1000:
+                del self.changes[:500]
+            log.info("gossip member", member=m.name, state=STATE_NAMES[state], incarnation=m.inc, addr=m.addr)
+            if self.on_change is not None:
+                self.on_change(m.name, STATE_NAMES[state])
+
+    def _health(self, delta: int) -> None:
+        self.health = max(0, min(self.p.awareness_max - 1, self.health + delta))
+
+    # --- receiving ---------------------------------------------------------
+
+    def on_message(self, msg: dict) -> None:
+        for u in msg.get("g") or ():
+            self._apply(u, msg)
+        t = msg["t"]
+        if t == "ping":
+            if msg["to"] == self.name:
+                self._send(msg["a"], {"t": "ack", "seq": msg["seq"]})
+        elif t == "ack":
+            w = self._waiters.get(msg["seq"])
+            if w is not None:
+                w.event.set()
+        elif t == "nack":
+            w = self._waiters.get(msg["seq"])
+            if w is not None:
+                w.nacks += 1
+        elif t == "preq":
+            if self._nursery is not None:
+                self._nursery.start_soon(self._relay_probe, msg)
+        elif t == "pp":
+            self._merge(msg)
+            if not msg["reply"]:
+                self._send(msg["a"], {"t": "pp", "seq": msg["seq"], "join": False, "reply": True,
+                                      "m": self._state_entries()})
+            if msg["reply"]:
+                self._seeds_pending.discard(msg["a"])
+        elif t == "capreq":
+            self._answer_capreq(msg)
+        elif t == "caps":
+            for d in msg["docs"]:
+                self._apply_doc(d["node"], d)
+
+    def _apply(self, u: dict, frame: dict) -> None:
+        t = u["t"]
+        if t == "alive":
+            self._on_alive(u["n"], u["a"], u["i"], u["cv"], u["a"])
+        elif t == "suspect":
+            self._on_suspect(u["n"], u["i"], u["by"])
+        elif t == "dead":
+            self._on_dead(u["n"], u["i"], u["by"])
+        elif t == "cap":
+            self._apply_doc(u["n"], u["doc"])
+
+    def _refute(self, inc: int) -> None:
+        if inc >= self.inc:
+            self.inc = inc + 1
+        self.stats.refutations += 1
+        self._health(+1)
+        self._broadcast_alive()
+        log.info("gossip refuting", incarnation=self.inc)
+
+    def _on_alive(self, name: str, addr: str, inc: int, cv: int, doc_from: str) -> None:
+        if name == self.name:
+            if inc > self.inc or (inc == self.inc and addr != self.addr):
+                self._refute(inc)
+            return
+        m = self.members.get(name)
+        if m is None:
+            m = self.members[name] = Member(name, addr, inc, ALIVE, trio.current_time())
+            self.changes.append((time.monotonic(), name, "alive"))
+            log.info("gossip member", member=name, state="alive", incarnation=inc, addr=addr)
+            if self.on_change is not None:
+                self.on_change(name, "alive")
+            self._probe_order.insert(random.randrange(len(self._probe_order) + 1), name)
+        elif inc <= m.inc:
+            return
+        else:
+            if m.addr != addr:
+                self._forget(m.addr)
+            m.addr, m.inc, m.suspicion = addr, inc, None
+            self._set_state(m, ALIVE)
+        self.broadcasts.add((name, "m"), {"t": "alive", "n": name, "a": addr, "i": inc, "cv": cv})
+        self._want_doc(name, cv, doc_from)
+
+    def _on_suspect(self, name: str, inc: int, by: str) -> None:
+        if name == self.name:
+            if inc >= self.inc:
+                self._refute(inc)
+            return
+        m = self.members.get(name)
+        if m is None or inc < m.inc or m.state in (DEAD, LEFT):
+            return
+        if m.state == SUSPECT and m.suspicion is not None:
+            if inc == m.inc and m.suspicion.confirm(by):
+                self._susp_wake.set()
+                self.broadcasts.add((name, "m"), {"t": "suspect", "n": name, "i": inc, "by": by})
+            return
+        m.inc = inc
+        n = self.n()
+        lo, hi = self.p.suspicion_bounds(n)
+        m.suspicion = Suspicion(trio.current_time(), lo, hi, self.p.confirmations_needed(n), by)
+        self._set_state(m, SUSPECT)
+        if by == self.name:
+            self.stats.suspicions += 1
+        self.broadcasts.add((name, "m"), {"t": "suspect", "n": name, "i": inc, "by": by})
+        self._susp_wake.set()
+
+    def _on_dead(self, name: str, inc: int, by: str) -> None:
+        if name == self.name:
+            if inc >= self.inc:
+                self._refute(inc)
+            return
+        m = self.members.get(name)
+        if m is None or inc < m.inc or m.state in (DEAD, LEFT):
+            return
+        m.inc, m.suspicion = inc, None
+        self._set_state(m, LEFT if by == name else DEAD)
+        self.broadcasts.add((name, "m"), {"t": "dead", "n": name, "i": inc, "by": by})
+        self._forget(m.addr)
+
+    # --- capacity documents ------------------------------------------------
+
+    def _apply_doc(self, name: str, doc: dict) -> None:
+        if name == self.name or doc["node"] != name:
+            return
+        have = self.docs.get(name)
+        if have is not None and have["version"] >= doc["version"]:
+            return
+        self.docs[name] = doc
+        self.broadcasts.add((name, "cap"), {"t": "cap", "n": name, "doc": doc})
+
+    def _want_doc(self, name: str, version: int, ask: str) -> None:
+        have = self.docs.get(name)
+        if version == 0 or (have is not None and have["version"] >= version):
+            return
+        now = time.monotonic()
+        if now - self._doc_asked.get(name, 0.0) < max(1.0, self.p.probe_interval):
+            return
+        self._doc_asked[name] = now
+        self._send_raw(ask, {"t": "capreq", "names": [name]})
+
+    def _answer_capreq(self, msg: dict) -> None:
+        batch, size = [], 0
+        budget = self.p.max_frame_bytes // 2
+        for name in msg["names"]:
+            d = self.docs.get(name)
+            if d is None:
+                continue
+            s = len(cbor2.dumps(d))
+            if batch and size + s > budget:
+                self._send_raw(msg["a"], {"t": "caps", "docs": batch})
+                batch, size = [], 0
+            batch.append(d)
+            size += s
+        if batch:
+            self._send_raw(msg["a"], {"t": "caps", "docs": batch})
+
+    # --- push/pull -----------------------------------------------------------
+
+    def _state_entries(self) -> list[list]:
+        out = []
+        for m in self.members.values():
+            d = self.docs.get(m.name)
+            out.append([m.name, m.addr, m.inc, m.state, d["version"] if d else 0])
+        return out
+
+    def _merge(self, msg: dict) -> None:
+        self.stats.push_pulls += 1
+        want = []
+        for name, addr, inc, state, cv in msg["m"]:
+            if state == ALIVE:
+                self._on_alive(name, addr, inc, 0, msg["a"])
+            elif state == LEFT:
+                if name not in self.members and name != self.name:
+                    continue
+                self._on_dead(name, inc, name)
+            else:  # a remote suspect or dead: suspect it here (memberlist)
+                if name not in self.members and name != self.name:
+                    continue
+                self._on_suspect(name, inc, msg["f"])
+            have = self.docs.get(name)
+            if name != self.name and cv and (have is None or have["version"] < cv):
+                want.append(name)
+        if want:
+            self._send_raw(msg["a"], {"t": "capreq", "names": want})
+
+    def push_pull(self, addr: str, join: bool = False) -> int:
+        seq = next(self._seq)
+        self._send_raw(addr, {"t": "pp", "seq": seq, "join": join, "reply": False, "m": self._state_entries()})
+        return seq
+
+    # --- loops -------------------------------------------------------------
+
+    def _next_target(self) -> Member | None:
+        for _ in range(2):
+            while self._probe_at < len(self._probe_order):
+                name = self._probe_order[self._probe_at]
+                self._probe_at += 1
+                m = self.members.get(name)
+                if m is not None and m.state in (ALIVE, SUSPECT):
+                    return m
+            self._probe_order = [m.name for m in self._peers(ALIVE, SUSPECT)]
+            random.shuffle(self._probe_order)
+            self._probe_at = 0
+        return None
+
+    async def _probe_loop(self) -> None:
+        next_at = trio.current_time()
+        while True:
+            interval = self.p.probe_interval * (self.health + 1)
+            now = trio.current_time()
+            if now - next_at > self.p.probe_timeout:  # the loop itself ran late: we are the slow one
+                self._health(+1)
+            start = trio.current_time()
+            target = self._next_target()
+            if target is not None:
+                await self._probe(target, start + interval)
+            next_at = start + interval
+            await trio.sleep_until(next_at)
+
+    async def _probe(self, m: Member, deadline: float) -> None:
+        seq = next(self._seq)
+        w = self._waiters[seq] = _Waiter()
+        try:
+            extra = [{"t": "suspect", "n": m.name, "i": m.inc, "by": self.name}] if m.state == SUSPECT else None
+            self._send(m.addr, {"t": "ping", "seq": seq, "to": m.name}, extra)
+            with trio.move_on_after(self.p.probe_timeout):
+                await w.event.wait()
+            if w.event.is_set():
+                self.stats.probes["ok"] += 1
+                self._health(-1)
+                return
+            helpers = [h for h in self._peers(ALIVE) if h.name != m.name]
+            helpers = random.sample(helpers, min(len(helpers), self.p.indirect_checks))
+            for h in helpers:
+                self._send_raw(h.addr, {"t": "preq", "seq": seq, "to": m.name, "ta": m.addr, "nack": True})
+            with trio.move_on_at(deadline):
+                await w.event.wait()
+            if w.event.is_set():
+                self.stats.probes["indirect"] += 1
+                return
+            self._health((len(helpers) - w.nacks) if helpers else 1)
+            self.stats.probes["failed"] += 1
+            cur = self.members.get(m.name)
+            if cur is m and m.state in (ALIVE, SUSPECT):
+                log.debug("gossip probe failed", member=m.name)
+                self._on_suspect(m.name, m.inc, self.name)
+        finally:
+            del self._waiters[seq]
+
+    async def _relay_probe(self, req: dict) -> None:
+        seq = next(self._seq)
+        w = self._waiters[seq] = _Waiter()
+        try:
+            self._send_raw(req["ta"], {"t": "ping", "seq": seq, "to": req["to"]})
+            with trio.move_on_after(self.p.probe_timeout):
+                await w.event.wait()
+        finally:
+            del self._waiters[seq]
+        if w.event.is_set():
+            self._send_raw(req["a"], {"t": "ack", "seq": req["seq"]})
+        elif req["nack"]:
+            self._send_raw(req["a"], {"t": "nack", "seq": req["seq"]})
+
+    async def _gossip_loop(self) -> None:
+        while True:
+            await trio.sleep(self.p.gossip_interval)
+            if not len(self.broadcasts):
+                continue
+            now = trio.current_time()
+            pool = [m for m in self.members.values() if m.name != self.name and (
+                m.state in (ALIVE, SUSPECT) or (m.state == DEAD and now - m.since < self.p.gossip_to_the_dead))]
+            limit = self.p.retransmit_limit(self.n())
+            for m in random.sample(pool, min(len(pool), self.p.gossip_nodes)):
+                g = self.broadcasts.take(limit, self.p.piggyback_bytes)
+                if not g:
+                    break
+                self._send_raw(m.addr, {"t": "gossip", "g": g})
+
+    async def _push_pull_loop(self) -> None:
+        await trio.sleep(random.uniform(0.5, 1.5) * self.p.push_pull_interval)
+        while True:
+            peers = self._peers(ALIVE)
+            if peers:
+                self.push_pull(random.choice(peers).addr)
+            await trio.sleep(self.p.push_pull_scaled(self.n()) * random.uniform(0.9, 1.1))
+
+    async def _join_loop(self) -> None:
+        delay = min(1.0, self.p.join_retry_max)
+        while True:
+            alive_addrs = {m.addr for m in self._peers(ALIVE, SUSPECT)}
+            self._seeds_pending -= alive_addrs
+            # until each seed has answered once (a seed may start after us), and whenever we are alone
+            for s in (self.seeds if not alive_addrs else sorted(self._seeds_pending)):
+                self.push_pull(s, join=True)
+            now = trio.current_time()
+            dead = [m for m in self._peers(DEAD, LEFT)]
+            for m in dead:
+                if now - m.since > self.p.dead_retention:
+                    del self.members[m.name]
+                    self.docs.pop(m.name, None)
+            dead = [m for m in dead if m.state == DEAD and m.name in self.members]
+            if dead:
+                self.push_pull(random.choice(dead).addr)
+            if self._peers(ALIVE, SUSPECT) and not self._seeds_pending:
+                delay = min(1.0, self.p.join_retry_max)
+                await trio.sleep(self.p.reconnect_interval * random.uniform(0.8, 1.2))
+            else:
+                await trio.sleep(delay)
+                delay = min(delay * 2, self.p.join_retry_max)
+
+    async def _suspicion_loop(self) -> None:
+        while True:
+            now = trio.current_time()
+            nearest = None
+            for m in list(self.members.values()):
+                s = m.suspicion
+                if m.state != SUSPECT or s is None:
+                    continue
+                if now >= s.deadline:
+                    m.suspicion = None
+                    self.stats.deaths += 1
+                    log.info("gossip declaring dead", member=m.name, suspected_for=round(now - s.start, 2),
+                             confirmations=len(s.confirmers))
+                    self._on_dead(m.name, m.inc, self.name)
+                elif nearest is None or s.deadline < nearest:
+                    nearest = s.deadline
+            self._susp_wake = trio.Event()
+            with trio.move_on_at(nearest if nearest is not None else now + 3600):
+                await self._susp_wake.wait()

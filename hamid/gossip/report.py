@@ -1,0 +1,88 @@
+"""The cluster view for people and for ``hamid plan --live``.
+
+Turns the daemon's ``/v1/cluster`` document into the ``status --cluster``
+JSON (members with per-node totals and per-GPU rows), its table, and the
+placement engine's node views. Pure functions; no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..placement.view import NodeView
+from .capacity import gpu_rows, summary, view_from_doc
+
+
+def cluster_status(doc: dict) -> dict[str, Any]:
+    members = []
+    for m in doc["members"]:
+        cap = m.get("capacity")
+        members.append({"name": m["name"], "addr": m["addr"], "state": m["state"],
+                        "incarnation": m["incarnation"], "self": m.get("self", False),
+                        "since_s": m.get("since_s"),
+                        "capacity_version": cap["version"] if cap else None,
+                        "summary": summary(cap) if cap else None,
+                        "gpus": gpu_rows(cap) if cap else []})
+    counts: dict[str, int] = {}
+    for m in members:
+        counts[m["state"]] = counts.get(m["state"], 0) + 1
+    return {"node": doc["node"], "addr": doc["addr"], "incarnation": doc["incarnation"],
+            "health": doc["health"], "encrypted": doc["encrypted"], "members_by_state": counts,
+            "members": members}
+
+
+def cluster_table(st: dict) -> str:
+    from ..cli.render import bar, table
+
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(st["members_by_state"].items()))
+    lines = [f"cluster seen from {st['node']} ({st['addr']}, incarnation {st['incarnation']}, "
+             f"health {st['health']}, {'encrypted' if st['encrypted'] else 'NOT encrypted'}): {counts}", ""]
+    rows = []
+    for m in st["members"]:
+        name = m["name"] + (" (this node)" if m["self"] else "")
+        if not m["gpus"]:
+            rows.append([name, m["state"], str(m["incarnation"]), m["addr"], "-", "-", "-", "-"])
+            continue
+        first = True
+        for g in m["gpus"]:
+            mem = f"{bar(g['memory_used_mib'], g['memory_total_mib'], 10)} {g['memory_used_mib']}/{g['memory_total_mib']} MiB"
+            cores = f"{g['cores_used']}/{g['cores_total']}%"
+            flags = "" if g["healthy"] else " UNHEALTHY"
+            flags += " filtered" if g["filtered"] else ""
+            flags += " exclusive" if g["exclusive"] else ""
+            mig = f" mig:{len(g['mig_instances'])}" if g["mode"] == "mig" else ""
+            rows.append([name if first else "", m["state"] if first else "", str(m["incarnation"]) if first else "",
+                         m["addr"] if first else "", f"{g['index']} {g['name']}{flags}", mem, cores,
+                         f"{g['shares_used']}/{g['shares_total']}{mig}"])
+            first = False
+    lines.append(table(rows, ["MEMBER", "STATE", "INC", "ADDRESS", "GPU", "MEMORY", "CORES", "SHARES"]))
+    return "\n".join(lines)
+
+
+def live_views(doc: dict) -> list[NodeView]:
+    """Node views of every alive or suspect member that has a capacity document."""
+    return [view_from_doc(m["capacity"]) for m in doc["members"]
+            if m["state"] in ("alive", "suspect") and m.get("capacity")]
+
+
+class LiveNode:
+    """A member's live view for ``hamid plan``: what the plan places goes on
+    top of what the member's ledger has already booked."""
+
+    def __init__(self, view: NodeView, settings) -> None:
+        self.name = view.name
+        self.settings = settings
+        self.base = view
+        self.decisions: list = []
+
+    def view(self) -> NodeView:
+        from ..placement.usage import with_usage
+
+        if not self.decisions:
+            return self.base
+        fresh = [g.with_use(0, 0, 0, False, ()) for g in self.base.gpus]
+        added = {g.uuid: g for g in with_usage(self.name, fresh, self.decisions).gpus}
+        gpus = tuple(g.with_use(g.mem_used + a.mem_used, g.cores_used + a.cores_used, g.slots_used + a.slots_used,
+                                g.exclusive or a.exclusive, g.mig_used + a.mig_used)
+                     for g in self.base.gpus for a in (added[g.uuid],))
+        return NodeView(self.name, gpus, self.base.gpu_policy)

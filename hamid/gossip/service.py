@@ -1,0 +1,154 @@
+"""The gossip service as the daemon runs it: listener, membership, capacity loop.
+
+``GossipService.run`` is a nursery task: it binds the listener, starts the
+membership loops, and every ``capacity_interval`` reads this node's view
+(through ``read_view``, which the daemon makes a ledger read in a worker
+thread) and publishes a new capacity document when its content changed. On
+cancellation it tells a few peers it is leaving. ``cluster_document`` is what
+the local API serves at ``/v1/cluster``. It owns no files.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+
+import trio
+
+from ..errors import HamidError
+from ..logs import get_logger
+from ..placement.view import NodeView
+from .capacity import doc_from_view, new_version, same_content
+from .codec import Codec
+from .keyring import Keyring
+from .membership import Membership
+from .params import GossipParams
+from .stats import GossipCollector, Stats
+from .transport import Faults, Transport, split_addr
+
+log = get_logger("gossip")
+
+FAULTS_ENV = "HAMID_GOSSIP_FAULTS"
+
+
+class GossipService:
+    def __init__(self, name: str, listen: str, *, params: GossipParams, seeds: tuple[str, ...] = (),
+                 advertise: str | None = None, keyring: Keyring | None = None,
+                 read_view: Callable[[], NodeView] | None = None, faults: Faults | None = None,
+                 view_in_thread: bool = True) -> None:
+        try:
+            self.host, self.port = split_addr(listen)
+            for s in seeds:
+                split_addr(s)
+            if advertise:
+                split_addr(advertise)
+        except ValueError as e:
+            raise HamidError(f"gossip: {e}") from None
+        if advertise is None and self.host in ("0.0.0.0", "::", ""):
+            raise HamidError(f"gossip: listening on {listen} needs gossipAdvertise (the address peers dial)")
+        self.name = name
+        self.params = params
+        self.advertise = advertise
+        self.keyring = keyring
+        self.read_view = read_view
+        self.view_in_thread = view_in_thread
+        self.stats = Stats()
+        self.codec = Codec(keyring, params.max_frame_bytes)
+        if faults is None:
+            try:
+                faults = Faults.parse(os.environ.get(FAULTS_ENV))
+            except ValueError as e:
+                raise HamidError(str(e)) from None
+        self.transport = Transport(name, advertise or listen, self.codec, self.stats,
+                                   connect_timeout=params.connect_timeout, on_message=self._on_message,
+                                   faults=faults)
+        self.membership = Membership(name, self.transport.addr, params, self.stats, self.transport.send,
+                                     seeds=tuple(seeds), forget=self.transport.forget)
+        self._doc: dict | None = None
+        self._refresh = trio.Event()
+
+    @property
+    def addr(self) -> str:
+        return self.transport.addr
+
+    def _on_message(self, msg: dict) -> None:
+        self.membership.on_message(msg)
+
+    def collector(self) -> GossipCollector:
+        return GossipCollector(self.stats, self.membership.by_state, lambda: self.membership.health)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(self.transport.serve, self.host, self.port)
+                if self.advertise is None and self.port == 0:  # an ephemeral port (tests, bench)
+                    self.transport.addr = f"{self.host}:{port}"
+                    self.membership.addr = self.membership.me.addr = self.transport.addr
+                if self.read_view is not None:
+                    await self.publish()
+                await nursery.start(self.membership.run)
+                if self.read_view is not None:
+                    nursery.start_soon(self._capacity_loop)
+                log.info("gossip listening", addr=self.addr, seeds=list(self.membership.seeds),
+                         encrypted=self.keyring is not None)
+                task_status.started(self.addr)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                await self._leave()
+
+    async def _leave(self) -> None:
+        peers = [m for m in self.membership.members.values() if m.name != self.name and m.state == 0]
+        if not peers:
+            return
+        self.membership.inc += 1
+        msg = {"t": "gossip", "g": [{"t": "dead", "n": self.name, "i": self.membership.inc, "by": self.name}]}
+        async with trio.open_nursery() as n:
+            for m in random.sample(peers, min(3, len(peers))):
+                n.start_soon(self.transport.send_now, m.addr, dict(msg))
+
+    async def publish(self) -> None:
+        """Read this node's view now and spread a new document if it changed."""
+        if self.view_in_thread:
+            view = await trio.to_thread.run_sync(self.read_view)
+        else:
+            view = self.read_view()
+        doc = doc_from_view(view, 0)
+        if self._doc is not None and same_content(doc, self._doc):
+            return
+        doc["version"] = max(new_version(), self._doc["version"] + 1 if self._doc else 0)
+        self._doc = doc
+        self.membership.set_local_doc(doc)
+
+    def poke(self) -> None:
+        """Ask for a capacity read before the next interval (a commit happened)."""
+        self._refresh.set()
+
+    async def _capacity_loop(self) -> None:
+        while True:
+            with trio.move_on_after(self.params.capacity_interval):
+                await self._refresh.wait()
+            self._refresh = trio.Event()
+            try:
+                await self.publish()
+            except Exception as e:  # a ledger read failing must not end gossip
+                log.warning("gossip capacity read failed", error=str(e))
+
+    def cluster_document(self) -> dict:
+        """Every member known (alive, suspect, dead, left) with its capacity document
+        (None for dead and left members: their capacity has left the view)."""
+        now = trio.current_time()
+        m = self.membership
+        members = []
+        for mem in sorted(m.members.values(), key=lambda x: x.name):
+            live = mem.state in (0, 1)
+            doc = m.docs.get(mem.name) if live else None
+            members.append({"name": mem.name, "addr": mem.addr, "state": mem.state_name,
+                            "incarnation": mem.inc, "self": mem.name == self.name,
+                            "since_s": round(now - mem.since, 1), "capacity": doc})
+        s = self.stats
+        return {"node": self.name, "addr": self.addr, "incarnation": m.inc, "health": m.health,
+                "encrypted": self.keyring is not None, "members": members,
+                "stats": {"probes": dict(s.probes), "suspicions": s.suspicions, "refutations": s.refutations,
+                          "bytes_sent": s.bytes_sent, "bytes_received": s.bytes_received,
+                          "dropped": dict(s.dropped)}}

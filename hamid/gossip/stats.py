@@ -1,0 +1,65 @@
+"""Gossip counters and their Prometheus collector.
+
+Counters are plain integers on a :class:`Stats` object (cheap to bump on the
+hot path, one object per gossip instance so many instances can share a
+process in the benchmark); :class:`GossipCollector` turns them into
+``hamid_gossip_*`` metrics at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.probes: Counter[str] = Counter()  # ok, indirect, failed
+        self.suspicions = 0
+        self.refutations = 0
+        self.deaths = 0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.frames_sent = 0
+        self.frames_received = 0
+        self.dropped: Counter[str] = Counter()  # size, key, decode, version, schema, queue, fault
+        self.push_pulls = 0
+
+
+class GossipCollector:
+    """Reads ``stats`` and ``members_by_state()`` on each scrape."""
+
+    def __init__(self, stats: Stats, members_by_state: Callable[[], dict[str, int]],
+                 health: Callable[[], int]) -> None:
+        self._stats = stats
+        self._members = members_by_state
+        self._health = health
+
+    def collect(self):
+        s = self._stats
+        m = GaugeMetricFamily("hamid_gossip_members", "Gossip members by state (this node included)",
+                              labels=["state"])
+        for state, n in sorted(self._members().items()):
+            m.add_metric([state], n)
+        yield m
+        p = CounterMetricFamily("hamid_gossip_probes", "Probes by outcome", labels=["result"])
+        for r in ("ok", "indirect", "failed"):
+            p.add_metric([r], s.probes[r])
+        yield p
+        yield CounterMetricFamily("hamid_gossip_suspicions", "Members this node began to suspect",
+                                  value=s.suspicions)
+        yield CounterMetricFamily("hamid_gossip_refutations", "Suspicions of this node it refuted",
+                                  value=s.refutations)
+        yield CounterMetricFamily("hamid_gossip_deaths", "Members declared dead by this node", value=s.deaths)
+        yield CounterMetricFamily("hamid_gossip_sent_bytes", "Frame bytes sent", value=s.bytes_sent)
+        yield CounterMetricFamily("hamid_gossip_received_bytes", "Frame bytes received", value=s.bytes_received)
+        yield CounterMetricFamily("hamid_gossip_push_pulls", "Full-state exchanges", value=s.push_pulls)
+        d = CounterMetricFamily("hamid_gossip_dropped_frames", "Frames dropped, by reason", labels=["reason"])
+        for r in ("size", "key", "decode", "version", "schema", "queue", "fault"):
+            d.add_metric([r], s.dropped[r])
+        yield d
+        yield GaugeMetricFamily("hamid_gossip_health_score",
+                                "Lifeguard local health (0 = healthy; probe interval is x (score + 1))",
+                                value=self._health())
