@@ -18,6 +18,13 @@ import sys
 NEEDED = {
     "gcc": "gcc",
     "make": "make",
+    "dockerd": "docker.io",  # the runtime tests drive a real Docker engine...
+    "containerd": "containerd",
+    "runc": "runc",  # ...and runc
+    "busybox": "busybox-static",  # the test image's rootfs (docker import)
+    "tar": "tar",
+    "ip": "iproute2",  # gossip partition tests: network namespaces and veth pairs
+    "iptables": "iptables",  # packet loss inside a namespace
 }
 
 

@@ -1,0 +1,173 @@
+"""hamid-runtime under a real Docker engine and runc, on simulated GPUs.
+
+The node: GPU 0 is an H100 in MIG mode, GPU 1 a T4 shared through the shim
+(see tests/dockerharness.py for how dockerd and the daemon are started).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import dockerharness as dh  # noqa: E402
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def env():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run dockerd (CI runs as root)")
+    missing = dh.missing_tools()
+    if missing:
+        pytest.skip(f"missing {', '.join(missing)} (make test installs docker.io, runc, busybox-static)")
+    e = dh.new_env()
+    yield e
+    e.stop()
+
+
+def gpu_uuid(env, index):
+    from hamid.devices.simulated import gpu_uuid as uuid_of
+
+    return uuid_of("docker-node", index)
+
+
+def test_container_sees_its_limits_its_shim_and_only_its_gpu(env):
+    r = env.docker("run", "--rm", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1",
+                   "-e", "HAMI_VGPU_SPEC=mem=4g,cores=30", dh.IMAGE, "sh", "-c",
+                   "env; echo DEVS $(ls /dev); echo PRELOAD $(cat /etc/ld.so.preload); "
+                   "test -s /usr/local/vgpu/libvgpu.so && echo SHIM ok; test -d /run/hamid && echo REGION ok")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0=4096m" in out
+    assert "CUDA_DEVICE_SM_LIMIT=30" in out
+    assert f"NVIDIA_VISIBLE_DEVICES={gpu_uuid(env, 1)}" in out
+    assert "CUDA_DEVICE_MEMORY_SHARED_CACHE=/run/hamid/vgpu.cache" in out
+    devs = next(line for line in out.splitlines() if line.startswith("DEVS")).split()
+    assert "nvidia1" in devs and "nvidiactl" in devs and "nvidia0" not in devs
+    assert "PRELOAD /usr/local/vgpu/libvgpu.so" in out and "SHIM ok" in out and "REGION ok" in out
+    env.wait_for(lambda: env.reservations() == [], what="release after --rm")
+
+
+def test_a_container_asking_for_nothing_passes_through(env):
+    r = env.docker("run", "--rm", "--runtime=hami", dh.IMAGE, "sh", "-c", "env; ls /dev")
+    assert r.returncode == 0, r.stderr
+    assert "CUDA_DEVICE" not in r.stdout and "nvidia" not in r.stdout
+
+
+def test_second_container_that_does_not_fit_is_refused(env):
+    a = env.docker("run", "-d", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1", "-e", "HAMI_VGPU_SPEC=mem=12g",
+                   dh.IMAGE, "sleep", "60")
+    assert a.returncode == 0, a.stderr
+    cid = a.stdout.strip()
+    try:
+        assert [r["owner"] for r in env.reservations()] == [f"docker:{cid}"]
+        b = env.docker("run", "--rm", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1", "-e",
+                       "HAMI_VGPU_SPEC=mem=4g", dh.IMAGE, "true")
+        assert b.returncode != 0
+        assert "GPU 1 has 3072 MiB free, 4096 requested" in b.stderr
+        assert len(env.reservations()) == 1  # the refused one left nothing behind
+    finally:
+        env.docker("rm", "-f", cid)
+    env.wait_for(lambda: env.reservations() == [], what="release after docker rm -f")
+    assert not (env.state / "containers" / cid).exists()
+
+
+def test_a_container_that_exits_on_its_own_is_released(env):
+    a = env.docker("run", "-d", "--runtime=hami", "-e", "HAMI_VGPU_SPEC=mem=1g,cores=10", dh.IMAGE, "sleep", "1")
+    assert a.returncode == 0, a.stderr
+    cid = a.stdout.strip()
+    env.wait_for(lambda: env.docker("inspect", "-f", "{{.State.Running}}", cid).stdout.strip() == "false",
+                 what="container exit")
+    env.wait_for(lambda: env.reservations() == [], what="release after exit")
+    env.docker("rm", "-f", cid)
+
+
+@pytest.mark.parametrize("spec,devices,needles", [
+    ("mem=4x", None, ["'mem=4x'", "512m, 4g"]),
+    ("memory=1g", None, ["unknown key 'memory'", "cores="]),
+    ("mem=1g", "9", ["GPU", "not among the requested devices 9"]),
+    ("1g.10gb", "1", ["GPU 1 is not in MIG mode"]),
+    ("5g.50gb", "0", ["has no MIG profile 5g.50gb", "1g.10gb"]),
+])
+def test_bad_requests_fail_docker_run_with_the_reason(env, spec, devices, needles):
+    args = ["run", "--rm", "--runtime=hami", "-e", f"HAMI_VGPU_SPEC={spec}"]
+    if devices is not None:
+        args += ["-e", f"HAMI_VISIBLE_DEVICES={devices}"]
+    r = env.docker(*args, dh.IMAGE, "true")
+    assert r.returncode != 0
+    for n in needles:
+        assert n in r.stderr, r.stderr
+    assert env.reservations() == []
+
+
+def test_mig_instance_is_created_for_the_container_and_destroyed_after(env):
+    a = env.docker("run", "-d", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=0", "-e", "HAMI_VGPU_SPEC=1g.10gb",
+                   dh.IMAGE, "sh", "-c", "env; ls /dev /dev/nvidia-caps; sleep 60")
+    assert a.returncode == 0, a.stderr
+    cid = a.stdout.strip()
+    try:
+        inst = env.wait_for(lambda: env.mig_instances().get(gpu_uuid(env, 0)), what="MIG instance")
+        assert [i["profile"] for i in inst] == ["1g.10gb"] and inst[0]["start"] == 6
+        logs = env.wait_for(lambda: env.docker("logs", cid).stdout if "nvidia-cap" in env.docker("logs", cid).stdout
+                            else None, what="container output")
+        assert f"NVIDIA_VISIBLE_DEVICES={inst[0]['uuid']}" in logs
+        gi = inst[0]["gi"]
+        assert f"nvidia-cap{100 + gi * 10}" in logs and f"nvidia-cap{100 + gi * 10 + 1}" in logs
+        assert "CUDA_DEVICE_MEMORY_LIMIT" not in logs  # MIG isolates in hardware; no shim limits
+        res = env.reservations()
+        assert res[0]["mig"][gpu_uuid(env, 0)]["uuid"] == inst[0]["uuid"]
+    finally:
+        env.docker("rm", "-f", cid)
+    env.wait_for(lambda: env.reservations() == [] and not env.mig_instances(), what="MIG teardown")
+
+
+@pytest.mark.parametrize("image,link", [(dh.IMAGE_PRELOAD_LINK, "/etc/ld.so.preload"), (dh.IMAGE_USR_LINK, "/usr")])
+def test_links_out_of_the_rootfs_are_not_written_through(env, image, link):
+    watched = [Path("/etc/ld.so.preload"), Path("/usr/local/vgpu")]
+    before = [p.exists() and (p.read_bytes() if p.is_file() else "dir") for p in watched]
+    r = env.docker("run", "--rm", "--runtime=hami", "-e", "HAMI_VGPU_SPEC=mem=1g", image, "true")
+    assert r.returncode != 0
+    assert f"the container's {link} is a symbolic link" in r.stderr, r.stderr
+    after = [p.exists() and (p.read_bytes() if p.is_file() else "dir") for p in watched]
+    assert after == before
+    assert env.reservations() == []  # rolled back
+
+
+def test_daemon_killed_and_restarted_midway_ends_with_the_truth(env):
+    from hamid.devices.simulated import SimulatedBackend, parse_simulate_spec
+    from hamid.devices.types import MigPlacement
+    from hamid.ledger import Ledger
+    from hamid.request import parse_docker_env
+
+    m = env.docker("run", "-d", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=0", "-e", "HAMI_VGPU_SPEC=2g.20gb",
+                   dh.IMAGE, "sleep", "60")
+    assert m.returncode == 0, m.stderr
+    env.kill_hamid()
+    try:
+        # With no daemon, the poststop marker waits; the next create drains it itself.
+        assert env.docker("rm", "-f", m.stdout.strip()).returncode == 0
+        v = env.docker("run", "-d", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1", "-e", "HAMI_VGPU_SPEC=mem=2g",
+                       dh.IMAGE, "sleep", "60")
+        assert v.returncode == 0, v.stderr  # reserved through the ledger directly
+        assert [r["owner"] for r in env.reservations()] == [f"docker:{v.stdout.strip()}"]
+        assert not env.mig_instances(), "the drained release destroyed the MIG instance"
+        # A crash between creating a MIG instance and recording it, for a container that never started.
+        led = Ledger(env.state / "ledger.db")
+        ghost = parse_docker_env({"HAMI_VISIBLE_DEVICES": "0", "HAMI_VGPU_SPEC": "3g.40gb"}, "f" * 64)
+        res = led.reserve(ghost, kind="docker", details={"id": "f" * 64, "runc_root": str(env.runc_root)})
+        led.close()
+        pl = res.decision.containers[0].devices[0].mig_placement
+        SimulatedBackend(parse_simulate_spec(env.simulate), "docker-node", mig_enabled=True,
+                         state_file=env.state / "simulated-mig.json").create_mig_instance(
+            gpu_uuid(env, 0), "3g.40gb", MigPlacement(pl.start, pl.size))
+        assert env.docker("rm", "-f", v.stdout.strip()).returncode == 0
+        time.sleep(2.5)  # past dockerStartGrace
+    finally:
+        env.start_hamid()
+    env.wait_for(lambda: env.reservations() == [] and not env.mig_instances(), what="reconcile after restart")

@@ -1,0 +1,104 @@
+"""hamid-runtime without Docker: its command line, its launcher, runc directly."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hamid.runtime.argv import parse
+from hamid.runtime.released import drain, mark, pending
+
+BIN = Path(sys.executable).parent
+LAUNCHER = BIN / "hamid-runtime"
+
+
+def test_argv_our_options_first_then_runc():
+    inv = parse(["--state-dir", "/s", "--runc=/x/runc", "--root", "/r", "--log", "/l.json", "--log-format", "json",
+                 "--systemd-cgroup", "create", "--bundle", "/b", "--pid-file", "/p", "cid1"])
+    assert (inv.state_dir, inv.runc, inv.root, inv.log_file, inv.log_format) == ("/s", "/x/runc", "/r", "/l.json", "json")
+    assert inv.verb == "create" and inv.bundle_and_id() == ("/b", "cid1")
+    assert inv.runc_args[0] == "--root"
+    inv = parse(["--", "--root", "/r", "delete", "--force", "cid2"])
+    assert inv.state_dir == "/var/lib/hamid" and inv.verb == "delete"
+
+
+@pytest.fixture
+def fake_runc(tmp_path):
+    p = tmp_path / "runc"
+    p.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path}/runc.args\n")
+    p.chmod(0o755)
+    return p
+
+
+def test_launcher_passes_other_verbs_to_runc_without_our_options(tmp_path, fake_runc):
+    r = subprocess.run([str(LAUNCHER), "--state-dir", str(tmp_path), "--runc", str(fake_runc),
+                        "--root", "/r", "--log", "/l", "start", "cid"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "runc.args").read_text().split() == ["--root", "/r", "--log", "/l", "start", "cid"]
+
+
+def test_launcher_poststop_drops_a_marker_and_refuses_bad_ids(tmp_path):
+    ok = subprocess.run([str(LAUNCHER), "--state-dir", str(tmp_path), "hook", "poststop", "abc123"],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert pending(str(tmp_path)) == ["abc123"]
+    assert oct((tmp_path / "released").stat().st_mode & 0o777) == "0o700"
+    bad = subprocess.run([str(LAUNCHER), "--state-dir", str(tmp_path), "hook", "poststop", "../../etc"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "bad container id" in bad.stderr
+    assert not Path(tmp_path / "etc").exists()
+
+
+def test_drain_releases_and_is_idempotent(tmp_path):
+    mark(str(tmp_path), "c1")
+    (tmp_path / "containers" / "c1").mkdir(parents=True)
+    released, destroyed = [], []
+    done = drain(str(tmp_path), lambda owner: released.append(owner) or {"owner": owner}, destroyed.append)
+    assert done == ["c1"] and released == ["docker:c1"] and destroyed == [{"owner": "docker:c1"}]
+    assert not (tmp_path / "containers" / "c1").exists() and pending(str(tmp_path)) == []
+    assert drain(str(tmp_path), lambda o: None, destroyed.append) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runc") or not shutil.which("busybox"),
+                    reason="needs root, runc and busybox (make test installs them)")
+def test_runc_bundle_with_etc_linked_to_the_host_is_refused(tmp_path, free_port):
+    from test_daemon import start, stop
+
+    state = tmp_path / "state"
+    daemon = start(state, free_port, "--simulate", "T4")
+    try:
+        bundle = tmp_path / "bundle"
+        rootfs = bundle / "rootfs"
+        (rootfs / "bin").mkdir(parents=True)
+        shutil.copy2(shutil.which("busybox"), rootfs / "bin" / "busybox")
+        os.symlink("/etc", rootfs / "etc")
+        subprocess.run(["runc", "spec"], cwd=bundle, check=True)
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["process"]["env"].append("HAMI_VGPU_SPEC=mem=1g")
+        spec["process"]["args"] = ["/bin/busybox", "true"]
+        spec["process"]["terminal"] = False
+        (bundle / "config.json").write_text(json.dumps(spec))
+        before = Path("/etc/ld.so.preload").read_bytes() if Path("/etc/ld.so.preload").exists() else None
+        log = tmp_path / "runc-log.json"
+        r = subprocess.run([str(LAUNCHER), "--state-dir", str(state), "--root", str(tmp_path / "runc-root"),
+                            "--log", str(log), "--log-format", "json", "create", "--bundle", str(bundle), "cid-etc"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1
+        assert "the container's /etc is a symbolic link (to '/etc')" in r.stderr
+        entry = json.loads(log.read_text().splitlines()[-1])  # what docker shows the user
+        assert entry["level"] == "error" and "symbolic link" in entry["msg"]
+        after = Path("/etc/ld.so.preload").read_bytes() if Path("/etc/ld.so.preload").exists() else None
+        assert after == before
+        assert json.loads((bundle / "config.json").read_text()) == spec  # untouched
+        from hamid.localapi.client import LocalClient
+
+        with LocalClient(state) as c:
+            assert c.reservations() == []
+    finally:
+        stop(daemon)
