@@ -69,11 +69,23 @@ spec["process"]["args"] = [py, "/bundle/alloc.py"]
 keep = [e for e in spec["process"]["env"] if not e.startswith("PATH=")]
 spec["process"]["env"] = keep + ["PATH=" + os.environ["PATH"], "HAMI_VISIBLE_DEVICES=0", "HAMI_VGPU_SPEC=mem=4g",
     "LD_LIBRARY_PATH=" + os.environ.get("LD_LIBRARY_PATH", ""), "HOME=/root"]
-for d in ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/opt"):
-    if os.path.isdir(d) and not os.path.islink(d):
-        spec["mounts"].append({"destination": d, "type": "bind", "source": d, "options": ["rbind", "ro"]})
-    elif os.path.islink(d):
+def bind(d):
+    if os.path.islink(d):
+        os.makedirs(os.path.dirname(f"{b}/rootfs{d}"), exist_ok=True)
         os.symlink(os.readlink(d), f"{b}/rootfs{d}")
+    elif os.path.isdir(d):
+        spec["mounts"].append({"destination": d, "type": "bind", "source": d, "options": ["rbind", "ro"]})
+# The host's programs and PyTorch, read-only; /usr/local entry by entry so that
+# /usr/local/vgpu (where the runtime mounts the shim) is the rootfs's own.
+for d in ("/lib", "/lib64", "/bin", "/sbin", "/opt"):
+    bind(d)
+for e in sorted(os.listdir("/usr")):
+    if e != "local":
+        bind(f"/usr/{e}")
+for e in sorted(os.listdir("/usr/local")):
+    if e != "vgpu":
+        bind(f"/usr/local/{e}")
+os.makedirs(f"{b}/rootfs/usr/local/vgpu", exist_ok=True)
 spec["mounts"].append({"destination": "/bundle", "type": "bind", "source": b, "options": ["rbind", "ro"]})
 spec["linux"]["namespaces"] = [n for n in spec["linux"]["namespaces"] if n["type"] != "network"]
 json.dump(spec, open(f"{b}/config.json", "w"))

@@ -157,7 +157,9 @@ class NvmlBackend:
                 placements = tuple(MigPlacement(a.start, a.size) for a in arr[: count.value])
             except pynvml.NVMLError:
                 pass
-            name = _text(getattr(info, "name", b"")) or f"{info.sliceCount}g.{info.memorySizeMB // 1024}gb"
+            # NVML names profiles "MIG 1g.10gb"; users and nvidia-smi say "1g.10gb".
+            name = _text(getattr(info, "name", b"")).removeprefix("MIG ").strip()
+            name = name or f"{info.sliceCount}g.{info.memorySizeMB // 1024}gb"
             out.append(MigProfile(
                 name=name, profile_id=int(info.id), memory_mib=int(info.memorySizeMB),
                 slices=int(info.sliceCount), max_instances=int(info.instanceCount),
