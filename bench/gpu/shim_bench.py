@@ -87,6 +87,34 @@ def host_apps() -> dict[int, int]:
     return res
 
 
+class GpuSampler:
+    """nvidia-smi sampling GPU utilization (the share of time a kernel ran), SM clock and power."""
+
+    def __enter__(self):
+        self.p = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,utilization.gpu,clocks.sm,power.draw",
+                                   "--format=csv,noheader,nounits", "-lms", "100"], env=env(False),
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *a):
+        self.p.terminate()
+        out, _ = self.p.communicate(timeout=30)
+        self.rows = []
+        for ln in out.splitlines():
+            parts = [x.strip() for x in ln.split(",")]
+            try:
+                ts = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                self.rows.append((ts, float(parts[1]), float(parts[2]), float(parts[3])))
+            except (ValueError, IndexError):
+                continue
+
+    def window(self, t0, t1):
+        sel = [r for r in self.rows if t0 + 0.3 <= r[0] <= t1]
+        if not sel:
+            return None
+        return {k: statistics.mean(r[i] for r in sel) for i, k in ((1, "util"), (2, "sm_mhz"), (3, "watts"))}
+
+
 def step(name):
     def deco(fn):
         def wrapped():
@@ -261,17 +289,28 @@ def alloc_rate():
 @step("compute shares")
 def shares():
     secs = 2.5
-    bare = last_json(run([*TORCH, "shares", str(secs)], env(False), timeout=240))
+    with GpuSampler() as smp:
+        bare = last_json(run([*TORCH, "shares", str(secs)], env(False), timeout=240))
     R["shares_bare"] = bare
-    R["shares"] = {}
+    R["gpu_bare"] = {w: smp.window(*bare["_windows"][w]) for w in bare["_windows"]}
+    R["shares"], R["gpu_limited"] = {}, {}
     for lim in (10, 30, 50, 90):
-        got = last_json(run([*TORCH, "shares", str(secs)], env(CUDA_DEVICE_SM_LIMIT=lim), timeout=240))
-        R["shares"][lim] = {w: got[w] / bare[w] for w in bare}
+        with GpuSampler() as smp:
+            got = last_json(run([*TORCH, "shares", str(secs)], env(CUDA_DEVICE_SM_LIMIT=lim), timeout=240))
+        R["shares"][lim] = {w: got[w] / bare[w] for w in bare if not w.startswith("_")}
+        R["gpu_limited"][lim] = {w: smp.window(*got["_windows"][w]) for w in got["_windows"]}
     for w, label in (("matmul", "large matmul (8192^3 bf16)"), ("elementwise", "elementwise, 32M fp32"),
                      ("graph_small", "CUDA graph of 100 small (1M) elementwise kernels")):
         vals = " / ".join(f"{R['shares'][lim][w] * 100:.1f}" for lim in (10, 30, 50, 90))
         hami = "99.9 / 100 / 100 / 100" if w == "matmul" else ("12.3 at 10" if w != "graph_small" else "graphs not limited")
-        row(f"share of bare at limits 10/30/50/90 %, {label}", vals, "10 / 30 / 50 / 90 (+-5)", hami)
+        row(f"share of bare throughput at limits 10/30/50/90 %, {label}", vals, "10 / 30 / 50 / 90 (+-5)", hami)
+        util = []
+        for lim in (10, 30, 50, 90):
+            g, b = R["gpu_limited"][lim].get(w), R["gpu_bare"].get(w)
+            util.append(f"{g['util'] / b['util'] * 100:.1f} @{g['sm_mhz']:.0f}MHz" if g and b and b["util"] else "n/a")
+        bw = R["gpu_bare"].get(w) or {}
+        row(f"  same runs, GPU-time share (NVML utilization / bare's; bare at {bw.get('sm_mhz', 0):.0f} MHz)",
+            " / ".join(util), "10 / 30 / 50 / 90 (+-5)", "-")
 
 
 @step("two containers at 30 and 70")
@@ -279,18 +318,24 @@ def pairs():
     bare = R.get("shares_bare") or last_json(run([*TORCH, "shares", "2.5"], env(False), timeout=240))
     R["pairs"] = {}
     for w in ("matmul", "graph_small"):
-        start = time.time_ns() + int(12e9)
-        ps = [subprocess.Popen([*TORCH, "one", w, "4", str(start)], env=env(CUDA_DEVICE_SM_LIMIT=lim),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for lim in (30, 70)]
-        got = []
-        for p in ps:
-            out, err = p.communicate(timeout=180)
-            if p.returncode:
-                raise RuntimeError(err[-2000:])
-            got.append(last_json(out)[w] / bare[w])
-        R["pairs"][w] = got
-        row(f"two containers 30 % + 70 % together, {w}", f"{got[0] * 100:.1f} / {got[1] * 100:.1f}",
-            "30 / 70 (+-5)", "21.4/25.2 it/s vs 23.1/23.1 uncapped (HC#314)")
+        for lims in ((30, 70), (None, None)):
+            start = time.time_ns() + int(12e9)
+            ps = [subprocess.Popen([*TORCH, "one", w, "4", str(start)],
+                                   env=env(**({"CUDA_DEVICE_SM_LIMIT": lim} if lim else {})),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for lim in lims]
+            got = []
+            for p in ps:
+                out, err = p.communicate(timeout=180)
+                if p.returncode:
+                    raise RuntimeError(err[-2000:])
+                got.append(last_json(out)[w] / bare[w])
+            R["pairs"][f"{w}_{lims[0]}_{lims[1]}"] = got
+            if lims[0]:
+                row(f"two containers 30 % + 70 % together, {w}", f"{got[0] * 100:.1f} / {got[1] * 100:.1f} "
+                    f"(sum {sum(got) * 100:.1f})", "30 / 70 (+-5)", "21.4/25.2 it/s vs 23.1/23.1 uncapped (HC#314)")
+            else:
+                row(f"  baseline: the same two, no limits, {w}", f"{got[0] * 100:.1f} / {got[1] * 100:.1f} "
+                    f"(sum {sum(got) * 100:.1f}: time-slicing overhead)", "-", "-")
 
 
 def main():

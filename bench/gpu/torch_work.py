@@ -88,12 +88,18 @@ def rate(step, seconds):
     return n / (time.perf_counter() - t0)
 
 
+WINDOWS = {}
+
+
 def run_one(workload, seconds, start_ns=0):
     step, _ = make(workload)
     rate(step, 0.6)  # warm-up (and lets the limiter learn kernel costs)
     while start_ns and time.time_ns() < start_ns:
         time.sleep(0.001)
-    return rate(step, seconds)
+    t0 = time.time()
+    r = rate(step, seconds)
+    WINDOWS[workload] = [t0, time.time()]
+    return r
 
 
 def main():
@@ -117,9 +123,11 @@ def main():
         print(json.dumps({"tflops": r * flop / 1e12}))
     elif mode == "shares":
         secs = float(sys.argv[2])
-        print(json.dumps({w: run_one(w, secs) for w in ("matmul", "elementwise", "graph_small")}))
+        res = {w: run_one(w, secs) for w in ("matmul", "elementwise", "graph_small")}
+        print(json.dumps({**res, "_windows": WINDOWS}))
     elif mode == "one":
-        print(json.dumps({sys.argv[2]: run_one(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))}))
+        r = run_one(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))
+        print(json.dumps({sys.argv[2]: r, "_windows": WINDOWS}))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@
  * Costs are measured, not guessed from grid size (the HAMi-core failure on
  * big GPUs, hami-core.md §4): the first launch of each (function, grid,
  * block) shape, and then one launch in 64, is bracketed by two events; the
- * elapsed time feeds a windowed minimum (contention by other containers only
- * ever inflates a sample). Launches made before a shape's first measurement
- * are charged when it arrives. Work per launch: a hash probe, a clock read,
+ * elapsed times feed a windowed, outlier-trimmed mean (see record_sample).
+ * Launches made before a shape's first measurement are charged when it
+ * arrives. Work per launch: a hash probe, a clock read,
  * one CAS on the shared schedule; with no limit set, one predictable branch.
  */
 #include "shim.h"
@@ -33,7 +33,7 @@
 struct est {
     uint64_t key;
     uint64_t est_ns;
-    uint64_t cur_min, prev_min;
+    uint32_t win[WINDOW]; /* this window's samples, ns (capped at 4 s) */
     uint32_t cur_n;
     uint32_t launches;
     uint32_t early;
@@ -202,24 +202,42 @@ static void put_event_locked(CUevent e, CUcontext ctx)
     }
 }
 
+/*
+ * The estimate: until a window of WINDOW samples is full, the smallest sample
+ * so far; then the mean of the window's samples within 25% of its minimum.
+ * Another context time-slicing in mid-kernel inflates a sample by a whole
+ * slice (milliseconds), far more than clock and cache variation (a few %):
+ * the first are dropped, the second averaged, so a kernel is charged its
+ * typical duration, not its luckiest.
+ */
 static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
 {
     struct est *e = &g_est[p->idx];
     if (A_LD(&e->key) != p->key) return;
     if (m < 500) m = 500;
-    uint64_t cur = A_LD(&e->cur_min), prev = A_LD(&e->prev_min);
-    cur = (cur == 0 || m < cur) ? m : cur;
-    uint32_t n = A_LD(&e->cur_n) + 1;
-    uint64_t est = prev ? (cur < prev ? cur : prev) : cur;
-    if (n >= WINDOW) {
-        A_ST(&e->prev_min, cur);
-        A_ST(&e->cur_min, 0);
-        A_ST(&e->cur_n, 0);
-        est = cur;
-    } else {
-        A_ST(&e->cur_min, cur);
-        A_ST(&e->cur_n, n);
+    if (m > 4000000000ull) m = 4000000000ull;
+    uint32_t n = A_LD(&e->cur_n);
+    if (n >= WINDOW) n = 0;
+    A_ST(&e->win[n], (uint32_t)m);
+    n++;
+    uint64_t mn = ~0ull;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t v = A_LD(&e->win[i]);
+        if (v < mn) mn = v;
     }
+    uint64_t est = A_LD(&e->est_ns);
+    if (n == WINDOW) {
+        uint64_t sum = 0, cnt = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t v = A_LD(&e->win[i]);
+            if (v * 4 <= mn * 5) { sum += v; cnt++; }
+        }
+        est = sum / cnt;
+        n = 0;
+    } else if (!est || mn < est) {
+        est = mn;
+    }
+    A_ST(&e->cur_n, n);
     A_ST(&e->est_ns, est);
     uint32_t early = __atomic_exchange_n(&e->early, 0, __ATOMIC_RELAXED);
     if (early) charge(p->rdev, p->pct, est * early, now, 0);
@@ -322,8 +340,6 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
     if (A_LD(&e->key) != key) {
         A_ST(&e->key, key);
         A_ST(&e->est_ns, 0);
-        A_ST(&e->cur_min, 0);
-        A_ST(&e->prev_min, 0);
         A_ST(&e->cur_n, 0);
         A_ST(&e->launches, 0);
         A_ST(&e->early, 0);
