@@ -1,6 +1,6 @@
 """runc's command line: our options first, then runc's global flags, the verb.
 
-``hamid-runtime [--state-dir DIR] [--runc PATH] [--config FILE] -- <runc args>``;
+``hamid-runtime [--state-dir DIR] [--runc PATH] [--] <runc args>``;
 the ``--`` is optional: our options stop at the first argument we do not
 know, so ``runtimeArgs`` in ``daemon.json`` can carry them.
 """
@@ -14,7 +14,7 @@ DEFAULT_RUNC_ROOT = "/run/runc"
 
 # runc global flags that take a value (runc --help)
 _GLOBAL_WITH_VALUE = {"--root", "--log", "--log-format", "--criu", "--rootless"}
-_OURS = {"--state-dir": "state_dir", "--runc": "runc", "--config": "config"}
+_OURS = {"--state-dir": "state_dir", "--runc": "runc"}
 
 
 class UsageError(Exception):
@@ -25,7 +25,6 @@ class UsageError(Exception):
 class Invocation:
     state_dir: str = DEFAULT_STATE_DIR
     runc: str | None = None
-    config: str | None = None
     runc_args: list[str] = field(default_factory=list)
     verb: str | None = None
     verb_index: int = -1
