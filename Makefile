@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test venv shim clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml contrib/docker/hamid-runtime
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
