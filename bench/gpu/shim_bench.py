@@ -249,7 +249,7 @@ def launch_cost():
               env(CUDA_DEVICE_SM_LIMIT=50, HAMID_SM_LIMIT_MODE="observe")),
              ("shim, limit 90 enforced (includes holding back: empty kernels are GPU-bound)",
               env(CUDA_DEVICE_SM_LIMIT=90))]
-    for _ in range(3):  # interleaved rounds, median of each case's per-round best
+    for _ in range(7):  # interleaved rounds, median of each case's per-round best
         for name, e in cases:
             out = run(cbench("launch_cost", 200, 40), e)
             res.setdefault(name, []).append(float(out.split()[-1]))

@@ -58,11 +58,17 @@ static pthread_mutex_t g_smu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t g_last_poll;
 static int g_capture_active;
 static pthread_once_t g_lim_once = PTHREAD_ONCE_INIT;
+static int g_lim_ready;
+static __thread uint32_t t_launches[HAMID_MAX_DEVICES];
 
 #define A_LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define A_ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 
-static void limiter_init_once(void) { acct_init(); }
+static void limiter_init_once(void)
+{
+    acct_init();
+    __atomic_store_n(&g_lim_ready, 1, __ATOMIC_RELEASE);
+}
 
 static inline uint64_t fmix(uint64_t k)
 {
@@ -323,7 +329,7 @@ static int sample_begin(struct lctx *L, CUstream s, int ptsz)
 /* Returns 1 when the launch is limited (post_launch must follow). */
 static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
 {
-    pthread_once(&g_lim_once, limiter_init_once);
+    if (UNLIKELY(!__atomic_load_n(&g_lim_ready, __ATOMIC_ACQUIRE))) pthread_once(&g_lim_once, limiter_init_once);
     L->sampling = 0;
     if (!g_region) return 0;
     int ord = dev_current_ordinal();
@@ -351,10 +357,14 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
         est = A_LD(&e->est_ns);
         now = mono_ns();
     }
-    uint32_t n = __atomic_add_fetch(&e->launches, 1, __ATOMIC_RELAXED);
+    uint32_t n = A_LD(&e->launches) + 1; /* racy on purpose: it only paces sampling */
+    A_ST(&e->launches, n);
     struct hamid_device *d = &g_region->devices[rdev];
-    __atomic_fetch_add(&d->launches, 1, __ATOMIC_RELAXED);
-    if ((n & 1023) == 1) A_ST(&d->last_kernel_realtime_ns, real_ns());
+    if (UNLIKELY(++t_launches[rdev] >= 64)) { /* region counters, batched per thread */
+        __atomic_fetch_add(&d->launches, t_launches[rdev], __ATOMIC_RELAXED);
+        t_launches[rdev] = 0;
+        A_ST(&d->last_kernel_realtime_ns, real_ns());
+    }
     if (est) charge(rdev, pct, est, now, 1);
     else __atomic_fetch_add(&e->early, 1, __ATOMIC_RELAXED);
     if ((est == 0 || (n % SAMPLE_EVERY) == 0) && !A_LD(&e->pending) && !A_LD(&g_capture_active)) {
