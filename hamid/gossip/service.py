@@ -67,6 +67,7 @@ class GossipService:
                                      seeds=tuple(seeds), forget=self.transport.forget)
         self._doc: dict | None = None
         self._refresh = trio.Event()
+        self.leave_on_exit = True  # False simulates a crash (tests, bench)
 
     @property
     def addr(self) -> str:
@@ -94,8 +95,9 @@ class GossipService:
                          encrypted=self.keyring is not None)
                 task_status.started(self.addr)
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                await self._leave()
+            if self.leave_on_exit:
+                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                    await self._leave()
 
     async def _leave(self) -> None:
         peers = [m for m in self.membership.members.values() if m.name != self.name and m.state == 0]
