@@ -18,6 +18,8 @@ import sys
 NEEDED = {
     "gcc": "gcc",
     "make": "make",
+    "nm": "binutils",  # the shim tests check its exported symbols (nm, readelf)
+    "readelf": "binutils",
     "dockerd": "docker.io",  # the runtime tests drive a real Docker engine...
     "containerd": "containerd",
     "runc": "runc",  # ...and runc

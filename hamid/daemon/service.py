@@ -34,6 +34,8 @@ from .inventory import capacity_views
 from .nodefacts import write_facts
 from ..runtime.liveness import docker_alive
 from ..runtime import released
+from ..runtime.layout import CONTAINERS_DIR
+from ..shimregion import register_collector
 from .reconcile import Reconciler, destroy_mig_of
 
 log = get_logger("daemon")
@@ -215,6 +217,8 @@ async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await trio.to_thread.run_sync(d.reconciler.run_once)
         registry, commits = new_registry()
         registry.register(LedgerCollector(d.ledger, lambda: d.backend_label))
+        # What the shim measures inside each Docker container (its region file).
+        register_collector(registry, d.state_dir / CONTAINERS_DIR, lambda name: ("docker", name, "main"))
         gossip = gossip_service(d)
         if gossip is not None:
             registry.register(gossip.collector())
