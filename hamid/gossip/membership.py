@@ -264,13 +264,21 @@ class Membership:
         self.broadcasts.add((name, "m"), {"t": "alive", "n": name, "a": addr, "i": inc, "cv": cv})
         self._want_doc(name, cv, doc_from)
 
-    def _on_suspect(self, name: str, inc: int, by: str) -> None:
+    def _accused(self, name: str, inc: int):
+        """The member a suspect/dead message is about, or None: stale, already
+        gone, or about us (then refuted)."""
         if name == self.name:
             if inc >= self.inc:
                 self._refute(inc)
-            return
+            return None
         m = self.members.get(name)
         if m is None or inc < m.inc or m.state in (DEAD, LEFT):
+            return None
+        return m
+
+    def _on_suspect(self, name: str, inc: int, by: str) -> None:
+        m = self._accused(name, inc)
+        if m is None:
             return
         if m.state == SUSPECT and m.suspicion is not None:
             if inc == m.inc and m.suspicion.confirm(by):
@@ -288,12 +296,8 @@ class Membership:
         self._susp_wake.set()
 
     def _on_dead(self, name: str, inc: int, by: str) -> None:
-        if name == self.name:
-            if inc >= self.inc:
-                self._refute(inc)
-            return
-        m = self.members.get(name)
-        if m is None or inc < m.inc or m.state in (DEAD, LEFT):
+        m = self._accused(name, inc)
+        if m is None:
             return
         m.inc, m.suspicion = inc, None
         self._set_state(m, LEFT if by == name else DEAD)
