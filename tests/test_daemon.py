@@ -7,7 +7,6 @@ state directory, so several daemons can run side by side.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

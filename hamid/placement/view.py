@@ -8,7 +8,7 @@ builds them from a device or a database itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
 
@@ -66,7 +66,6 @@ class NodeView:
     name: str
     gpus: tuple[GpuView, ...]
     gpu_policy: str = "spread"
-    extra: dict = field(default_factory=dict, compare=False)  # caller's annotations (ignored here)
 
     @cached_property
     def open_shim_free_mem(self) -> tuple[int, ...]:
