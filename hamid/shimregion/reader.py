@@ -76,6 +76,7 @@ class DeviceUsage:
     throttle_ns: int
     launches: int
     last_kernel_realtime_ns: int
+    schedule_ns: int  # the limiter's schedule (CLOCK_MONOTONIC): with time slots, where queued work ends
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ def read_region(path: str | os.PathLike[str]) -> RegionSnapshot:
                     throttle_ns=int(d.throttle_ns),
                     launches=int(d.launches),
                     last_kernel_realtime_ns=int(d.last_kernel_realtime_ns),
+                    schedule_ns=int(d.tat_ns),
                 )
             )
         procs = []

@@ -94,6 +94,34 @@ static int parse_percent(const char *name, const char *s, uint32_t *out)
     return 0;
 }
 
+/*
+ * "a-b[,c-d...]": parts of the period, in percent (0 <= a < b <= 100), sorted
+ * and disjoint. Returns the number of slots, or -1 (logged) when malformed.
+ */
+static int parse_slots(const char *name, const char *s, int64_t period, int64_t out[][2])
+{
+    int n = 0, prev_end = 0;
+    const char *p = s;
+    while (*p) {
+        char *e1, *e2;
+        long a = strtol(p, &e1, 10);
+        if (e1 == p || *e1 != '-') goto bad;
+        long b = strtol(e1 + 1, &e2, 10);
+        if (e2 == e1 + 1 || (*e2 && *e2 != ',')) goto bad;
+        if (a < prev_end || b <= a || b > 100 || n >= HAMID_MAX_SLOTS) goto bad;
+        out[n][0] = period * a / 100;
+        out[n][1] = period * b / 100;
+        n++;
+        prev_end = (int)b;
+        p = *e2 ? e2 + 1 : e2;
+    }
+    if (n) return n;
+bad:
+    LOG_ERR("%s=%s: expected sorted, disjoint percent ranges like 0-30,50-70 (at most %d); ignored", name, s,
+            HAMID_MAX_SLOTS);
+    return -1;
+}
+
 static void config_load_once(void)
 {
     const char *v;
@@ -143,6 +171,23 @@ static void config_load_once(void)
     }
     g_cfg.sm_ahead_ns = 4 * 1000 * 1000; /* 4 ms of schedule may queue ahead */
     if ((v = getenv("HAMID_SM_AHEAD_US")) && *v) g_cfg.sm_ahead_ns = (int64_t)atol(v) * 1000;
+
+    g_cfg.sm_period_ns = 100 * 1000 * 1000; /* 100 ms: 1% of it is 1 ms, longer than most kernels' spill */
+    if ((v = getenv("HAMID_SM_PERIOD_US")) && *v) {
+        long us = atol(v);
+        if (us >= 1000 && us <= 10000000) g_cfg.sm_period_ns = (int64_t)us * 1000;
+        else LOG_ERR("HAMID_SM_PERIOD_US=%s: expected 1000..10000000; using 100000", v);
+    }
+    const char *gslots = getenv("HAMID_SM_SLOTS");
+    for (int i = 0; i < HAMID_MAX_DEVICES; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "HAMID_SM_SLOTS_%d", i);
+        const char *sv = getenv(name);
+        const char *use = (sv && *sv) ? sv : ((gslots && *gslots) ? gslots : NULL);
+        if (!use || !g_cfg.sm_limit[i]) continue;
+        int n = parse_slots((sv && *sv) ? name : "HAMID_SM_SLOTS", use, g_cfg.sm_period_ns, g_cfg.sm_slot[i]);
+        g_cfg.sm_nslots[i] = n > 0 ? n : 0;
+    }
 
     v = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     snprintf(g_cfg.region_path, sizeof g_cfg.region_path, "%s", (v && *v) ? v : "/tmp/cudevshr.cache");

@@ -154,33 +154,6 @@ EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
     return end_capture(g_cu.cuStreamEndCapture_ptsz, s, g, 1);
 }
 
-/* ---- the schedule ---- */
-
-static void sleep_until(uint64_t t)
-{
-    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-    }
-}
-
-static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_wait)
-{
-    struct hamid_device *d = &g_region->devices[rdev];
-    int64_t w = (int64_t)(cost * 100 / pct);
-    int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED), base, nt;
-    do {
-        base = old > (int64_t)now ? old : (int64_t)now;
-        nt = base + w;
-    } while (!__atomic_compare_exchange_n(&d->tat_ns, &old, nt, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
-    __atomic_fetch_add(&d->gpu_time_ns, cost, __ATOMIC_RELAXED);
-    if (!may_wait || g_cfg.sm_observe_only) return;
-    int64_t until = base - g_cfg.sm_ahead_ns;
-    if (until > (int64_t)now) {
-        sleep_until((uint64_t)until);
-        __atomic_fetch_add(&d->throttle_ns, (uint64_t)(until - (int64_t)now), __ATOMIC_RELAXED);
-    }
-}
-
 /* ---- events ---- */
 
 static CUevent get_event_locked(CUcontext ctx)
@@ -205,6 +178,179 @@ static void put_event_locked(CUevent e, CUcontext ctx)
         g_nfree++;
     } else if (g_cu.cuEventDestroy_v2) {
         g_cu.cuEventDestroy_v2(e);
+    }
+}
+
+/* ---- the schedule ---- */
+
+static void sleep_until(uint64_t t)
+{
+    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+/*
+ * The slot (part of a period) that contains t, or else the next one: its
+ * absolute start and end. With slots, the container's kernels run only there.
+ */
+static void slot_at(int rdev, int64_t t, int64_t *ws, int64_t *we)
+{
+    int64_t P = g_cfg.sm_period_ns, ph = t % P, base = t - ph;
+    int n = g_cfg.sm_nslots[rdev];
+    for (int i = 0; i < n; i++) {
+        if (ph < g_cfg.sm_slot[rdev][i][1]) {
+            *ws = base + g_cfg.sm_slot[rdev][i][0];
+            *we = base + g_cfg.sm_slot[rdev][i][1];
+            return;
+        }
+    }
+    *ws = base + P + g_cfg.sm_slot[rdev][0][0];
+    *we = base + P + g_cfg.sm_slot[rdev][0][1];
+}
+
+/*
+ * Slot calibration: the prediction (tat_ns) runs on measured per-shape costs,
+ * but what a slot really holds also depends on clocks, caches and how fast
+ * the CPU feeds the queue. Each slot, the process brackets what it queued with
+ * two events (at its first admitted launch, and when the first launch that
+ * does not fit makes it wait); their elapsed time over the predicted span
+ * corrects every later prediction by a factor k (moved halfway in the log
+ * domain each slot, within 1/4..4). Two event records per slot; none with a
+ * single slot-less limit.
+ */
+struct slotcal {
+    CUevent a, b;
+    CUcontext ctx;
+    CUstream st;
+    int64_t pred_a, pred_b;
+    int state; /* 0 idle, 1 a recorded, 2 b recorded (waiting for the GPU) */
+    int64_t slot; /* start of the slot a belongs to */
+    double k;
+};
+static struct slotcal g_cal[HAMID_MAX_DEVICES];
+
+static void cal_poll_locked(struct slotcal *c)
+{
+    if (c->state != 2) return;
+    CUresult r = g_cu.cuEventQuery(c->b);
+    if (r == CUDA_ERROR_NOT_READY) return;
+    float ms = 0;
+    if (r == CUDA_SUCCESS && g_cu.cuEventElapsedTime(&ms, c->a, c->b) == CUDA_SUCCESS && ms > 0 &&
+        c->pred_b > c->pred_a) {
+        double ratio = (double)ms * 1e6 / (double)(c->pred_b - c->pred_a);
+        if (ratio < 0.25) ratio = 0.25;
+        if (ratio > 4) ratio = 4;
+        double k = (c->k ? c->k : 1.0) * (1.0 + ratio) / 2;
+        c->k = k < 0.25 ? 0.25 : (k > 4 ? 4 : k);
+    }
+    put_event_locked(c->a, c->ctx);
+    put_event_locked(c->b, c->ctx);
+    c->a = c->b = NULL;
+    c->state = 0;
+}
+
+/* A launch admitted at predicted start s in the slot starting at ws. */
+static void cal_admitted(int rdev, CUstream st, int64_t s, int64_t ws)
+{
+    struct slotcal *c = &g_cal[rdev];
+    if (!g_cu.cuEventRecord || !g_cu.cuEventQuery || !g_cu.cuEventElapsedTime) return;
+    if (pthread_mutex_trylock(&g_smu) != 0) return;
+    cal_poll_locked(c);
+    if (c->state == 0 && c->slot != ws && !A_LD(&g_capture_active) && g_cu.cuCtxGetCurrent && g_cu.cuEventRecord) {
+        CUcontext ctx = NULL;
+        if (g_cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx) {
+            c->a = get_event_locked(ctx);
+            c->b = c->a ? get_event_locked(ctx) : NULL;
+            if (c->b && g_cu.cuEventRecord(c->a, st) == CUDA_SUCCESS) {
+                c->ctx = ctx;
+                c->st = st;
+                c->pred_a = s;
+                c->slot = ws;
+                c->state = 1;
+            } else {
+                put_event_locked(c->a, ctx);
+                put_event_locked(c->b, ctx);
+                c->a = c->b = NULL;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_smu);
+}
+
+/* The slot is full: what was queued ends (as predicted) at pred_end. */
+static void cal_slot_full(int rdev, CUstream st, int64_t pred_end)
+{
+    struct slotcal *c = &g_cal[rdev];
+    if (pthread_mutex_trylock(&g_smu) != 0) return;
+    if (c->state == 1) {
+        if (c->st == st && g_cu.cuEventRecord(c->b, st) == CUDA_SUCCESS) {
+            c->pred_b = pred_end;
+            c->state = 2;
+        } else { /* another stream: no honest bracket this slot */
+            put_event_locked(c->a, c->ctx);
+            put_event_locked(c->b, c->ctx);
+            c->a = c->b = NULL;
+            c->state = 0;
+        }
+    }
+    pthread_mutex_unlock(&g_smu);
+}
+
+/*
+ * Slot mode: tat_ns is the predicted end of the container's queued work. A
+ * kernel is let through when it is predicted to start and finish inside one
+ * of the container's slots (a kernel longer than its slot, when it would
+ * start near the slot's beginning); otherwise the launching thread sleeps
+ * until the next slot begins. The queue is empty (as predicted) at every
+ * slot's start, so a misestimate never carries over more than one slot.
+ */
+static void slot_admit(struct hamid_device *d, int rdev, uint64_t est, int may_wait, CUstream st)
+{
+    double k = g_cal[rdev].k;
+    int64_t cost = (int64_t)((double)est * (k ? k : 1.0));
+    for (;;) {
+        int64_t now = (int64_t)mono_ns();
+        int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED);
+        int64_t s = old > now ? old : now, ws, we;
+        slot_at(rdev, s, &ws, &we);
+        int fits = ws <= s && (s + cost <= we || (cost > we - ws && s - ws <= (we - ws) / 8));
+        if (fits || !may_wait || g_cfg.sm_observe_only) {
+            if (!__atomic_compare_exchange_n(&d->tat_ns, &old, s + cost, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                continue;
+            if (may_wait && fits) cal_admitted(rdev, st, s, ws);
+            return;
+        }
+        int64_t next = ws;
+        if (ws <= s) {
+            cal_slot_full(rdev, st, old);
+            slot_at(rdev, we, &next, &we);
+        }
+        sleep_until((uint64_t)next);
+        __atomic_fetch_add(&d->throttle_ns, (uint64_t)(next - now), __ATOMIC_RELAXED);
+    }
+}
+
+static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_wait, CUstream st)
+{
+    struct hamid_device *d = &g_region->devices[rdev];
+    if (g_cfg.sm_nslots[rdev]) {
+        __atomic_fetch_add(&d->gpu_time_ns, cost, __ATOMIC_RELAXED);
+        slot_admit(d, rdev, cost, may_wait, st);
+        return;
+    }
+    int64_t w = (int64_t)(cost * 100 / pct);
+    int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED), base, nt;
+    do {
+        base = old > (int64_t)now ? old : (int64_t)now;
+        nt = base + w;
+    } while (!__atomic_compare_exchange_n(&d->tat_ns, &old, nt, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    __atomic_fetch_add(&d->gpu_time_ns, cost, __ATOMIC_RELAXED);
+    if (!may_wait || g_cfg.sm_observe_only) return;
+    int64_t until = base - g_cfg.sm_ahead_ns;
+    if (until > (int64_t)now) {
+        sleep_until((uint64_t)until);
+        __atomic_fetch_add(&d->throttle_ns, (uint64_t)(until - (int64_t)now), __ATOMIC_RELAXED);
     }
 }
 
@@ -246,7 +392,7 @@ static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
     A_ST(&e->cur_n, n);
     A_ST(&e->est_ns, est);
     uint32_t early = __atomic_exchange_n(&e->early, 0, __ATOMIC_RELAXED);
-    if (early) charge(p->rdev, p->pct, est * early, now, 0);
+    if (early) charge(p->rdev, p->pct, est * early, now, 0, NULL);
 }
 
 static void poll_pending_force(uint64_t now, int force)
@@ -365,7 +511,7 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
         t_launches[rdev] = 0;
         A_ST(&d->last_kernel_realtime_ns, real_ns());
     }
-    if (est) charge(rdev, pct, est, now, 1);
+    if (est || g_cfg.sm_nslots[rdev]) charge(rdev, pct, est, now, 1, (ptsz && !s) ? CU_STREAM_PER_THREAD : s);
     else __atomic_fetch_add(&e->early, 1, __ATOMIC_RELAXED);
     if ((est == 0 || (n % SAMPLE_EVERY) == 0) && !A_LD(&e->pending) && !A_LD(&g_capture_active)) {
         uint32_t zero = 0;
@@ -468,5 +614,6 @@ HIDDEN void limiter_after_fork_child(void)
     g_npend = 0;
     g_nfree = 0; /* the parent's events mean nothing here */
     memset(g_est, 0, sizeof g_est);
+    memset(g_cal, 0, sizeof g_cal);
     g_capture_active = 0;
 }

@@ -31,6 +31,7 @@ HIDDEN void shim_log(int level, const char *fmt, ...) __attribute__((format(prin
 #define LOG_DEBUG(...) do { if (g_log_level >= 4) shim_log(4, __VA_ARGS__); } while (0)
 
 /* ---- configuration (config.c) ---- */
+#define HAMID_MAX_SLOTS 16
 struct shim_config {
     uint64_t mem_limit[HAMID_MAX_DEVICES]; /* bytes, 0 = none */
     uint32_t sm_limit[HAMID_MAX_DEVICES];  /* percent, 0 = none */
@@ -39,6 +40,13 @@ struct shim_config {
     int nvml_reconcile;                    /* HAMID_NVML_RECONCILE (default 1) */
     uint64_t context_bytes_override;       /* HAMID_CONTEXT_SIZE, 0 = measure */
     int64_t sm_ahead_ns;                   /* how far ahead launches may queue */
+    /* Time slots (HAMID_SM_SLOTS[_i]): when set for a device, the container's
+     * kernels run only inside these parts of every period, which the daemon
+     * gives out so that containers on one GPU never overlap. Offsets in ns
+     * within the period, sorted, disjoint. */
+    int64_t sm_period_ns;                  /* HAMID_SM_PERIOD_US, default 100 ms */
+    int sm_nslots[HAMID_MAX_DEVICES];
+    int64_t sm_slot[HAMID_MAX_DEVICES][HAMID_MAX_SLOTS][2];
     char region_path[4096];
 };
 extern HIDDEN struct shim_config g_cfg;

@@ -311,6 +311,51 @@ def test_two_containers_30_and_70_share_one_gpu(built, tmp_path, bare_rate):
     assert abs(shares[0] - 0.30) <= 0.08 and abs(shares[1] - 0.70) <= 0.08, shares
 
 
+@pytest.mark.parametrize("limit,slots", [(30, "0-30"), (50, "10-35,60-85")])
+def test_time_slots_hold_the_share(shim, bare_rate, limit, slots):
+    # the daemon gives each limited container on a GPU its own slots of a 100 ms period
+    r = shim.run("direct", "init", f"run:0.3:{KERNEL_US}:k", f"run:1.2:{KERNEL_US}:k",
+                 CUDA_DEVICE_SM_LIMIT=str(limit), HAMID_SM_SLOTS=slots)
+    share = rate(type(r)(r.rc, r.lines[-1:], r.stderr)) / bare_rate
+    assert abs(share - limit / 100) <= 0.05, (limit, slots, share)
+    d = read_region(shim.region).device(0)
+    assert d.throttle_ns > 0
+    # the last kernel was queued to end inside one of the slots (period 100 ms)
+    at = d.schedule_ns % 100_000_000 / 1e6
+    assert any(int(a) <= at <= int(b) for a, b in (x.split("-") for x in slots.split(","))), (at, slots)
+
+
+def test_two_containers_in_their_own_slots_get_their_limits(built, tmp_path, bare_rate):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = Shim(built, tmp_path / "a"), Shim(built, tmp_path / "b")
+    state = str(tmp_path / "shared_gpu.state")
+    pa = a.spawn("direct", "init", "wait", f"run:0.3:{KERNEL_US}:k", f"run:1.5:{KERNEL_US}:k",
+                 CUDA_DEVICE_SM_LIMIT="30", HAMID_SM_SLOTS="0-30", FAKE_GPU_STATE=state)
+    pb = b.spawn("direct", "init", "wait", f"run:0.3:{KERNEL_US}:graph", f"run:1.5:{KERNEL_US}:graph",
+                 CUDA_DEVICE_SM_LIMIT="70", HAMID_SM_SLOTS="30-100", FAKE_GPU_STATE=state)
+    wait_ready(pa)
+    wait_ready(pb)
+    for p in (pa, pb):
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    shares = []
+    for p in (pa, pb):
+        out = finish(p)
+        n, ns = out[-1].split()[1:3]
+        shares.append(int(n) / (int(ns) / 1e9) / bare_rate)
+    assert abs(shares[0] - 0.30) <= 0.05 and abs(shares[1] - 0.70) <= 0.05, shares
+
+
+@pytest.mark.parametrize("bad", ["30-10", "0-30,20-40", "0-101", "abc", "0-30;40-50"])
+def test_malformed_slots_are_named_and_the_rate_limit_still_holds(shim, bare_rate, bad):
+    r = shim.run("direct", "init", f"run:0.3:{KERNEL_US}:k", f"run:0.8:{KERNEL_US}:k",
+                 CUDA_DEVICE_SM_LIMIT="30", HAMID_SM_SLOTS=bad)
+    assert f"HAMID_SM_SLOTS={bad}" in r.stderr and "0-30,50-70" in r.stderr
+    share = rate(type(r)(r.rc, r.lines[-1:], r.stderr)) / bare_rate
+    assert abs(share - 0.30) <= 0.07, share
+
+
 def test_no_limit_means_no_limiter_work(shim, bare_rate):
     r = shim.run("direct", "init", f"run:0.6:{KERNEL_US}:k", CUDA_DEVICE_MEMORY_LIMIT="1g")
     assert rate(r) / bare_rate > 0.9
