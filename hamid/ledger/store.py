@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HamidError
-from ..placement import Decision, NodeView, check, place
+from ..placement import Decision, NodeView, check, place, timeslots
 from ..placement.result import NoFit
 from ..placement.usage import with_usage
 from ..placement.view import GpuView, gpu_view_from_dict, gpu_view_to_dict
@@ -179,8 +179,13 @@ class Ledger:
 
     def _insert(self, db: sqlite3.Connection, owner: str, kind: str, request: dict, decision: Decision,
                 details: dict) -> Reservation:
+        others = (json.loads(r[0]).get("slots", {}) for r in db.execute("SELECT details FROM reservations"))
+        details = dict(details)
+        slots = timeslots.assign(decision, others)
+        if slots:
+            details["slots"] = slots
         res = Reservation(owner=owner, kind=kind, state="reserved", created=time.time(), request=request,
-                          decision=decision, details=dict(details))
+                          decision=decision, details=details)
         db.execute("INSERT INTO reservations(owner, kind, state, created, request, decision, mig, details) "
                    "VALUES (?, ?, ?, ?, ?, ?, '{}', ?)",
                    (owner, kind, res.state, res.created, json.dumps(request), json.dumps(decision.to_dict()),

@@ -102,10 +102,15 @@ def _apply(inv: Invocation, node: NodeAccess, request, spec: dict, bundle: str, 
             gpu_minors = [minors[d["uuid"]] for d in devices if d["uuid"] in minors]
             nodes += devnodes.gpu_nodes(dev_root, gpu_minors, required=real)
             visible = [d["uuid"] for d in devices]
+            cname = res["decision"]["containers"][0]["name"]
+            slots = res.get("details", {}).get("slots", {}).get(cname, {})
             for i, d in enumerate(devices):
                 env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d['mem_mib']}m"
                 if 0 < d["cores"] < 100:
                     env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(d["cores"])
+                    if d["uuid"] in slots:
+                        # the GPU time slots the ledger gave this share (hamid/placement/timeslots.py)
+                        env[f"HAMID_SM_SLOTS_{i}"] = ",".join(f"{a}-{b}" for a, b in slots[d["uuid"]])
             if devices and 0 < devices[0]["cores"] < 100:
                 env["CUDA_DEVICE_SM_LIMIT"] = str(devices[0]["cores"])
             env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = REGION_FILE

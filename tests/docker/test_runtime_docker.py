@@ -54,6 +54,23 @@ def test_container_sees_its_limits_its_shim_and_only_its_gpu(env):
     env.wait_for(lambda: env.reservations() == [], what="release after --rm")
 
 
+def test_compute_limited_containers_on_one_gpu_get_disjoint_time_slots(env):
+    a = env.docker("run", "-d", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1", "-e",
+                   "HAMI_VGPU_SPEC=mem=1g,cores=30", dh.IMAGE, "sh", "-c", "env; sleep 60")
+    assert a.returncode == 0, a.stderr
+    cid = a.stdout.strip()
+    try:
+        b = env.docker("run", "--rm", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1", "-e",
+                       "HAMI_VGPU_SPEC=mem=1g,cores=70", dh.IMAGE, "env")
+        assert b.returncode == 0, b.stderr
+        env.wait_for(lambda: "HAMID_SM_SLOTS_0" in env.docker("logs", cid).stdout, what="first container's env")
+        assert "HAMID_SM_SLOTS_0=0-30" in env.docker("logs", cid).stdout
+        assert "HAMID_SM_SLOTS_0=30-100" in b.stdout and "CUDA_DEVICE_SM_LIMIT_0=70" in b.stdout
+    finally:
+        env.docker("rm", "-f", cid)
+    env.wait_for(lambda: env.reservations() == [], what="release")
+
+
 def test_a_container_asking_for_nothing_passes_through(env):
     r = env.docker("run", "--rm", "--runtime=hami", dh.IMAGE, "sh", "-c", "env; ls /dev")
     assert r.returncode == 0, r.stderr
