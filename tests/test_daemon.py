@@ -19,6 +19,7 @@ import pytest
 from hamid.localapi.client import Conflict as LedgerConflict
 from hamid.localapi.client import LocalClient
 from hamid.request import parse_docker_env
+from hamid.runtime import released
 
 HAMID = [sys.executable, "-m", "hamid.cli.main"]
 
@@ -108,6 +109,27 @@ def test_daemon_serves_reserve_status_metrics_and_survives_a_crash(tmp_path, fre
     finally:
         stop(p)
     assert not (state / "hamid.sock").exists()
+
+
+def test_poststop_marker_is_drained_as_it_appears(tmp_path, free_port):
+    """The daemon watches the markers' directory: with the poll interval set to
+    a minute, a marker is still drained within a second or two."""
+    state = tmp_path / "state"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("releasePollInterval: 60\nreconcileInterval: 600\n")
+    p = start(state, free_port, "--config", str(cfg), "--simulate", "T4")
+    try:
+        req = parse_docker_env({"HAMI_VISIBLE_DEVICES": "0", "HAMI_VGPU_SPEC": "mem=4g"}, "job")
+        with LocalClient(state) as c:
+            c.reserve(req.to_dict(), "docker")
+            for cid in ("job", "gone"):  # the second: a marker with no reservation is just removed
+                released.mark(str(state), cid)
+            deadline = time.time() + 5
+            while time.time() < deadline and (c.reservations() or released.pending(str(state))):
+                time.sleep(0.05)
+            assert c.reservations() == [] and released.pending(str(state)) == []
+    finally:
+        stop(p)
 
 
 def test_status_without_daemon_reads_the_ledger(tmp_path, free_port):

@@ -146,3 +146,21 @@ def test_two_processes_never_overbook(tmp_path):
     led = Ledger(path)
     for g in led.view().gpus:
         assert g.mem_used <= g.mem_total and g.cores_used <= g.cores_total and g.slots_used <= g.slots_total
+
+
+def test_change_stamp_moves_on_every_commit_from_anyone_and_only_then(tmp_path):
+    led = new_ledger(tmp_path / "l.db")
+    s0 = led.change_stamp()
+    assert s0 is not None
+    led.view()
+    led.list()
+    assert led.change_stamp() == s0  # reads do not move it
+    led.reserve(req("a"), kind="docker")
+    s1 = led.change_stamp()
+    assert s1 != s0  # a commit on this object's own connection
+    other = Ledger(tmp_path / "l.db")  # another writer (the runtime with no daemon)
+    assert led.change_stamp() == s1
+    other.release("docker:a")
+    assert led.change_stamp() not in (s0, s1)
+    other.close()
+    led.close()

@@ -30,11 +30,12 @@ from ..localapi import SOCKET_NAME
 from ..localapi.server import build_app
 from ..logs import get_logger
 from ..metrics.exporter import LedgerCollector, metrics_app, new_registry
+from .dirwatch import DirWatch
 from .inventory import capacity_views
 from .nodefacts import write_facts
 from ..runtime.liveness import docker_alive
 from ..runtime import released
-from ..runtime.layout import CONTAINERS_DIR
+from ..runtime.layout import CONTAINERS_DIR, RELEASED_DIR
 from ..shimregion import register_collector
 from .reconcile import Reconciler, destroy_mig_of
 
@@ -173,7 +174,8 @@ def gossip_service(d: Daemon):
     if keyring is None:
         log.warning("gossip without a key: frames are neither encrypted nor authenticated (gossipKeyFile)")
     return GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=tuple(c.gossipJoin),
-                         advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view)
+                         advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
+                         read_stamp=d.ledger.change_stamp)
 
 
 def _committed(commits, gossip, result: str) -> None:
@@ -195,10 +197,37 @@ def drain_released(d: Daemon) -> list[str]:
 
 
 async def _drain_loop(d: Daemon) -> None:
-    while True:
-        await trio.sleep(d.config.releasePollInterval)
-        if released.pending(str(d.state_dir)):
-            await trio.to_thread.run_sync(drain_released, d)
+    """Drain poststop markers as they appear: an inotify watch on the markers'
+    directory wakes the loop (an idle daemon does not wake at all); where no
+    watch can be had, it polls every ``releasePollInterval``. With a watch it
+    still looks every ``reconcileInterval``, a net for anything a watch missed."""
+    rdir = d.state_dir / RELEASED_DIR
+    watch: DirWatch | None = None
+    polling = False
+    try:
+        while True:
+            if polling:
+                await trio.sleep(d.config.releasePollInterval)
+            elif watch is None or watch.broken:  # (re)open, then look at once: a marker may predate the watch
+                if watch is not None:
+                    watch.close()
+                try:
+                    rdir.mkdir(mode=0o700, exist_ok=True)
+                except OSError as e:  # the state dir itself is gone or unwritable: look again later
+                    log.warning("cannot create the release markers' directory", path=str(rdir), error=e.strerror)
+                    watch = None
+                    await trio.sleep(d.config.reconcileInterval)
+                    continue
+                watch = DirWatch.open(str(rdir))
+                polling = watch is None
+            else:
+                with trio.move_on_after(d.config.reconcileInterval):
+                    await watch.wait()
+            if released.pending(str(d.state_dir)):
+                await trio.to_thread.run_sync(drain_released, d)
+    finally:
+        if watch is not None:
+            watch.close()
 
 
 async def _reconcile_loop(d: Daemon) -> None:

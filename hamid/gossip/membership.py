@@ -36,6 +36,7 @@ in this node's document).
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
 from collections.abc import Callable
@@ -111,7 +112,8 @@ class Membership:
         self.members: dict[str, Member] = {name: self.me}
         self.docs: dict[str, dict] = {}  # name -> newest capacity document known
         self.health = 0
-        self.broadcasts = Broadcasts()
+        self._gossip_wake = trio.Event()
+        self.broadcasts = Broadcasts(on_add=self._wake_gossip)
         self._seq = itertools.count(random.randrange(1 << 30))
         self._waiters: dict[int, _Waiter] = {}
         self._probe_order: list[str] = []
@@ -448,12 +450,27 @@ class Membership:
         elif req["nack"]:
             self._send_raw(req["a"], {"t": "nack", "seq": req["seq"]})
 
+    def _wake_gossip(self) -> None:
+        self._gossip_wake.set()
+
     async def _gossip_loop(self) -> None:
+        # A ticker with a random phase (memberlist's), except that it sleeps
+        # through the ticks while nothing is queued: an idle group neither
+        # sends nor wakes for gossip; a queued update goes out on the next tick.
+        iv = self.p.gossip_interval
+        tick = trio.current_time() + random.uniform(0, iv)
         while True:
-            await trio.sleep(self.p.gossip_interval)
+            if not len(self.broadcasts):
+                self._gossip_wake = trio.Event()
+                await self._gossip_wake.wait()
+                now = trio.current_time()
+                if tick < now:
+                    tick += math.ceil((now - tick) / iv) * iv
+            await trio.sleep_until(tick)
+            now = trio.current_time()
+            tick = tick + iv if tick + iv > now else now + iv  # a late round does not bunch the next ones
             if not len(self.broadcasts):
                 continue
-            now = trio.current_time()
             pool = [m for m in self.members.values() if m.name != self.name and (
                 m.state in (ALIVE, SUSPECT) or (m.state == DEAD and now - m.since < self.p.gossip_to_the_dead))]
             limit = self.p.retransmit_limit(self.n())

@@ -3,7 +3,9 @@
 ``GossipService.run`` is a nursery task: it binds the listener, starts the
 membership loops, and every ``capacity_interval`` reads this node's view
 (through ``read_view``, which the daemon makes a ledger read in a worker
-thread) and publishes a new capacity document when its content changed. On
+thread) and publishes a new capacity document when its content changed. With
+``read_stamp`` (the ledger's change stamp, cheap and non-blocking) the view is
+read only when the stamp moved, so an idle node does no ledger read at all. On
 cancellation it tells a few peers it is leaving. ``cluster_document`` is what
 the local API serves at ``/v1/cluster``. It owns no files.
 """
@@ -36,7 +38,7 @@ class GossipService:
     def __init__(self, name: str, listen: str, *, params: GossipParams, seeds: tuple[str, ...] = (),
                  advertise: str | None = None, keyring: Keyring | None = None,
                  read_view: Callable[[], NodeView] | None = None, faults: Faults | None = None,
-                 view_in_thread: bool = True) -> None:
+                 view_in_thread: bool = True, read_stamp: Callable[[], object] | None = None) -> None:
         try:
             self.host, self.port = split_addr(listen)
             for s in seeds:
@@ -52,6 +54,7 @@ class GossipService:
         self.advertise = advertise
         self.keyring = keyring
         self.read_view = read_view
+        self.read_stamp = read_stamp
         self.view_in_thread = view_in_thread
         self.stats = Stats()
         self.codec = Codec(keyring, params.max_frame_bytes)
@@ -66,6 +69,7 @@ class GossipService:
         self.membership = Membership(name, self.transport.addr, params, self.stats, self.transport.send,
                                      seeds=tuple(seeds), forget=self.transport.forget)
         self._doc: dict | None = None
+        self._stamp: object = None  # read_stamp() when _doc was built; None: unknown
         self._refresh = trio.Event()
         self.leave_on_exit = True  # False simulates a crash (tests, bench)
 
@@ -110,12 +114,17 @@ class GossipService:
                 n.start_soon(self.transport.send_now, m.addr, dict(msg))
 
     async def publish(self) -> None:
-        """Read this node's view now and spread a new document if it changed."""
+        """Read this node's view now and spread a new document if it changed
+        (with ``read_stamp``: only if the stamp moved since the last read)."""
+        stamp = self.read_stamp() if self.read_stamp is not None else None
+        if stamp is not None and stamp == self._stamp and self._doc is not None:
+            return
         if self.view_in_thread:
             view = await trio.to_thread.run_sync(self.read_view)
         else:
             view = self.read_view()
         doc = doc_from_view(view, 0)
+        self._stamp = stamp  # taken before the read: a commit during it moves the stamp again
         if self._doc is not None and same_content(doc, self._doc):
             return
         doc["version"] = max(new_version(), self._doc["version"] + 1 if self._doc else 0)

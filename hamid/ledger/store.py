@@ -96,6 +96,8 @@ class Ledger:
             raise LedgerError(f"cannot open ledger {self.path}: {e}") from None
         self._db.row_factory = sqlite3.Row
         self._lock = threading.RLock()
+        self._stamp_db: sqlite3.Connection | None = None  # change_stamp's own connection
+        self._stamp_lock = threading.Lock()
         with self._lock:
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
@@ -116,6 +118,29 @@ class Ledger:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        with self._stamp_lock:
+            if self._stamp_db is not None:
+                self._stamp_db.close()
+                self._stamp_db = None
+
+    def change_stamp(self) -> int | None:
+        """A number that changes whenever anyone commits to the ledger: this
+        object, another connection, another process (SQLite's ``data_version``
+        as seen by a connection of its own, which never writes). None when it
+        cannot be read at once; treat that as a change. It never waits on a
+        lock, so an event loop may call it where a full read would need a
+        worker thread."""
+        if not self._stamp_lock.acquire(blocking=False):
+            return None
+        try:
+            if self._stamp_db is None:
+                self._stamp_db = sqlite3.connect(str(self.path), timeout=0, isolation_level=None,
+                                                 check_same_thread=False)
+            return self._stamp_db.execute("PRAGMA data_version").fetchone()[0]
+        except sqlite3.Error:
+            return None
+        finally:
+            self._stamp_lock.release()
 
     # --- transactions ------------------------------------------------------
 

@@ -1,0 +1,69 @@
+"""Membership loops in isolation: a fake send, trio's mock clock."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from hamid.gossip.membership import Member, Membership
+from hamid.gossip.params import GossipParams
+from hamid.gossip.stats import Stats
+
+
+class _Steps(trio.abc.Instrument):
+    def __init__(self, name: str) -> None:
+        self.name, self.steps = name, 0
+
+    def before_task_step(self, task) -> None:
+        if self.name in task.name:
+            self.steps += 1
+
+
+async def test_idle_gossip_loop_sleeps_and_a_queued_update_goes_out_on_the_next_tick(autojump_clock):
+    p = GossipParams()
+    sent: list[tuple[float, str, dict]] = []
+    m = Membership("a", "a:1", p, Stats(), lambda addr, msg: sent.append((trio.current_time(), addr, msg)))
+    m.members["b"] = Member("b", "b:1", 1)
+    steps = _Steps("_gossip_loop")
+    trio.lowlevel.add_instrument(steps)
+    try:
+        async with trio.open_nursery() as n:
+            n.start_soon(m._gossip_loop)
+            await trio.sleep(10)  # nothing queued: no frame, and the loop does not even wake
+            assert sent == [] and steps.steps <= 2
+            t0 = trio.current_time()
+            m.broadcasts.add(("b", "m"), {"t": "alive", "n": "b", "a": "b:1", "i": 2, "cv": 0})
+            await trio.sleep(p.gossip_interval * 1.01)
+            assert [(addr, msg["t"]) for _, addr, msg in sent] == [("b:1", "gossip")]
+            assert sent[0][0] - t0 <= p.gossip_interval
+            n.cancel_scope.cancel()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+
+
+async def test_capacity_is_read_only_when_the_ledger_stamp_moved():
+    from hamid.gossip.service import GossipService
+    from hamid.placement.view import GpuView, NodeView
+
+    reads, stamp, used = [], [7], [0]
+
+    def view():
+        reads.append(1)
+        return NodeView("a", (GpuView(uuid="G0", index=0, name="T4", mode="hami-core", mem_total=15360,
+                                      cores_total=100, slots_total=10, mem_used=used[0]),))
+
+    svc = GossipService("a", "127.0.0.1:0", params=GossipParams(), read_view=view, view_in_thread=False,
+                        read_stamp=lambda: stamp[0])
+    await svc.publish()
+    v1 = svc.membership.docs["a"]["version"]
+    for _ in range(5):
+        await svc.publish()
+    assert len(reads) == 1  # stamp unchanged: no read
+    used[0], stamp[0] = 4096, 8
+    await svc.publish()
+    assert len(reads) == 2 and svc.membership.docs["a"]["version"] > v1
+    assert svc.membership.docs["a"]["gpus"][0]["use"][0] == 4096
+    stamp[0] = None  # the stamp could not be read: read the ledger to be safe
+    await svc.publish()
+    await svc.publish()
+    assert len(reads) == 4
