@@ -247,6 +247,8 @@ def launch_cost():
     cases = [("bare", env(False)), ("shim, no limit", env()),
              ("shim, limit 50, observe mode (all limiter work, never holds back)",
               env(CUDA_DEVICE_SM_LIMIT=50, HAMID_SM_LIMIT_MODE="observe")),
+             ("shim, limit 50 in time slots 0-50, observe mode",
+              env(CUDA_DEVICE_SM_LIMIT=50, HAMID_SM_SLOTS="0-50", HAMID_SM_LIMIT_MODE="observe")),
              ("shim, limit 90 enforced (includes holding back: empty kernels are GPU-bound)",
               env(CUDA_DEVICE_SM_LIMIT=90))]
     for _ in range(7):  # interleaved rounds, median of each case's per-round best
@@ -286,6 +288,14 @@ def alloc_rate():
         f"{sum(bare) / 2:.0f} pairs/s)", ">= 0.95", "0.77")
 
 
+# How the limit is applied: with the daemon, every compute-limited container on
+# a GPU also gets its own time slots (hamid/placement/timeslots.py: a lone
+# container at L % gets 0-L); a bare LD_PRELOAD has only the rate limit.
+MODES = {"slots": lambda lim, other=None: {"HAMID_SM_SLOTS": f"0-{lim}" if other is None else other},
+         "rate": lambda lim, other=None: {}}
+MODE_LABEL = {"slots": "time slots (as the daemon gives them)", "rate": "rate limit only (no daemon)"}
+
+
 @step("compute shares")
 def shares():
     secs = 2.5
@@ -293,49 +303,77 @@ def shares():
         bare = last_json(run([*TORCH, "shares", str(secs)], env(False), timeout=240))
     R["shares_bare"] = bare
     R["gpu_bare"] = {w: smp.window(*bare["_windows"][w]) for w in bare["_windows"]}
-    R["shares"], R["gpu_limited"] = {}, {}
-    for lim in (10, 30, 50, 90):
-        with GpuSampler() as smp:
-            got = last_json(run([*TORCH, "shares", str(secs)], env(CUDA_DEVICE_SM_LIMIT=lim), timeout=240))
-        R["shares"][lim] = {w: got[w] / bare[w] for w in bare if not w.startswith("_")}
-        R["gpu_limited"][lim] = {w: smp.window(*got["_windows"][w]) for w in got["_windows"]}
-    for w, label in (("matmul", "large matmul (8192^3 bf16)"), ("elementwise", "elementwise, 32M fp32"),
-                     ("graph_small", "CUDA graph of 100 small (1M) elementwise kernels")):
-        vals = " / ".join(f"{R['shares'][lim][w] * 100:.1f}" for lim in (10, 30, 50, 90))
-        hami = "99.9 / 100 / 100 / 100" if w == "matmul" else ("12.3 at 10" if w != "graph_small" else "graphs not limited")
-        row(f"share of bare throughput at limits 10/30/50/90 %, {label}", vals, "10 / 30 / 50 / 90 (+-5)", hami)
-        util = []
+    for mode, extra in MODES.items():
+        R[f"shares_{mode}"], R[f"gpu_limited_{mode}"] = {}, {}
         for lim in (10, 30, 50, 90):
-            g, b = R["gpu_limited"][lim].get(w), R["gpu_bare"].get(w)
-            util.append(f"{g['util'] / b['util'] * 100:.1f} @{g['sm_mhz']:.0f}MHz" if g and b and b["util"] else "n/a")
-        bw = R["gpu_bare"].get(w) or {}
-        row(f"  same runs, GPU-time share (NVML utilization / bare's; bare at {bw.get('sm_mhz', 0):.0f} MHz)",
-            " / ".join(util), "10 / 30 / 50 / 90 (+-5)", "-")
+            with GpuSampler() as smp:
+                got = last_json(run([*TORCH, "shares", str(secs)], env(CUDA_DEVICE_SM_LIMIT=lim, **extra(lim)),
+                                    timeout=240))
+            R[f"shares_{mode}"][lim] = {w: got[w] / bare[w] for w in bare if not w.startswith("_")}
+            R[f"gpu_limited_{mode}"][lim] = {w: smp.window(*got["_windows"][w]) for w in got["_windows"]}
+        for w, label in (("matmul", "large matmul (8192^3 bf16)"), ("elementwise", "elementwise, 32M fp32"),
+                         ("graph_small", "CUDA graph of 100 small (1M) elementwise kernels")):
+            vals = " / ".join(f"{R[f'shares_{mode}'][lim][w] * 100:.1f}" for lim in (10, 30, 50, 90))
+            hami = ("99.9 / 100 / 100 / 100" if w == "matmul" else
+                    ("12.3 at 10" if w != "graph_small" else "graphs not limited"))
+            row(f"share of bare throughput at limits 10/30/50/90 %, {label}, {MODE_LABEL[mode]}", vals,
+                "10 / 30 / 50 / 90 (+-5)", hami)
+            util = []
+            for lim in (10, 30, 50, 90):
+                g, b = R[f"gpu_limited_{mode}"][lim].get(w), R["gpu_bare"].get(w)
+                util.append(f"{g['util'] / b['util'] * 100:.1f} @{g['sm_mhz']:.0f}MHz" if g and b and b["util"]
+                            else "n/a")
+            bw = R["gpu_bare"].get(w) or {}
+            row(f"  same runs, GPU-time share (NVML utilization / bare's; bare at {bw.get('sm_mhz', 0):.0f} MHz)",
+                " / ".join(util), "10 / 30 / 50 / 90 (+-5)", "-")
 
 
 @step("two containers at 30 and 70")
 def pairs():
     bare = R.get("shares_bare") or last_json(run([*TORCH, "shares", "2.5"], env(False), timeout=240))
     R["pairs"] = {}
+    cases = [("slots", (30, 70), ("0-30", "30-100")), ("rate", (30, 70), (None, None)),
+             ("none", (None, None), (None, None))]
     for w in ("matmul", "graph_small"):
-        for lims in ((30, 70), (None, None)):
+        for mode, lims, slots in cases:
             start = time.time_ns() + int(12e9)
-            ps = [subprocess.Popen([*TORCH, "one", w, "4", str(start)],
-                                   env=env(**({"CUDA_DEVICE_SM_LIMIT": lim} if lim else {})),
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for lim in lims]
+            envs = []
+            for lim, sl in zip(lims, slots):
+                kv = {"CUDA_DEVICE_SM_LIMIT": lim} if lim else {}
+                if sl:
+                    kv["HAMID_SM_SLOTS"] = sl
+                envs.append(env(**kv))
+            ps = [subprocess.Popen([*TORCH, "one", w, "4", str(start)], env=e,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for e in envs]
             got = []
             for p in ps:
                 out, err = p.communicate(timeout=180)
                 if p.returncode:
                     raise RuntimeError(err[-2000:])
                 got.append(last_json(out)[w] / bare[w])
-            R["pairs"][f"{w}_{lims[0]}_{lims[1]}"] = got
-            if lims[0]:
-                row(f"two containers 30 % + 70 % together, {w}", f"{got[0] * 100:.1f} / {got[1] * 100:.1f} "
-                    f"(sum {sum(got) * 100:.1f})", "30 / 70 (+-5)", "21.4/25.2 it/s vs 23.1/23.1 uncapped (HC#314)")
+            R["pairs"][f"{w}_{mode}"] = got
+            if mode != "none":
+                row(f"two containers 30 % + 70 % together, {w}, {MODE_LABEL[mode]}",
+                    f"{got[0] * 100:.1f} / {got[1] * 100:.1f} (sum {sum(got) * 100:.1f})", "30 / 70 (+-5)",
+                    "21.4/25.2 it/s vs 23.1/23.1 uncapped (HC#314)")
             else:
                 row(f"  baseline: the same two, no limits, {w}", f"{got[0] * 100:.1f} / {got[1] * 100:.1f} "
                     f"(sum {sum(got) * 100:.1f}: time-slicing overhead)", "-", "-")
+
+
+@step("slot period and power capping")
+def period():
+    """A large matmul is power-capped when the GPU is fully busy (bare runs at
+    lower clocks than a half-idle GPU), so its throughput share at 50 % of the
+    time can exceed 50 %. Longer slots let the power cap bite inside them."""
+    bare = R.get("shares_bare") or last_json(run([*TORCH, "shares", "2.5"], env(False), timeout=240))
+    R["period"] = {}
+    for us in (20000, 100000, 500000):
+        got = last_json(run([*TORCH, "one", "matmul", "4", "0"],
+                            env(CUDA_DEVICE_SM_LIMIT=50, HAMID_SM_SLOTS="0-50", HAMID_SM_PERIOD_US=us), timeout=240))
+        R["period"][us] = got["matmul"] / bare["matmul"]
+    row("large matmul at 50 % in slots, period 20 / 100 (default) / 500 ms",
+        " / ".join(f"{R['period'][us] * 100:.1f}" for us in (20000, 100000, 500000)), "50 (+-5)", "-")
 
 
 def main():
@@ -347,7 +385,8 @@ def main():
     a = ap.parse_args()
     WORK = Path(a.work)
     out = Path(a.out)
-    steps = [info, memory_limit, smi_inside, accounting_both, matmul_ratio, launch_cost, alloc_rate, shares, pairs]
+    steps = [info, memory_limit, smi_inside, accounting_both, matmul_ratio, launch_cost, alloc_rate, shares, pairs,
+             period]
     only = set(filter(None, a.only.split(",")))
     for i, s in enumerate(steps):
         if not only or str(i) in only:

@@ -211,24 +211,28 @@ static void slot_at(int rdev, int64_t t, int64_t *ws, int64_t *we)
 
 /*
  * Slot calibration: the prediction (tat_ns) runs on measured per-shape costs,
- * but what a slot really holds also depends on clocks, caches and how fast
- * the CPU feeds the queue. Each slot, the process brackets what it queued with
- * two events (at its first admitted launch, and when the first launch that
- * does not fit makes it wait); their elapsed time over the predicted span
- * corrects every later prediction by a factor k (moved halfway in the log
- * domain each slot, within 1/4..4). Two event records per slot; none with a
- * single slot-less limit.
+ * but what a slot really holds also depends on clocks, caches and estimates
+ * gone stale. Each slot, the process brackets what it admitted with two
+ * events (at its first admitted launch, and when the first launch that does
+ * not fit makes it wait); the GPU time between them over the cost it charged
+ * for those launches corrects every later cost by a factor k (moved halfway
+ * each slot, within 1/16..16). Comparing with the charged cost, not with the
+ * predicted span, matters: a process whose launches block on a full driver
+ * queue advances its CPU clock at the GPU's pace, so the span would look right
+ * while the queue carried a whole extra slot of work. Two event records per
+ * slot; none without slots.
  */
 struct slotcal {
     CUevent a, b;
     CUcontext ctx;
     CUstream st;
-    int64_t pred_a, pred_b;
+    int64_t charged; /* cost admitted since a */
     int state; /* 0 idle, 1 a recorded, 2 b recorded (waiting for the GPU) */
     int64_t slot; /* start of the slot a belongs to */
     double k;
 };
 static struct slotcal g_cal[HAMID_MAX_DEVICES];
+
 
 static void cal_poll_locked(struct slotcal *c)
 {
@@ -236,13 +240,14 @@ static void cal_poll_locked(struct slotcal *c)
     CUresult r = g_cu.cuEventQuery(c->b);
     if (r == CUDA_ERROR_NOT_READY) return;
     float ms = 0;
-    if (r == CUDA_SUCCESS && g_cu.cuEventElapsedTime(&ms, c->a, c->b) == CUDA_SUCCESS && ms > 0 &&
-        c->pred_b > c->pred_a) {
-        double ratio = (double)ms * 1e6 / (double)(c->pred_b - c->pred_a);
-        if (ratio < 0.25) ratio = 0.25;
-        if (ratio > 4) ratio = 4;
+    if (r == CUDA_SUCCESS && g_cu.cuEventElapsedTime(&ms, c->a, c->b) == CUDA_SUCCESS && ms > 0 && c->charged > 0) {
+        double ratio = (double)ms * 1e6 / (double)c->charged;
+        if (ratio < 1.0 / 16) ratio = 1.0 / 16;
+        if (ratio > 16) ratio = 16;
         double k = (c->k ? c->k : 1.0) * (1.0 + ratio) / 2;
-        c->k = k < 0.25 ? 0.25 : (k > 4 ? 4 : k);
+        c->k = k < 1.0 / 16 ? 1.0 / 16 : (k > 16 ? 16 : k);
+        LOG_DEBUG("slot calibration: charged %.3f ms, took %.3f ms, k %.3f", (double)c->charged / 1e6, (double)ms,
+                  c->k);
     }
     put_event_locked(c->a, c->ctx);
     put_event_locked(c->b, c->ctx);
@@ -250,13 +255,24 @@ static void cal_poll_locked(struct slotcal *c)
     c->state = 0;
 }
 
-/* A launch admitted at predicted start s in the slot starting at ws. */
-static void cal_admitted(int rdev, CUstream st, int64_t s, int64_t ws)
+/* A launch of the given cost admitted in the slot starting at ws. */
+static void cal_admitted(int rdev, CUstream st, int64_t cost, int64_t ws)
 {
     struct slotcal *c = &g_cal[rdev];
+    if (LIKELY(A_LD(&c->slot) == ws)) { /* the common case: one more launch in a bracketed slot */
+        if (A_LD(&c->state) == 1) __atomic_fetch_add(&c->charged, cost, __ATOMIC_RELAXED);
+        return;
+    }
     if (!g_cu.cuEventRecord || !g_cu.cuEventQuery || !g_cu.cuEventElapsedTime) return;
     if (pthread_mutex_trylock(&g_smu) != 0) return;
-    cal_poll_locked(c);
+    if (c->state == 2) cal_poll_locked(c);
+    if (c->state == 1 && c->slot != ws) { /* the last slot never filled: no honest bracket */
+        put_event_locked(c->a, c->ctx);
+        put_event_locked(c->b, c->ctx);
+        c->a = c->b = NULL;
+        c->state = 0;
+    }
+    if (c->state == 1) c->charged += cost;
     if (c->state == 0 && c->slot != ws && !A_LD(&g_capture_active) && g_cu.cuCtxGetCurrent && g_cu.cuEventRecord) {
         CUcontext ctx = NULL;
         if (g_cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx) {
@@ -265,7 +281,7 @@ static void cal_admitted(int rdev, CUstream st, int64_t s, int64_t ws)
             if (c->b && g_cu.cuEventRecord(c->a, st) == CUDA_SUCCESS) {
                 c->ctx = ctx;
                 c->st = st;
-                c->pred_a = s;
+                c->charged = cost;
                 c->slot = ws;
                 c->state = 1;
             } else {
@@ -278,14 +294,13 @@ static void cal_admitted(int rdev, CUstream st, int64_t s, int64_t ws)
     pthread_mutex_unlock(&g_smu);
 }
 
-/* The slot is full: what was queued ends (as predicted) at pred_end. */
-static void cal_slot_full(int rdev, CUstream st, int64_t pred_end)
+/* The slot is full: b closes the bracket after what it admitted. */
+static void cal_slot_full(int rdev, CUstream st)
 {
     struct slotcal *c = &g_cal[rdev];
     if (pthread_mutex_trylock(&g_smu) != 0) return;
     if (c->state == 1) {
         if (c->st == st && g_cu.cuEventRecord(c->b, st) == CUDA_SUCCESS) {
-            c->pred_b = pred_end;
             c->state = 2;
         } else { /* another stream: no honest bracket this slot */
             put_event_locked(c->a, c->ctx);
@@ -318,12 +333,12 @@ static void slot_admit(struct hamid_device *d, int rdev, uint64_t est, int may_w
         if (fits || !may_wait || g_cfg.sm_observe_only) {
             if (!__atomic_compare_exchange_n(&d->tat_ns, &old, s + cost, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
                 continue;
-            if (may_wait && fits) cal_admitted(rdev, st, s, ws);
+            if (may_wait && fits) cal_admitted(rdev, st, cost, ws);
             return;
         }
         int64_t next = ws;
         if (ws <= s) {
-            cal_slot_full(rdev, st, old);
+            cal_slot_full(rdev, st);
             slot_at(rdev, we, &next, &we);
         }
         sleep_until((uint64_t)next);
@@ -360,7 +375,8 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
  * Another context time-slicing in mid-kernel inflates a sample by a whole
  * slice (milliseconds), far more than clock and cache variation (a few %):
  * the first are dropped, the second averaged, so a kernel is charged its
- * typical duration, not its luckiest.
+ * typical duration, not its luckiest. (With time slots, the slot calibration
+ * below corrects whatever this misses.)
  */
 static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
 {
