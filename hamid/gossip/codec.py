@@ -83,7 +83,7 @@ UPDATES: dict[str, dict[str, Any]] = {
     "alive": {"n": _str, "a": _str, "i": _uint, "cv": _uint},
     "suspect": {"n": _str, "i": _uint, "by": _str},
     "dead": {"n": _str, "i": _uint, "by": _str},
-    "cap": {"n": _str, "doc": _doc},
+    "cap": {"n": _str, "v": _uint},  # a notice: the sender holds this version of n's document
 }
 
 

@@ -25,7 +25,15 @@ in this node's document).
 - **Dissemination.** Updates (``alive``, ``suspect``, ``dead``, ``cap``) are
   piggybacked on pings, acks and gossip frames to ``gossip_nodes`` random
   members every gossip interval, each at most ``retransmit_limit(n)`` times;
-  every node re-queues the updates it learns.
+  every node re-queues the updates it learns. While nothing is queued the
+  gossip loop sleeps.
+- **Capacity documents** are pulled, not pushed: a ``cap`` update carries
+  only (node, version); a member that lacks that version asks the frame's
+  sender (``capreq``), who holds it, and spreads the notice only once the
+  document arrived, so whoever announces a version can serve it. Each
+  member receives each version about once instead of ``retransmit_limit``
+  times (a document of 8 GPUs is ~2.3 KB, a notice ~30 bytes). A request is
+  repeated for the same version only after ``DOC_RETRY`` seconds.
 - **Anti-entropy.** Every push/pull interval (scaled with n), a full exchange
   of member states and document versions with one random member; newer
   documents are then fetched from whoever has them. Dead members are
@@ -52,6 +60,8 @@ from .params import GossipParams, suspicion_timeout
 from .stats import Stats
 
 log = get_logger("gossip")
+
+DOC_RETRY = 1.0  # seconds before the same document version is asked for again (a lost request or reply)
 
 
 @dataclass
@@ -119,7 +129,7 @@ class Membership:
         self._probe_order: list[str] = []
         self._probe_at = 0
         self._susp_wake = trio.Event()
-        self._doc_asked: dict[str, float] = {}
+        self._doc_asked: dict[str, tuple[int, float]] = {}  # name -> (version asked for, when)
         self._seeds_pending = set(self.seeds)  # seeds that never answered a push/pull yet
         self._nursery: trio.Nursery | None = None
         self.changes: list[tuple[float, str, str]] = []  # (time, member, state) for tests/bench hooks
@@ -142,8 +152,7 @@ class Membership:
     def set_local_doc(self, doc: dict) -> None:
         """This node's capacity document changed (its version must have grown)."""
         self.docs[self.name] = doc
-        self.broadcasts.add((self.name, "cap"), {"t": "cap", "n": self.name, "doc": doc})
-        self._broadcast_alive()
+        self.broadcasts.add((self.name, "cap"), {"t": "cap", "n": self.name, "v": doc["version"]})
 
     def n(self) -> int:
         return sum(1 for m in self.members.values() if m.state in (ALIVE, SUSPECT))
@@ -195,7 +204,7 @@ class Membership:
 
     def on_message(self, msg: dict) -> None:
         for u in msg.get("g") or ():
-            self._apply(u, msg)
+            self._apply(u, msg["a"])
         t = msg["t"]
         if t == "ping":
             if msg["to"] == self.name:
@@ -214,7 +223,7 @@ class Membership:
         elif t == "pp":
             self._merge(msg)
             if not msg["reply"]:
-                self._send(msg["a"], {"t": "pp", "seq": msg["seq"], "join": False, "reply": True,
+                self._send(msg["a"], {"t": "pp", "seq": msg["seq"], "join": msg["join"], "reply": True,
                                       "m": self._state_entries()})
             if msg["reply"]:
                 self._seeds_pending.discard(msg["a"])
@@ -224,7 +233,7 @@ class Membership:
             for d in msg["docs"]:
                 self._apply_doc(d["node"], d)
 
-    def _apply(self, u: dict, frame: dict) -> None:
+    def _apply(self, u: dict, sender: str) -> None:
         t = u["t"]
         if t == "alive":
             self._on_alive(u["n"], u["a"], u["i"], u["cv"], u["a"])
@@ -232,8 +241,8 @@ class Membership:
             self._on_suspect(u["n"], u["i"], u["by"])
         elif t == "dead":
             self._on_dead(u["n"], u["i"], u["by"])
-        elif t == "cap":
-            self._apply_doc(u["n"], u["doc"])
+        elif t == "cap":  # the sender holds this version: fetch it from there
+            self._want_doc(u["n"], u["v"], sender)
 
     def _refute(self, inc: int) -> None:
         if inc >= self.inc:
@@ -243,7 +252,7 @@ class Membership:
         self._broadcast_alive()
         log.info("gossip refuting", incarnation=self.inc)
 
-    def _on_alive(self, name: str, addr: str, inc: int, cv: int, doc_from: str) -> None:
+    def _on_alive(self, name: str, addr: str, inc: int, cv: int, doc_from: str, spread: bool = True) -> None:
         if name == self.name:
             if inc > self.inc or (inc == self.inc and addr != self.addr):
                 self._refute(inc)
@@ -263,7 +272,8 @@ class Membership:
                 self._forget(m.addr)
             m.addr, m.inc, m.suspicion = addr, inc, None
             self._set_state(m, ALIVE)
-        self.broadcasts.add((name, "m"), {"t": "alive", "n": name, "a": addr, "i": inc, "cv": cv})
+        if spread:
+            self.broadcasts.add((name, "m"), {"t": "alive", "n": name, "a": addr, "i": inc, "cv": cv})
         self._want_doc(name, cv, doc_from)
 
     def _accused(self, name: str, inc: int):
@@ -315,17 +325,26 @@ class Membership:
         if have is not None and have["version"] >= doc["version"]:
             return
         self.docs[name] = doc
-        self.broadcasts.add((name, "cap"), {"t": "cap", "n": name, "doc": doc})
+        self._doc_asked.pop(name, None)
+        self.broadcasts.add((name, "cap"), {"t": "cap", "n": name, "v": doc["version"]})
+
+    def _should_ask(self, name: str, version: int) -> bool:
+        """Whether to request ``name``'s document at ``version`` now (and note that we did)."""
+        if version == 0 or name == self.name:
+            return False
+        have = self.docs.get(name)
+        if have is not None and have["version"] >= version:
+            return False
+        now = time.monotonic()
+        asked = self._doc_asked.get(name)
+        if asked is not None and asked[0] >= version and now - asked[1] < DOC_RETRY:
+            return False
+        self._doc_asked[name] = (version, now)
+        return True
 
     def _want_doc(self, name: str, version: int, ask: str) -> None:
-        have = self.docs.get(name)
-        if version == 0 or (have is not None and have["version"] >= version):
-            return
-        now = time.monotonic()
-        if now - self._doc_asked.get(name, 0.0) < max(1.0, self.p.probe_interval):
-            return
-        self._doc_asked[name] = now
-        self._send_raw(ask, {"t": "capreq", "names": [name]})
+        if self._should_ask(name, version):
+            self._send_raw(ask, {"t": "capreq", "names": [name]})
 
     def _answer_capreq(self, msg: dict) -> None:
         batch, size = [], 0
@@ -355,9 +374,13 @@ class Membership:
     def _merge(self, msg: dict) -> None:
         self.stats.push_pulls += 1
         want = []
+        # A seed's answer to our join is the group's own state: learn it, but
+        # do not gossip every member back to a group that knows them (one
+        # such echo per join, n updates x retransmits, made joins a storm).
+        spread = not (msg["join"] and msg["reply"])
         for name, addr, inc, state, cv in msg["m"]:
             if state == ALIVE:
-                self._on_alive(name, addr, inc, 0, msg["a"])
+                self._on_alive(name, addr, inc, 0, msg["a"], spread)
             elif state == LEFT:
                 if name not in self.members and name != self.name:
                     continue
@@ -366,8 +389,7 @@ class Membership:
                 if name not in self.members and name != self.name:
                     continue
                 self._on_suspect(name, inc, msg["f"])
-            have = self.docs.get(name)
-            if name != self.name and cv and (have is None or have["version"] < cv):
+            if self._should_ask(name, cv):
                 want.append(name)
         if want:
             self._send_raw(msg["a"], {"t": "capreq", "names": want})

@@ -67,3 +67,21 @@ async def test_capacity_is_read_only_when_the_ledger_stamp_moved():
     await svc.publish()
     await svc.publish()
     assert len(reads) == 4
+
+
+async def test_documents_are_pulled_from_whoever_announced_them_and_announced_only_once_held():
+    sent: list[tuple[str, dict]] = []
+    m = Membership("a", "a:1", GossipParams(), Stats(), lambda addr, msg: sent.append((addr, msg)))
+    m.members["b"] = Member("b", "b:1", 1)
+    notice = {"t": "cap", "n": "b", "v": 5}
+    m.on_message({"t": "gossip", "f": "c", "a": "c:1", "g": [notice]})
+    assert sent == [("c:1", {"t": "capreq", "names": ["b"]})]  # asked the sender, who holds it
+    assert len(m.broadcasts) == 0  # not spread before we hold it
+    m.on_message({"t": "gossip", "f": "d", "a": "d:1", "g": [notice]})
+    assert len(sent) == 1  # the same version is not asked for twice at once
+    doc = {"node": "b", "version": 5, "policy": "spread", "gpus": [], "profiles": {}}
+    m.on_message({"t": "caps", "f": "c", "a": "c:1", "docs": [doc]})
+    assert m.docs["b"] == doc
+    assert m.broadcasts.take(10, 1 << 16) == [notice]  # now we announce it: we can serve it
+    m.on_message({"t": "capreq", "f": "e", "a": "e:1", "names": ["b"]})
+    assert sent[-1] == ("e:1", {"t": "caps", "docs": [doc]})
