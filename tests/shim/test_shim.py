@@ -289,15 +289,16 @@ def test_compute_share_follows_the_limit(shim, bare_rate, variant, limit):
     assert d.sm_limit_percent == limit and d.gpu_time_ns > 0 and d.launches > 0
 
 
-def test_two_containers_30_and_70_share_one_gpu(built, tmp_path, bare_rate):
-    a, b = Shim(built, tmp_path / "a"), Shim(built, tmp_path / "b")
+def _pair_shares(built, tmp_path, bare_rate, env_a: dict, env_b: dict) -> list[float]:
+    """Two containers (separate regions) on one fake GPU, started together: their shares of bare."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
+    a, b = Shim(built, tmp_path / "a"), Shim(built, tmp_path / "b")
     state = str(tmp_path / "shared_gpu.state")
     pa = a.spawn("direct", "init", "wait", f"run:0.3:{KERNEL_US}:k", f"run:1.5:{KERNEL_US}:k",
-                 CUDA_DEVICE_SM_LIMIT="30", FAKE_GPU_STATE=state)
+                 FAKE_GPU_STATE=state, **env_a)
     pb = b.spawn("direct", "init", "wait", f"run:0.3:{KERNEL_US}:graph", f"run:1.5:{KERNEL_US}:graph",
-                 CUDA_DEVICE_SM_LIMIT="70", FAKE_GPU_STATE=state)
+                 FAKE_GPU_STATE=state, **env_b)
     wait_ready(pa)
     wait_ready(pb)
     for p in (pa, pb):
@@ -308,6 +309,11 @@ def test_two_containers_30_and_70_share_one_gpu(built, tmp_path, bare_rate):
         out = finish(p)
         n, ns = out[-1].split()[1:3]
         shares.append(int(n) / (int(ns) / 1e9) / bare_rate)
+    return shares
+
+
+def test_two_containers_30_and_70_share_one_gpu(built, tmp_path, bare_rate):
+    shares = _pair_shares(built, tmp_path, bare_rate, {"CUDA_DEVICE_SM_LIMIT": "30"}, {"CUDA_DEVICE_SM_LIMIT": "70"})
     assert abs(shares[0] - 0.30) <= 0.08 and abs(shares[1] - 0.70) <= 0.08, shares
 
 
@@ -326,24 +332,8 @@ def test_time_slots_hold_the_share(shim, bare_rate, limit, slots):
 
 
 def test_two_containers_in_their_own_slots_get_their_limits(built, tmp_path, bare_rate):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a, b = Shim(built, tmp_path / "a"), Shim(built, tmp_path / "b")
-    state = str(tmp_path / "shared_gpu.state")
-    pa = a.spawn("direct", "init", "wait", f"run:0.3:{KERNEL_US}:k", f"run:1.5:{KERNEL_US}:k",
-                 CUDA_DEVICE_SM_LIMIT="30", HAMID_SM_SLOTS="0-30", FAKE_GPU_STATE=state)
-    pb = b.spawn("direct", "init", "wait", f"run:0.3:{KERNEL_US}:graph", f"run:1.5:{KERNEL_US}:graph",
-                 CUDA_DEVICE_SM_LIMIT="70", HAMID_SM_SLOTS="30-100", FAKE_GPU_STATE=state)
-    wait_ready(pa)
-    wait_ready(pb)
-    for p in (pa, pb):
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    shares = []
-    for p in (pa, pb):
-        out = finish(p)
-        n, ns = out[-1].split()[1:3]
-        shares.append(int(n) / (int(ns) / 1e9) / bare_rate)
+    shares = _pair_shares(built, tmp_path, bare_rate, {"CUDA_DEVICE_SM_LIMIT": "30", "HAMID_SM_SLOTS": "0-30"},
+                          {"CUDA_DEVICE_SM_LIMIT": "70", "HAMID_SM_SLOTS": "30-100"})
     assert abs(shares[0] - 0.30) <= 0.05 and abs(shares[1] - 0.70) <= 0.05, shares
 
 
