@@ -34,7 +34,8 @@ async def test_idle_gossip_loop_sleeps_and_a_queued_update_goes_out_on_the_next_
             t0 = trio.current_time()
             m.broadcasts.add(("b", "m"), {"t": "alive", "n": "b", "a": "b:1", "i": 2, "cv": 0})
             await trio.sleep(p.gossip_interval * 1.01)
-            assert [(addr, msg["t"]) for _, addr, msg in sent] == [("b:1", "gossip")]
+            # out within one tick (a retransmit may follow a tick later: the update is sent a bounded number of times)
+            assert sent and {(addr, msg["t"]) for _, addr, msg in sent} == {("b:1", "gossip")}
             assert sent[0][0] - t0 <= p.gossip_interval
             n.cancel_scope.cancel()
     finally:
