@@ -11,9 +11,10 @@
  * launch is held back (in the launching thread) while the schedule before it
  * lies more than a few ms in the future. No credit accrues while idle.
  * Costs are measured, not guessed from grid size (the HAMi-core failure on
- * big GPUs, hami-core.md §4): the first launch of each (function, grid,
- * block) shape, and then one launch in 64, is bracketed by two events; the
- * elapsed times feed a windowed, outlier-trimmed mean (see record_sample).
+ * big GPUs, hami-core.md §4): each (function, grid, block) shape's first
+ * launches (until a window of samples is in), and then one launch in 64 (at
+ * most one a millisecond), are bracketed by two events; the elapsed times
+ * feed a windowed, outlier-trimmed mean (see record_sample).
  * Launches made before a shape's first measurement are charged when it
  * arrives. Work per launch: a hash probe, a clock read,
  * one CAS on the shared schedule; with no limit set, one predictable branch.
@@ -29,6 +30,8 @@
 #define MAX_FREE_EVENTS 128
 #define WINDOW 8
 #define SAMPLE_EVERY 64
+#define SAMPLE_GAP_NS 1000000ull /* and at most one sample per shape per ms */
+#define POLL_GAP_NS 250000ull    /* in-flight samples are polled at most every 250 us */
 
 struct est {
     uint64_t key;
@@ -37,7 +40,9 @@ struct est {
     uint32_t cur_n;
     uint32_t launches;
     uint32_t early;
-    uint32_t pending;
+    uint32_t pending; /* samples in flight */
+    uint32_t samples; /* recorded so far, saturating at WINDOW */
+    uint64_t last_sample_ns;
 };
 
 struct sample {
@@ -60,6 +65,7 @@ static int g_capture_active;
 static pthread_once_t g_lim_once = PTHREAD_ONCE_INIT;
 static int g_lim_ready;
 static __thread uint32_t t_launches[HAMID_MAX_DEVICES];
+static uint32_t g_est_epoch; /* moves when an estimate changes by more than a quarter */
 
 #define A_LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define A_ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
@@ -229,6 +235,8 @@ struct slotcal {
     int64_t charged; /* cost admitted since a */
     int state; /* 0 idle, 1 a recorded, 2 b recorded (waiting for the GPU) */
     int64_t slot; /* start of the slot a belongs to */
+    uint32_t epoch; /* g_est_epoch when a was recorded */
+    int provisional; /* a launch inside was charged a still-learning estimate */
     double k;
 };
 static struct slotcal g_cal[HAMID_MAX_DEVICES];
@@ -240,11 +248,15 @@ static void cal_poll_locked(struct slotcal *c)
     CUresult r = g_cu.cuEventQuery(c->b);
     if (r == CUDA_ERROR_NOT_READY) return;
     float ms = 0;
-    if (r == CUDA_SUCCESS && g_cu.cuEventElapsedTime(&ms, c->a, c->b) == CUDA_SUCCESS && ms > 0 && c->charged > 0) {
+    /* Costs charged from a shape's first samples, or an estimate that moved
+       inside the bracket, say nothing about clocks: no ratio from those. */
+    if (r == CUDA_SUCCESS && c->epoch == A_LD(&g_est_epoch) && !A_LD(&c->provisional) &&
+        g_cu.cuEventElapsedTime(&ms, c->a, c->b) == CUDA_SUCCESS && ms > 0 && c->charged > 0) {
         double ratio = (double)ms * 1e6 / (double)c->charged;
         if (ratio < 1.0 / 16) ratio = 1.0 / 16;
         if (ratio > 16) ratio = 16;
-        double k = (c->k ? c->k : 1.0) * (1.0 + ratio) / 2;
+        /* halfway for small errors (noise), the whole way for a large one */
+        double k = (c->k ? c->k : 1.0) * (ratio > 2 || ratio < 0.5 ? ratio : (1.0 + ratio) / 2);
         c->k = k < 1.0 / 16 ? 1.0 / 16 : (k > 16 ? 16 : k);
         LOG_DEBUG("slot calibration: charged %.3f ms, took %.3f ms, k %.3f", (double)c->charged / 1e6, (double)ms,
                   c->k);
@@ -256,11 +268,14 @@ static void cal_poll_locked(struct slotcal *c)
 }
 
 /* A launch of the given cost admitted in the slot starting at ws. */
-static void cal_admitted(int rdev, CUstream st, int64_t cost, int64_t ws)
+static void cal_admitted(int rdev, CUstream st, int64_t cost, int64_t ws, int provisional)
 {
     struct slotcal *c = &g_cal[rdev];
     if (LIKELY(A_LD(&c->slot) == ws)) { /* the common case: one more launch in a bracketed slot */
-        if (A_LD(&c->state) == 1) __atomic_fetch_add(&c->charged, cost, __ATOMIC_RELAXED);
+        if (A_LD(&c->state) == 1) {
+            __atomic_fetch_add(&c->charged, cost, __ATOMIC_RELAXED);
+            if (UNLIKELY(provisional)) A_ST(&c->provisional, 1);
+        }
         return;
     }
     if (!g_cu.cuEventRecord || !g_cu.cuEventQuery || !g_cu.cuEventElapsedTime) return;
@@ -272,7 +287,10 @@ static void cal_admitted(int rdev, CUstream st, int64_t cost, int64_t ws)
         c->a = c->b = NULL;
         c->state = 0;
     }
-    if (c->state == 1) c->charged += cost;
+    if (c->state == 1) {
+        c->charged += cost;
+        if (provisional) c->provisional = 1;
+    }
     if (c->state == 0 && c->slot != ws && !A_LD(&g_capture_active) && g_cu.cuCtxGetCurrent && g_cu.cuEventRecord) {
         CUcontext ctx = NULL;
         if (g_cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx) {
@@ -283,6 +301,8 @@ static void cal_admitted(int rdev, CUstream st, int64_t cost, int64_t ws)
                 c->st = st;
                 c->charged = cost;
                 c->slot = ws;
+                c->epoch = A_LD(&g_est_epoch);
+                c->provisional = provisional;
                 c->state = 1;
             } else {
                 put_event_locked(c->a, ctx);
@@ -292,6 +312,23 @@ static void cal_admitted(int rdev, CUstream st, int64_t cost, int64_t ws)
         }
     }
     pthread_mutex_unlock(&g_smu);
+}
+
+/*
+ * Whether the GPU is still running what this process admitted in an earlier
+ * slot (that bracket's closing event has not completed). Then the costs were
+ * far too low, and a new slot must not start on top of that backlog: it waits
+ * until the backlog is done (and the bracket has measured by how much).
+ */
+static int cal_backlog(int rdev, int64_t ws)
+{
+    struct slotcal *c = &g_cal[rdev];
+    if (LIKELY(A_LD(&c->slot) == ws || A_LD(&c->state) != 2) || A_LD(&g_capture_active)) return 0;
+    if (pthread_mutex_trylock(&g_smu) != 0) return 0;
+    cal_poll_locked(c);
+    int busy = c->state == 2;
+    pthread_mutex_unlock(&g_smu);
+    return busy;
 }
 
 /* The slot is full: b closes the bracket after what it admitted. */
@@ -320,20 +357,27 @@ static void cal_slot_full(int rdev, CUstream st)
  * until the next slot begins. The queue is empty (as predicted) at every
  * slot's start, so a misestimate never carries over more than one slot.
  */
-static void slot_admit(struct hamid_device *d, int rdev, uint64_t est, int may_wait, CUstream st)
+static void slot_admit(struct hamid_device *d, int rdev, uint64_t est, int may_wait, CUstream st, int64_t now,
+                       int provisional)
 {
     double k = g_cal[rdev].k;
     int64_t cost = (int64_t)((double)est * (k ? k : 1.0));
-    for (;;) {
-        int64_t now = (int64_t)mono_ns();
+    for (int round = 0;; round++) {
+        if (round) now = (int64_t)mono_ns();
         int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED);
         int64_t s = old > now ? old : now, ws, we;
         slot_at(rdev, s, &ws, &we);
         int fits = ws <= s && (s + cost <= we || (cost > we - ws && s - ws <= (we - ws) / 8));
+        if (fits && may_wait && !g_cfg.sm_observe_only && cal_backlog(rdev, ws)) {
+            int64_t until = now + 200000; /* the backlog is polled every 200 us */
+            sleep_until((uint64_t)until);
+            __atomic_fetch_add(&d->throttle_ns, (uint64_t)(until - now), __ATOMIC_RELAXED);
+            continue;
+        }
         if (fits || !may_wait || g_cfg.sm_observe_only) {
             if (!__atomic_compare_exchange_n(&d->tat_ns, &old, s + cost, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
                 continue;
-            if (may_wait && fits) cal_admitted(rdev, st, cost, ws);
+            if (may_wait && fits) cal_admitted(rdev, st, cost, ws, provisional);
             return;
         }
         int64_t next = ws;
@@ -346,12 +390,12 @@ static void slot_admit(struct hamid_device *d, int rdev, uint64_t est, int may_w
     }
 }
 
-static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_wait, CUstream st)
+static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_wait, CUstream st, int provisional)
 {
     struct hamid_device *d = &g_region->devices[rdev];
     if (g_cfg.sm_nslots[rdev]) {
         __atomic_fetch_add(&d->gpu_time_ns, cost, __ATOMIC_RELAXED);
-        slot_admit(d, rdev, cost, may_wait, st);
+        slot_admit(d, rdev, cost, may_wait, st, (int64_t)now, provisional);
         return;
     }
     int64_t w = (int64_t)(cost * 100 / pct);
@@ -378,6 +422,15 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
  * typical duration, not its luckiest. (With time slots, the slot calibration
  * below corrects whatever this misses.)
  */
+/* One of the shape's samples is no longer in flight. */
+static void sample_done(struct est *e, uint64_t key)
+{
+    uint32_t n = A_LD(&e->pending);
+    while (A_LD(&e->key) == key && n > 0 &&
+           !__atomic_compare_exchange_n(&e->pending, &n, n - 1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
 static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
 {
     struct est *e = &g_est[p->idx];
@@ -406,15 +459,22 @@ static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
         est = mn;
     }
     A_ST(&e->cur_n, n);
+    uint32_t got = A_LD(&e->samples);
+    if (got < WINDOW) A_ST(&e->samples, got + 1);
+    uint64_t was = A_LD(&e->est_ns);
+    if (was && (est * 4 > was * 5 || est * 5 < was * 4)) __atomic_fetch_add(&g_est_epoch, 1, __ATOMIC_RELAXED);
+    if (est != was)
+        LOG_DEBUG("estimate %016llx: sample %llu ns, estimate %llu ns", (unsigned long long)p->key,
+                  (unsigned long long)m, (unsigned long long)est);
     A_ST(&e->est_ns, est);
     uint32_t early = __atomic_exchange_n(&e->early, 0, __ATOMIC_RELAXED);
-    if (early) charge(p->rdev, p->pct, est * early, now, 0, NULL);
+    if (early) charge(p->rdev, p->pct, est * early, now, 0, NULL, 1);
 }
 
 static void poll_pending_force(uint64_t now, int force)
 {
     if (LIKELY(!A_LD(&g_npend))) return;
-    if (!force && now - A_LD(&g_last_poll) < 100000) return;
+    if (!force && now - A_LD(&g_last_poll) < POLL_GAP_NS) return;
     if (A_LD(&g_capture_active)) return; /* event queries are not allowed during a global-mode capture */
     if (pthread_mutex_trylock(&g_smu) != 0) return;
     A_ST(&g_last_poll, now);
@@ -428,7 +488,7 @@ static void poll_pending_force(uint64_t now, int force)
                 record_sample(p, (uint64_t)((double)ms * 1e6), now);
         }
         struct est *e = &g_est[p->idx];
-        if (A_LD(&e->key) == p->key) A_ST(&e->pending, 0);
+        sample_done(e, p->key);
         put_event_locked(p->e0, p->ctx);
         put_event_locked(p->e1, p->ctx);
         g_pend[i] = g_pend[--g_npend];
@@ -512,6 +572,8 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
         A_ST(&e->launches, 0);
         A_ST(&e->early, 0);
         A_ST(&e->pending, 0);
+        A_ST(&e->samples, 0);
+        A_ST(&e->last_sample_ns, 0);
     }
     uint64_t est = A_LD(&e->est_ns);
     if (!est && A_LD(&e->pending) && !g_cfg.sm_observe_only) {
@@ -527,11 +589,22 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
         t_launches[rdev] = 0;
         A_ST(&d->last_kernel_realtime_ns, real_ns());
     }
-    if (est || g_cfg.sm_nslots[rdev]) charge(rdev, pct, est, now, 1, (ptsz && !s) ? CU_STREAM_PER_THREAD : s);
+    if (est || g_cfg.sm_nslots[rdev])
+        charge(rdev, pct, est, now, 1, (ptsz && !s) ? CU_STREAM_PER_THREAD : s, A_LD(&e->samples) < WINDOW);
     else __atomic_fetch_add(&e->early, 1, __ATOMIC_RELAXED);
-    if ((est == 0 || (n % SAMPLE_EVERY) == 0) && !A_LD(&e->pending) && !A_LD(&g_capture_active)) {
-        uint32_t zero = 0;
-        if (__atomic_compare_exchange_n(&e->pending, &zero, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    /* Sampled: every launch until the shape has a window of samples (its very
+       first launch is often slow: lazy loading, cold caches), several in
+       flight at once, then one in SAMPLE_EVERY, one in flight, at most one per
+       SAMPLE_GAP_NS (two event records cost about as much as a launch: this
+       keeps them off tiny, frequent kernels). */
+    uint32_t got = A_LD(&e->samples), inflight = A_LD(&e->pending);
+    int learning = est == 0 || got < WINDOW;
+    int want = learning ? got + inflight < WINDOW && (inflight == 0 || est != 0)
+                        : (n % SAMPLE_EVERY) == 0 && now - A_LD(&e->last_sample_ns) >= SAMPLE_GAP_NS && !inflight;
+    if (want && !A_LD(&g_capture_active)) {
+        if (__atomic_compare_exchange_n(&e->pending, &inflight, inflight + 1, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            A_ST(&e->last_sample_ns, now);
             if (sample_begin(L, s, ptsz)) {
                 L->sampling = 1;
                 L->s.key = key;
@@ -539,7 +612,7 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
                 L->s.rdev = rdev;
                 L->s.pct = pct;
             } else {
-                A_ST(&e->pending, 0);
+                sample_done(e, key);
             }
         }
     }
@@ -556,7 +629,7 @@ static void post_launch(struct lctx *L, CUresult r)
         put_event_locked(L->s.e0, L->s.ctx);
         put_event_locked(L->s.e1, L->s.ctx);
         struct est *e = &g_est[L->s.idx];
-        if (A_LD(&e->key) == L->s.key) A_ST(&e->pending, 0);
+        sample_done(e, L->s.key);
     }
     pthread_mutex_unlock(&g_smu);
 }

@@ -364,3 +364,26 @@ def test_observe_mode_charges_without_holding_back(shim, bare_rate):
     assert rate(r) / bare_rate > 0.9
     d = read_region(shim.region).device(0)
     assert d.gpu_time_ns > 0.3e9 and d.throttle_ns == 0
+
+
+def test_a_slow_first_launch_does_not_skew_the_share(shim, bare_rate):
+    # a real driver's first launch of a kernel is often far slower (lazy loading);
+    # the stand-in makes it 50x the kernel's time
+    r = shim.run("direct", "init", f"run:0.3:{KERNEL_US}:k", f"run:1.2:{KERNEL_US}:k",
+                 CUDA_DEVICE_SM_LIMIT="10", HAMID_SM_SLOTS="0-10", FAKE_FIRST_LAUNCH_US=str(50 * KERNEL_US))
+    share = rate(type(r)(r.rc, r.lines[-1:], r.stderr)) / bare_rate
+    assert abs(share - 0.10) <= 0.04, share
+
+
+def test_a_backlog_from_a_sudden_slowdown_is_not_stacked(shim):
+    # after 100 launches every kernel runs 20x longer, with a launch queue deep
+    # enough for seconds of work: the costs charged are far too low for a while,
+    # but the next slot waits for the last one's work instead of piling onto it
+    slow = 20
+    r = shim.run("direct", "init", f"run:2.5:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="10", HAMID_SM_SLOTS="0-10",
+                 FAKE_SLOW_AFTER=f"100:{slow}", FAKE_QUEUE_MS="5000")
+    n, ns = map(int, r.one("run")[1:3])
+    assert n > 100, n
+    gpu_s = (100 * KERNEL_US + (n - 100) * KERNEL_US * slow) / 1e6
+    share = gpu_s / (ns / 1e9)
+    assert share <= 0.10 + 0.10, (n, share)

@@ -257,16 +257,52 @@ API CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
 API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return cuStreamEndCapture(s, g); }
 
 static int64_t busy_until(int p) { return __atomic_load_n(&fake_state_get()->dev[p].busy_until, __ATOMIC_ACQUIRE); }
+
+/*
+ * How long a launch runs, in us: the kernel's own value, except for two
+ * simulated behaviours of real GPUs the tests ask for by environment:
+ * FAKE_FIRST_LAUNCH_US, the first launch of each kernel in a process runs this
+ * long (lazy module loading, cold caches); FAKE_SLOW_AFTER=N:F, after N launches
+ * in a process every kernel runs F times longer (data-dependent work).
+ */
+static uint64_t work_us(uint64_t key, uint64_t us)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t seen[256];
+    static int nseen;
+    static long launches;
+    const char *v = getenv("FAKE_FIRST_LAUNCH_US");
+    if (v && *v) {
+        int first = 1;
+        pthread_mutex_lock(&mu);
+        for (int i = 0; i < nseen; i++) if (seen[i] == key) { first = 0; break; }
+        if (first && nseen < 256) seen[nseen++] = key;
+        pthread_mutex_unlock(&mu);
+        if (first) return strtoull(v, NULL, 10);
+    }
+    v = getenv("FAKE_SLOW_AFTER");
+    long n = __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
+    if (v && *v && n > atol(v) && strchr(v, ':')) us *= strtoull(strchr(v, ':') + 1, NULL, 10);
+    return us;
+}
+
+/* The launch queue holds FAKE_QUEUE_MS of work (default 20): then the CPU blocks. */
+static int64_t queue_ns(void)
+{
+    const char *v = getenv("FAKE_QUEUE_MS");
+    return (v && *v ? atoll(v) : 20) * 1000000;
+}
+
 static CUresult run_work(CUstream s, uint64_t us)
 {
     if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (is_real_stream(s) && ((struct fstream *)s)->capturing) { ((struct fstream *)s)->captured += (int)us; return CUDA_SUCCESS; }
+    us = work_us(us, us);
     struct fake_state *st = fake_state_get();
     int p = phys(t_cur);
     int64_t now = fake_now(), old = busy_until(p), end;
     do { end = (old > now ? old : now) + (int64_t)us * 1000; } while (!__atomic_compare_exchange_n(&st->dev[p].busy_until, &old, end, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
-    /* a bounded launch queue: the CPU blocks once 20 ms of work are queued */
-    int64_t ahead = end - now - 20000000;
+    int64_t ahead = end - now - queue_ns();
     if (ahead > 0) { struct timespec ts = {ahead / 1000000000, ahead % 1000000000}; nanosleep(&ts, NULL); }
     return CUDA_SUCCESS;
 }
