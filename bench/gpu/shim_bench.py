@@ -251,16 +251,21 @@ def launch_cost():
               env(CUDA_DEVICE_SM_LIMIT=50, HAMID_SM_SLOTS="0-50", HAMID_SM_LIMIT_MODE="observe")),
              ("shim, limit 90 enforced (includes holding back: empty kernels are GPU-bound)",
               env(CUDA_DEVICE_SM_LIMIT=90))]
-    for _ in range(7):  # interleaved rounds, median of each case's per-round best
+    # Interleaved rounds, every process pinned to the same core (unpinned, the
+    # core a process lands on moved the bare figure by 0.7 us between runs);
+    # per case, the median over rounds of each process's best batch.
+    pin = ["taskset", "-c", str(min(3, (os.cpu_count() or 1) - 1))]
+    for _ in range(21):
         for name, e in cases:
-            out = run(cbench("launch_cost", 200, 40), e)
+            out = run([*pin, *cbench("launch_cost", 200, 40)], e)
             res.setdefault(name, []).append(float(out.split()[-1]))
     med = {k: statistics.median(v) for k, v in res.items()}
     R["launch_ns"] = {"median_of_best": med, "rounds": res}
     base = med["bare"]
-    noise = (max(res["bare"]) - min(res["bare"])) / 1000
-    row("empty-kernel launch (CPU side, batches of 200), bare", f"{base / 1000:.3f} us (bare spread {noise:.3f} us)",
-        "-", "about 4 us")
+    q = sorted(res["bare"])
+    iqr = (q[3 * len(q) // 4] - q[len(q) // 4]) / 1000
+    row("empty-kernel launch (CPU side, batches of 200, pinned, 21 rounds), bare",
+        f"{base / 1000:.3f} us (bare interquartile range {iqr:.3f} us)", "-", "about 4 us")
     for name in list(med)[1:]:
         row(f"added per launch, {name}", f"{(med[name] - base) / 1000:+.3f} us",
             "~0 (no limit), <= 0.3 us (limit)", "no difference above noise (no limit)")
@@ -368,12 +373,13 @@ def period():
     time can exceed 50 %. Longer slots let the power cap bite inside them."""
     bare = R.get("shares_bare") or last_json(run([*TORCH, "shares", "2.5"], env(False), timeout=240))
     R["period"] = {}
-    for us in (20000, 100000, 500000):
+    periods = (20000, 100000, 250000, 500000)
+    for us in periods:
         got = last_json(run([*TORCH, "one", "matmul", "4", "0"],
                             env(CUDA_DEVICE_SM_LIMIT=50, HAMID_SM_SLOTS="0-50", HAMID_SM_PERIOD_US=us), timeout=240))
         R["period"][us] = got["matmul"] / bare["matmul"]
-    row("large matmul at 50 % in slots, period 20 / 100 (default) / 500 ms",
-        " / ".join(f"{R['period'][us] * 100:.1f}" for us in (20000, 100000, 500000)), "50 (+-5)", "-")
+    row("large matmul at 50 % in slots, period 20 / 100 (default) / 250 / 500 ms",
+        " / ".join(f"{R['period'][us] * 100:.1f}" for us in periods), "50 (+-5)", "-")
 
 
 def main():
