@@ -362,13 +362,18 @@ static void slot_admit(struct hamid_device *d, int rdev, uint64_t est, int may_w
 {
     double k = g_cal[rdev].k;
     int64_t cost = (int64_t)((double)est * (k ? k : 1.0));
+    int64_t backlog_since = 0;
     for (int round = 0;; round++) {
         if (round) now = (int64_t)mono_ns();
         int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED);
         int64_t s = old > now ? old : now, ws, we;
         slot_at(rdev, s, &ws, &we);
         int fits = ws <= s && (s + cost <= we || (cost > we - ws && s - ws <= (we - ws) / 8));
-        if (fits && may_wait && !g_cfg.sm_observe_only && cal_backlog(rdev, ws)) {
+        /* At most two periods: a kernel of the last slot may be waiting for
+           work this very thread has yet to launch, and that must not hang. */
+        int patient = !backlog_since || now - backlog_since < 2 * g_cfg.sm_period_ns;
+        if (fits && may_wait && !g_cfg.sm_observe_only && patient && cal_backlog(rdev, ws)) {
+            if (!backlog_since) backlog_since = now;
             int64_t until = now + 200000; /* the backlog is polled every 200 us */
             sleep_until((uint64_t)until);
             __atomic_fetch_add(&d->throttle_ns, (uint64_t)(until - now), __ATOMIC_RELAXED);

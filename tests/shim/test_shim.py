@@ -387,3 +387,14 @@ def test_a_backlog_from_a_sudden_slowdown_is_not_stacked(shim):
     gpu_s = (100 * KERNEL_US + (n - 100) * KERNEL_US * slow) / 1e6
     share = gpu_s / (ns / 1e9)
     assert share <= 0.10 + 0.10, (n, share)
+
+
+def test_waiting_for_a_backlog_is_bounded(shim):
+    # after 50 launches each kernel runs 500x longer (200 ms): one slot's 25
+    # launches leave 5 s of work queued. Waiting on that backlog must give
+    # up after two periods (a queued kernel may be waiting for work this thread
+    # has yet to launch), so launches go on instead of stalling for seconds
+    r = shim.run("direct", "init", f"run:2.5:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="10", HAMID_SM_SLOTS="0-10",
+                 FAKE_SLOW_AFTER="50:500", FAKE_QUEUE_MS="60000", timeout=60)
+    n = int(r.one("run")[1])
+    assert n >= 50 + 25 + 4, n  # unbounded, the next launch would wait out the 5 s
