@@ -418,15 +418,6 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
     }
 }
 
-/*
- * The estimate: until a window of WINDOW samples is full, the smallest sample
- * so far; then the mean of the window's samples within 25% of its minimum.
- * Another context time-slicing in mid-kernel inflates a sample by a whole
- * slice (milliseconds), far more than clock and cache variation (a few %):
- * the first are dropped, the second averaged, so a kernel is charged its
- * typical duration, not its luckiest. (With time slots, the slot calibration
- * below corrects whatever this misses.)
- */
 /* One of the shape's samples is no longer in flight. */
 static void sample_done(struct est *e, uint64_t key)
 {
@@ -436,6 +427,15 @@ static void sample_done(struct est *e, uint64_t key)
     }
 }
 
+/*
+ * The estimate: until a window of WINDOW samples is full, the smallest sample
+ * so far; then the mean of the window's samples within 25% of its minimum.
+ * Another context time-slicing in mid-kernel inflates a sample by a whole
+ * slice (milliseconds), far more than clock and cache variation (a few %):
+ * the first are dropped, the second averaged, so a kernel is charged its
+ * typical duration, not its luckiest. (With time slots, the slot calibration
+ * below corrects whatever this misses.)
+ */
 static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
 {
     struct est *e = &g_est[p->idx];
@@ -594,15 +594,16 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
         t_launches[rdev] = 0;
         A_ST(&d->last_kernel_realtime_ns, real_ns());
     }
+    uint32_t got = A_LD(&e->samples);
     if (est || g_cfg.sm_nslots[rdev])
-        charge(rdev, pct, est, now, 1, (ptsz && !s) ? CU_STREAM_PER_THREAD : s, A_LD(&e->samples) < WINDOW);
+        charge(rdev, pct, est, now, 1, (ptsz && !s) ? CU_STREAM_PER_THREAD : s, got < WINDOW);
     else __atomic_fetch_add(&e->early, 1, __ATOMIC_RELAXED);
     /* Sampled: every launch until the shape has a window of samples (its very
        first launch is often slow: lazy loading, cold caches), several in
        flight at once, then one in SAMPLE_EVERY, one in flight, at most one per
        SAMPLE_GAP_NS (two event records cost about as much as a launch: this
        keeps them off tiny, frequent kernels). */
-    uint32_t got = A_LD(&e->samples), inflight = A_LD(&e->pending);
+    uint32_t inflight = A_LD(&e->pending);
     int learning = est == 0 || got < WINDOW;
     int want = learning ? got + inflight < WINDOW && (inflight == 0 || est != 0)
                         : (n % SAMPLE_EVERY) == 0 && now - A_LD(&e->last_sample_ns) >= SAMPLE_GAP_NS && !inflight;
