@@ -12,7 +12,9 @@
  * move. New fields are only ever carved out of the `reserved` arrays (each
  * struct keeps its size), and abi_version is bumped when they are. A reader
  * accepts any file whose magic matches, whose abi_version it knows and whose
- * struct_size is at least its own sizeof.
+ * struct_size is at least its own sizeof. A field added in ABI n reads as 0
+ * in a file an older shim wrote, and 0 always means "not set".
+ * ABI 2 (shim 0.2): hamid_proc.host_pid, hamid_device.ctx_lock_storage.
  *
  * Concurrency: every field that the shim changes is changed under the
  * region's robust, process-shared mutex (lock_storage) or with atomic
@@ -26,7 +28,7 @@
 
 /* HAMID_CDEF_BEGIN */
 #define HAMID_REGION_MAGIC 0x48414d4944524731
-#define HAMID_REGION_ABI_VERSION 1
+#define HAMID_REGION_ABI_VERSION 2
 #define HAMID_MAX_DEVICES 16
 #define HAMID_MAX_PROCS 1024
 #define HAMID_UUID_LEN 96
@@ -48,7 +50,9 @@ struct hamid_device {
     uint64_t context_bytes;     /* measured per-process context size, 0 = unknown */
     uint64_t launches;          /* limited launches seen (atomic) */
     char uuid[96];              /* "GPU-..." as NVML prints it */
-    uint64_t reserved[40];
+    uint64_t ctx_lock_storage[8]; /* ABI 2: robust, process-shared mutex, held while a process of the
+                                     container creates its first context on this device */
+    uint64_t reserved[32];
 };
 
 /* Per process. 512 bytes. A slot never moves while its process lives. */
@@ -58,7 +62,9 @@ struct hamid_proc {
     uint64_t start_time;        /* /proc/<pid>/stat starttime, guards pid reuse */
     uint64_t used[16];          /* bytes per device, context included */
     uint64_t context[16];       /* the context/overhead part of used[] */
-    uint64_t reserved[30];
+    int32_t host_pid;           /* the pid NVML reports it by (ABI 2); 0 = not known yet */
+    uint32_t pad0;
+    uint64_t reserved[29];
 };
 
 struct hamid_region {

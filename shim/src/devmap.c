@@ -5,7 +5,8 @@
  * CUDA_VISIBLE_DEVICES inside the container still charges the right device,
  * hami-core.md §5 "device-index hazard"), with the identity mapping when NVML
  * is absent; and the "current device" lookup used on the allocation and
- * launch paths (no driver call at all when the process sees one device).
+ * launch paths (no driver call at all when the process sees one device);
+ * and the NVML handle of a CUDA ordinal.
  */
 #include "shim.h"
 
@@ -122,6 +123,13 @@ HIDDEN int dev_region_index_for_nvml(nvmlDevice_t h)
     if (g_nv.nvmlDeviceGetIndex && g_nv.nvmlDeviceGetIndex(h, &idx) == NVML_SUCCESS && idx < HAMID_MAX_DEVICES)
         return (int)idx;
     return -1;
+}
+
+HIDDEN int dev_nvml_handle(CUdevice ord, nvmlDevice_t *h)
+{
+    int rdev = dev_region_index(ord);
+    if (rdev < 0 || !nvml_ready() || !g_nv.nvmlDeviceGetHandleByIndex_v2) return -1;
+    return g_nv.nvmlDeviceGetHandleByIndex_v2((unsigned)rdev, h) == NVML_SUCCESS ? 0 : -1;
 }
 
 HIDDEN void devmap_after_fork_child(void)

@@ -180,53 +180,24 @@ extern HIDDEN int limiter_stream_capturing(CUstream s, int ptsz);
 
 /* ---- NVML helpers for the context overhead ---- */
 
-static int nvml_handle_for(CUdevice ord, nvmlDevice_t *h)
-{
-    int rdev = dev_region_index(ord);
-    if (rdev < 0 || !nvml_ready() || !g_nv.nvmlDeviceGetHandleByIndex_v2) return -1;
-    return g_nv.nvmlDeviceGetHandleByIndex_v2((unsigned)rdev, h) == NVML_SUCCESS ? 0 : -1;
-}
-
 static int nvml_device_used(CUdevice ord, uint64_t *used)
 {
     nvmlDevice_t h;
     nvmlMemory_t m;
-    if (nvml_handle_for(ord, &h) != 0 || !g_nv.nvmlDeviceGetMemoryInfo) return -1;
+    if (dev_nvml_handle(ord, &h) != 0 || !g_nv.nvmlDeviceGetMemoryInfo) return -1;
     if (g_nv.nvmlDeviceGetMemoryInfo(h, &m) != NVML_SUCCESS) return -1;
     *used = m.used;
     return 0;
 }
 
-/* This process's figure in NVML's per-process list, when its pid is visible. */
-static int nvml_own_usage(CUdevice ord, uint64_t *used)
-{
-    nvmlDevice_t h;
-    if (nvml_handle_for(ord, &h) != 0 || !g_nv.nvmlDeviceGetComputeRunningProcesses_v3) return -1;
-    nvmlProcessInfo_t buf[64], *infos = buf;
-    unsigned int n = 64;
-    nvmlReturn_t r = g_nv.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, infos);
-    if (r == NVML_ERROR_INSUFFICIENT_SIZE && n > 0 && n < 65536) {
-        n += 8;
-        infos = calloc(n, sizeof *infos);
-        if (!infos) return -1;
-        r = g_nv.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, infos);
-    }
-    int found = -1;
-    unsigned int me = (unsigned int)getpid();
-    if (r == NVML_SUCCESS)
-        for (unsigned int i = 0; i < n; i++)
-            if (infos[i].pid == me && infos[i].usedGpuMemory != ~0ull) { *used = infos[i].usedGpuMemory; found = 0; }
-    if (infos != buf) free(infos);
-    return found;
-}
-
 static uint64_t g_last_reconcile[HAMID_MAX_DEVICES];
 
 /*
- * Where NVML can see this process (same pid namespace), its own per-process
- * figure is the truth for everything the shim cannot see (context, loaded
- * modules, driver rounding): the difference to the tracked allocations
- * becomes this process's overhead. At most every 200 ms per device.
+ * Where NVML's per-process figure for this process can be read (hostpid.c
+ * finds it, in a pid namespace too), it is the truth for everything the shim
+ * cannot see (context, loaded modules, driver rounding): the difference to
+ * the tracked allocations becomes this process's overhead. At most every
+ * 200 ms per device.
  */
 /* Without NVML's per-process figure: the smallest context size any process of
  * the container measured is the best estimate (a measurement can only be
@@ -251,7 +222,7 @@ static void reconcile(int rdev, CUdevice ord, int force)
         !force)
         return;
     uint64_t nv;
-    if (nvml_own_usage(ord, &nv) != 0) {
+    if (hostpid_usage(ord, &nv) != 0) {
         context_from_region(rdev);
         return;
     }
@@ -569,10 +540,14 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     acct_init();
     int first = __atomic_load_n(&g_primary_refs[dev], __ATOMIC_ACQUIRE) == 0;
     uint64_t before = 0;
+    void *learn = first ? hostpid_before_context(dev) : NULL;
     int have_before = first && !g_cfg.context_bytes_override && nvml_device_used(dev, &before) == 0;
     CUresult r = g_cu.cuDevicePrimaryCtxRetain(pctx, dev);
-    if (r == CUDA_SUCCESS && __atomic_fetch_add(&g_primary_refs[dev], 1, __ATOMIC_ACQ_REL) == 0)
-        context_created(dev, have_before, before);
+    if (r == CUDA_SUCCESS && __atomic_fetch_add(&g_primary_refs[dev], 1, __ATOMIC_ACQ_REL) == 0) {
+        hostpid_after_context(learn, dev);
+        context_created(dev, have_before, before); /* still under the context lock: no sibling inflates it */
+    }
+    hostpid_end(learn);
     return r;
 }
 

@@ -11,6 +11,9 @@
  *    EOWNERDEAD and recomputes every total from the slots before going on;
  *  - a slot never moves; reclaiming clears it in place;
  *  - no counter is ever decremented below zero.
+ * It also owns the per-device context locks, held while a process of the
+ * container creates its first context on a device (so hostpid.c can tell its
+ * own new NVML entry from a sibling's), and each slot's host_pid.
  * It must not call the CUDA driver.
  */
 #define _GNU_SOURCE
@@ -25,6 +28,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 HIDDEN struct hamid_region *g_region;
@@ -35,6 +39,7 @@ static pthread_once_t g_region_once = PTHREAD_ONCE_INIT;
 static int g_region_ready;
 
 _Static_assert(sizeof(pthread_mutex_t) <= sizeof(((struct hamid_region *)0)->lock_storage), "mutex fits");
+_Static_assert(sizeof(pthread_mutex_t) <= sizeof(((struct hamid_device *)0)->ctx_lock_storage), "mutex fits");
 
 static pthread_mutex_t *rmutex(void) { return (pthread_mutex_t *)(void *)g_region->lock_storage; }
 
@@ -129,6 +134,7 @@ static void clear_slot_locked(int i)
     }
     s->start_time = 0;
     s->flags = 0;
+    __atomic_store_n(&s->host_pid, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
     while (r->proc_high_water > 0 && r->procs[r->proc_high_water - 1].pid == 0) r->proc_high_water--;
 }
@@ -160,6 +166,16 @@ static int live_slots_locked(void)
     return n;
 }
 
+static void init_robust(uint64_t *storage)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init((pthread_mutex_t *)(void *)storage, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
 static void init_fresh(struct hamid_region *r)
 {
     memset(r, 0, sizeof *r);
@@ -168,12 +184,8 @@ static void init_fresh(struct hamid_region *r)
     r->max_procs = HAMID_MAX_PROCS;
     r->init_pid = (uint32_t)getpid();
     r->created_realtime_ns = real_ns();
-    pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init((pthread_mutex_t *)(void *)r->lock_storage, &a);
-    pthread_mutexattr_destroy(&a);
+    init_robust(r->lock_storage);
+    for (int d = 0; d < HAMID_MAX_DEVICES; d++) init_robust(r->devices[d].ctx_lock_storage);
     for (int d = 0; d < HAMID_MAX_DEVICES; d++) {
         r->devices[d].limit_bytes = g_cfg.mem_limit[d];
         r->devices[d].sm_limit = g_cfg.sm_limit[d];
@@ -223,6 +235,12 @@ static struct hamid_region *map_file(const char *path)
                 r->abi_version);
         munmap(p, sizeof *r);
         r = NULL;
+    } else if (r->abi_version < 2) {
+        /* Written by an older shim (still running, perhaps): the fields it
+           never touches are carved out of zeroed reserve; the context lock
+           only needs initialising, under the flock that every opener takes. */
+        for (int d = 0; d < HAMID_MAX_DEVICES; d++) init_robust(r->devices[d].ctx_lock_storage);
+        __atomic_store_n(&r->abi_version, 2u, __ATOMIC_RELEASE);
     }
 unlock:
     flock(fd, LOCK_UN);
@@ -300,6 +318,7 @@ static void register_slot(void)
         memset(s->used, 0, sizeof s->used);
         memset(s->context, 0, sizeof s->context);
         s->start_time = start;
+        s->host_pid = 0;
         s->flags = HAMID_PROC_FLAG_ACTIVE;
         __atomic_store_n(&s->pid, (int32_t)pid, __ATOMIC_RELEASE);
     } else {
@@ -428,4 +447,47 @@ HIDDEN int region_reclaim_dead(void)
     int n = reclaim_dead_locked();
     region_unlock(locked);
     return n;
+}
+
+/* ---- host pids and the context lock (hostpid.c) ---- */
+
+HIDDEN void acct_set_host_pid(int32_t pid)
+{
+    acct_init();
+    if (g_region && g_slot >= 0) __atomic_store_n(&g_region->procs[g_slot].host_pid, pid, __ATOMIC_RELAXED);
+}
+
+HIDDEN int region_host_pid_taken(int32_t pid)
+{
+    if (!g_region || g_private || pid <= 0) return 0;
+    uint32_t hw = __atomic_load_n(&g_region->proc_high_water, __ATOMIC_RELAXED);
+    if (hw > HAMID_MAX_PROCS) hw = HAMID_MAX_PROCS;
+    for (uint32_t i = 0; i < hw; i++)
+        if ((int)i != g_slot && __atomic_load_n(&g_region->procs[i].pid, __ATOMIC_ACQUIRE) > 0 &&
+            __atomic_load_n(&g_region->procs[i].host_pid, __ATOMIC_RELAXED) == pid)
+            return 1;
+    return 0;
+}
+
+HIDDEN int region_ctx_lock(int rdev, uint64_t timeout_ns)
+{
+    if (!region_ready() || g_private || rdev < 0 || rdev >= HAMID_MAX_DEVICES) return -1;
+    pthread_mutex_t *m = (pthread_mutex_t *)(void *)g_region->devices[rdev].ctx_lock_storage;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + timeout_ns;
+    ts.tv_sec = (time_t)(t / 1000000000ull);
+    ts.tv_nsec = (long)(t % 1000000000ull);
+    int rc = pthread_mutex_timedlock(m, &ts);
+    if (rc == EOWNERDEAD) { /* it guards no data: just take it over */
+        pthread_mutex_consistent(m);
+        rc = 0;
+    }
+    if (rc) LOG_DEBUG("context lock not taken (%d)", rc);
+    return rc ? -1 : 0;
+}
+
+HIDDEN void region_ctx_unlock(int rdev, int locked)
+{
+    if (locked == 0) pthread_mutex_unlock((pthread_mutex_t *)(void *)g_region->devices[rdev].ctx_lock_storage);
 }

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import struct
 import subprocess
 import sys
 import time
@@ -102,6 +104,61 @@ def test_accounting_matches_the_host_view(shim):
     assert abs(inside - host_used) <= 0.02 * host_used, (inside, host_used)
     snap = read_region(shim.region)
     assert snap.processes == [] and snap.device(0).used_bytes == 0  # released at exit
+
+
+def _in_pid_namespace(shim, tmp_path, cmds: list[list[str]], **env: str) -> subprocess.Popen:
+    """Start shimtest processes together in one new pid namespace, as the processes of one container: /proc
+    is left the host's, so the fake NVML (a stand-in) reports host pids, as the real driver does. Returns
+    once every process printed 'ready' (touch tmp_path/'go' to let them finish)."""
+    script = " ".join(f"{' '.join(map(shlex.quote, [str(shim.built.shimtest), *c]))} &" for c in cmds) + " wait"
+    p = subprocess.Popen(["unshare", "--pid", "--fork", "sh", "-c", script], env=shim.environ(**env),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = 0
+    while ready < len(cmds):
+        ln = p.stdout.readline()
+        assert ln, f"ended before every process was ready: {p.stderr.read()}"
+        ready += ln.strip() == "ready"
+    return p
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a new pid namespace needs root (CI runs as root)")
+def test_nvml_figure_is_found_inside_a_pid_namespace(shim, tmp_path):
+    """In a container NVML reports processes by their host pids (the driver ignores pid namespaces), so
+    getpid() is not in its list. Two processes of one container create their contexts at the same moment
+    (creation takes 300 ms), then load a 24 MiB module that no allocation call shows, only NVML's
+    per-process figure. Each must find its host pid and so count that module: the container's figure for each
+    process equals the host's."""
+    go = tmp_path / "go"
+    cmd = ["procaddr", "init", "launch:1:10", "sleep:300", "alloc:mem:64m", f"waitfile:{go}"]
+    p = _in_pid_namespace(shim, tmp_path, [cmd, cmd], CUDA_DEVICE_MEMORY_LIMIT="1g", FAKE_CTX_CREATE_MS="300",
+                          FAKE_MODULE_MB="24")
+    try:
+        snap = read_region(shim.region)
+        host = {int(ln[1]): int(ln[2]) for ln in shim.run("dlsym", "nvmlprocs", preload=False).find("proc")}
+    finally:
+        go.touch()
+        p.communicate(timeout=30)
+    assert len(snap.processes) == 2
+    assert {q.host_pid for q in snap.processes} == set(host), (snap.processes, host)
+    for q in snap.processes:
+        assert q.pid != q.host_pid  # really in a namespace of its own
+        assert q.used_bytes[0] == host[q.host_pid] == 64 * MiB + CTX + 24 * MiB, (q, host)
+    assert snap.device(0).used_bytes == sum(host.values())
+
+
+def test_a_region_from_the_previous_abi_is_taken_over(shim):
+    """A region file an ABI 1 shim wrote (a container that outlived an upgrade) is upgraded in place."""
+    assert shim.run("procaddr", "init", CUDA_DEVICE_MEMORY_LIMIT="1g").rc == 0
+    with open(shim.region, "r+b") as f:
+        f.seek(8)  # magic (8 bytes), then abi_version: fixed forever (hamid_region.h)
+        f.write(struct.pack("<I", 1))
+    assert read_region(shim.region).abi_version == 1
+    p = shim.spawn("procaddr", "init", "alloc:mem:64m", "wait", CUDA_DEVICE_MEMORY_LIMIT="1g")
+    wait_ready(p)
+    snap = read_region(shim.region)
+    finish(p)
+    assert snap.abi_version == 2
+    assert [(q.host_pid, q.used_bytes[0]) for q in snap.processes] == [(p.pid, 64 * MiB + CTX)]
 
 
 def test_version_and_flags_answered_like_the_driver(shim):

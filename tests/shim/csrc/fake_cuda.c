@@ -113,13 +113,24 @@ API CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d)
 }
 
 static int g_primary[FAKE_MAX_DEV];
+static void unload_module(int p);
 static uint64_t ctx_size(void) { const char *v = getenv("FAKE_CTX_MB"); return (uint64_t)(v ? atoi(v) : 40) << 20; }
+/* FAKE_CTX_CREATE_MS: creating a context takes that long (the real one takes 0.1-0.5 s); the process shows in
+   NVML's list halfway through. */
+static void ctx_create(int p)
+{
+    const char *v = getenv("FAKE_CTX_CREATE_MS");
+    long ms = v && *v ? atol(v) : 0;
+    if (ms) usleep((useconds_t)(ms * 500));
+    fake_charge(p, (int64_t)ctx_size(), 0);
+    if (ms) usleep((useconds_t)(ms * 500));
+}
 API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
 {
     int p = phys(d);
     if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
     if (p < 0 || !pctx) return CUDA_ERROR_INVALID_VALUE;
-    if (__atomic_fetch_add(&g_primary[d], 1, __ATOMIC_RELAXED) == 0) fake_charge(p, (int64_t)ctx_size(), 0);
+    if (__atomic_fetch_add(&g_primary[d], 1, __ATOMIC_RELAXED) == 0) ctx_create(p);
     *pctx = (CUcontext)(uintptr_t)(0x1000 + d);
     return CUDA_SUCCESS;
 }
@@ -136,14 +147,14 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 {
     int p = phys(d);
     if (p < 0 || g_primary[d] <= 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (--g_primary[d] == 0) { drop_device_allocs(p); fake_charge(p, -(int64_t)ctx_size(), 0); }
+    if (--g_primary[d] == 0) { drop_device_allocs(p); unload_module(p); fake_charge(p, -(int64_t)ctx_size(), 0); }
     return CUDA_SUCCESS;
 }
 API CUresult cuDevicePrimaryCtxReset_v2(CUdevice d)
 {
     int p = phys(d);
     if (p < 0) return CUDA_ERROR_INVALID_VALUE;
-    if (g_primary[d] > 0) { drop_device_allocs(p); fake_charge(p, -(int64_t)ctx_size(), 0); }
+    if (g_primary[d] > 0) { drop_device_allocs(p); unload_module(p); fake_charge(p, -(int64_t)ctx_size(), 0); }
     g_primary[d] = 0;
     return CUDA_SUCCESS;
 }
@@ -293,6 +304,25 @@ static int64_t queue_ns(void)
     return (v && *v ? atoll(v) : 20) * 1000000;
 }
 
+/*
+ * FAKE_MODULE_MB: a process's first kernel launch on a device loads its
+ * module into device memory (as the real driver's lazy loading does): memory
+ * that only NVML's per-process figure shows, no allocation call the shim sees.
+ */
+static uint64_t g_module[FAKE_MAX_DEV];
+static void load_module(int p)
+{
+    const char *v = getenv("FAKE_MODULE_MB");
+    if (!v || !*v || g_module[p]) return;
+    g_module[p] = strtoull(v, NULL, 10) << 20;
+    fake_charge(p, (int64_t)g_module[p], 0);
+}
+static void unload_module(int p)
+{
+    if (g_module[p]) fake_charge(p, -(int64_t)g_module[p], 0);
+    g_module[p] = 0;
+}
+
 static CUresult run_work(CUstream s, uint64_t us)
 {
     if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT;
@@ -300,6 +330,7 @@ static CUresult run_work(CUstream s, uint64_t us)
     us = work_us(us, us);
     struct fake_state *st = fake_state_get();
     int p = phys(t_cur);
+    load_module(p);
     int64_t now = fake_now(), old = busy_until(p), end;
     do { end = (old > now ? old : now) + (int64_t)us * 1000; } while (!__atomic_compare_exchange_n(&st->dev[p].busy_until, &old, end, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
     int64_t ahead = end - now - queue_ns();

@@ -6,8 +6,6 @@
  * compare the shim's container view against the host's.
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,7 +19,7 @@ static void reap(struct fake_state *s)
 {
     fake_lock(s);
     for (int i = 0; i < FAKE_MAX_PROC; i++) {
-        if (s->procs[i].pid > 0 && kill(s->procs[i].pid, 0) != 0 && errno == ESRCH) {
+        if (s->procs[i].pid > 0 && !fake_pid_alive(s->procs[i].pid)) {
             s->dev[s->procs[i].dev].used -= s->procs[i].used;
             s->procs[i].pid = 0;
             s->procs[i].used = 0;

@@ -9,6 +9,7 @@
 #define FAKE_STATE_H
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,11 +76,57 @@ static inline struct fake_state *fake_state_get(void)
     return s;
 }
 
+/*
+ * The pid the real driver would report: the host's. The driver is not aware
+ * of pid namespaces; this stand-in reads the first NSpid entry of
+ * /proc/self/status, which is the pid in the namespace /proc was mounted for
+ * (the host's, in the tests that run the shim under `unshare --pid` without
+ * remounting /proc). The shim itself must not learn its host pid this way: in
+ * a container /proc is the container's own and shows one level only.
+ */
+static inline int32_t fake_host_pid(void)
+{
+    static int32_t cached_for, cached;
+    int32_t me = (int32_t)getpid();
+    if (cached_for == me) return cached;
+    int32_t host = me;
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[4096];
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n > 0) {
+            buf[n] = 0;
+            char *p = strstr(buf, "\nNSpid:");
+            if (p) host = (int32_t)strtol(p + 7, NULL, 10);
+        }
+    }
+    cached_for = me;
+    cached = host;
+    return host;
+}
+
+/* Whether a host pid still runs (through /proc: kill() would take it as a
+   pid of the caller's namespace). */
+static inline int fake_pid_alive(int32_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+
 /* Charge (or refund, delta < 0) a process's memory on a physical device. */
 static inline int fake_charge(int dev, int64_t delta, int check)
 {
     struct fake_state *s = fake_state_get();
-    int32_t pid = (int32_t)getpid();
+    int32_t pid = fake_host_pid();
     fake_lock(s);
     if (check && delta > 0 && s->dev[dev].used + (uint64_t)delta > s->dev[dev].total) {
         fake_unlock(s);

@@ -59,6 +59,7 @@ nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int, nvmlDevice_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 
 #define APIS(X)                                                                                                       \
     X(cuInit, "cuInit", 0) X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 0)                                 \
@@ -85,6 +86,7 @@ static struct {
     __typeof__(&nvmlDeviceGetHandleByIndex_v2) nvmlDeviceGetHandleByIndex_v2;
     __typeof__(&nvmlDeviceGetMemoryInfo) nvmlDeviceGetMemoryInfo;
     __typeof__(&nvmlDeviceGetMemoryInfo_v2) nvmlDeviceGetMemoryInfo_v2;
+    __typeof__(&nvmlDeviceGetComputeRunningProcesses_v3) nvmlDeviceGetComputeRunningProcesses_v3;
 } api;
 
 static int g_version = 12080;
@@ -100,6 +102,7 @@ static void load(const char *mode)
         api.nvmlDeviceGetHandleByIndex_v2 = nvmlDeviceGetHandleByIndex_v2;
         api.nvmlDeviceGetMemoryInfo = nvmlDeviceGetMemoryInfo;
         api.nvmlDeviceGetMemoryInfo_v2 = nvmlDeviceGetMemoryInfo_v2;
+        api.nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses_v3;
         return;
     }
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
@@ -109,6 +112,7 @@ static void load(const char *mode)
     api.nvmlDeviceGetHandleByIndex_v2 = dlsym(hn, "nvmlDeviceGetHandleByIndex_v2");
     api.nvmlDeviceGetMemoryInfo = dlsym(hn, "nvmlDeviceGetMemoryInfo");
     api.nvmlDeviceGetMemoryInfo_v2 = dlsym(hn, "nvmlDeviceGetMemoryInfo_v2");
+    api.nvmlDeviceGetComputeRunningProcesses_v3 = dlsym(hn, "nvmlDeviceGetComputeRunningProcesses_v3");
     if (!strcmp(mode, "dlsym")) {
 #define F(n, b, fl) api.n = dlsym(h, #n);
         APIS(F)
@@ -286,6 +290,18 @@ int main(int argc, char **argv)
             int r1 = api.nvmlDeviceGetMemoryInfo(h, &m), r2 = api.nvmlDeviceGetMemoryInfo_v2(h, &m2);
             printf("nvml %d %llu %llu %llu\n", r1, m.total, m.used, m.free);
             printf("nvml2 %d %llu %llu %llu\n", r2, m2.total, m2.used, m2.free);
+        } else if (!strcmp(c, "nvmlprocs")) { /* NVML's per-process list of a device: "proc <pid> <bytes>" */
+            nvmlDevice_t h;
+            nvmlProcessInfo_t v[64];
+            unsigned int n = 64;
+            api.nvmlInit_v2();
+            api.nvmlDeviceGetHandleByIndex_v2(tok[1] ? (unsigned)atoi(tok[1]) : 0, &h);
+            int r = api.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, v);
+            for (unsigned int k = 0; r == 0 && k < n; k++) printf("proc %u %llu\n", v[k].pid, v[k].usedGpuMemory);
+        } else if (!strcmp(c, "waitfile")) { /* like wait, for processes without a stdin of their own */
+            printf("ready\n");
+            fflush(stdout);
+            while (access(tok[1], F_OK) != 0) usleep(10000);
         } else if (!strcmp(c, "wait")) {
             printf("ready\n");
             char line[64];
