@@ -12,9 +12,9 @@
  * lies more than a few ms in the future. No credit accrues while idle.
  * Costs are measured, not guessed from grid size (the HAMi-core failure on
  * big GPUs, hami-core.md §4): each (function, grid, block) shape's first
- * launches (until a window of samples is in), and then one launch in 64 (at
- * most one a millisecond), are bracketed by two events; the elapsed times
- * feed a windowed, outlier-trimmed mean (see record_sample).
+ * launches (until a window of samples is in), and then one launch in 64 or
+ * one every 20 ms (at most one a millisecond), are bracketed by two events;
+ * the elapsed times feed a sliding, outlier-trimmed mean (see record_sample).
  * Launches made before a shape's first measurement are charged when it
  * arrives. Work per launch: a hash probe, a clock read,
  * one CAS on the shared schedule; with no limit set, one predictable branch.
@@ -31,13 +31,14 @@
 #define WINDOW 8
 #define SAMPLE_EVERY 64
 #define SAMPLE_GAP_NS 1000000ull /* and at most one sample per shape per ms */
+#define SAMPLE_MAX_GAP_NS 20000000ull /* but one at least every 20 ms of a shape's launches (clocks move) */
 #define POLL_GAP_NS 250000ull    /* in-flight samples are polled at most every 250 us */
 
 struct est {
     uint64_t key;
     uint64_t est_ns;
-    uint32_t win[WINDOW]; /* this window's samples, ns (capped at 4 s) */
-    uint32_t cur_n;
+    uint32_t win[WINDOW]; /* the last WINDOW samples, ns (capped at 4 s), a ring */
+    uint32_t pos;         /* where the next sample goes */
     uint32_t launches;
     uint32_t early;
     uint32_t pending; /* samples in flight */
@@ -428,13 +429,15 @@ static void sample_done(struct est *e, uint64_t key)
 }
 
 /*
- * The estimate: until a window of WINDOW samples is full, the smallest sample
- * so far; then the mean of the window's samples within 25% of its minimum.
- * Another context time-slicing in mid-kernel inflates a sample by a whole
- * slice (milliseconds), far more than clock and cache variation (a few %):
- * the first are dropped, the second averaged, so a kernel is charged its
- * typical duration, not its luckiest. (With time slots, the slot calibration
- * below corrects whatever this misses.)
+ * The estimate: until WINDOW samples are in, the smallest sample so far; then
+ * the mean of the last WINDOW samples within 25% of their minimum, anew with
+ * every sample. Another context time-slicing in mid-kernel inflates a sample
+ * by a whole slice (milliseconds), far more than clock and cache variation (a
+ * few %): the first are dropped, the second averaged, so a kernel is charged
+ * its typical duration, not its luckiest. When the kernel really slows down
+ * (a power-capped GPU lowers its clocks once warm), the older, faster samples
+ * leave the window within WINDOW samples. (With time slots, the slot
+ * calibration below corrects whatever this misses.)
  */
 static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
 {
@@ -442,30 +445,27 @@ static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
     if (A_LD(&e->key) != p->key) return;
     if (m < 500) m = 500;
     if (m > 4000000000ull) m = 4000000000ull;
-    uint32_t n = A_LD(&e->cur_n);
-    if (n >= WINDOW) n = 0;
-    A_ST(&e->win[n], (uint32_t)m);
-    n++;
+    uint32_t pos = A_LD(&e->pos) % WINDOW;
+    A_ST(&e->win[pos], (uint32_t)m);
+    A_ST(&e->pos, (pos + 1) % WINDOW);
+    uint32_t got = A_LD(&e->samples);
+    if (got < WINDOW) A_ST(&e->samples, ++got);
     uint64_t mn = ~0ull;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < got; i++) {
         uint64_t v = A_LD(&e->win[i]);
         if (v < mn) mn = v;
     }
     uint64_t est = A_LD(&e->est_ns);
-    if (n == WINDOW) {
+    if (got == WINDOW) {
         uint64_t sum = 0, cnt = 0;
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = 0; i < WINDOW; i++) {
             uint64_t v = A_LD(&e->win[i]);
             if (v * 4 <= mn * 5) { sum += v; cnt++; }
         }
         est = sum / cnt;
-        n = 0;
     } else if (!est || mn < est) {
         est = mn;
     }
-    A_ST(&e->cur_n, n);
-    uint32_t got = A_LD(&e->samples);
-    if (got < WINDOW) A_ST(&e->samples, got + 1);
     uint64_t was = A_LD(&e->est_ns);
     if (was && (est * 4 > was * 5 || est * 5 < was * 4)) __atomic_fetch_add(&g_est_epoch, 1, __ATOMIC_RELAXED);
     if (est != was)
@@ -573,7 +573,7 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
     if (A_LD(&e->key) != key) {
         A_ST(&e->key, key);
         A_ST(&e->est_ns, 0);
-        A_ST(&e->cur_n, 0);
+        A_ST(&e->pos, 0);
         A_ST(&e->launches, 0);
         A_ST(&e->early, 0);
         A_ST(&e->pending, 0);
@@ -600,13 +600,16 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
     else __atomic_fetch_add(&e->early, 1, __ATOMIC_RELAXED);
     /* Sampled: every launch until the shape has a window of samples (its very
        first launch is often slow: lazy loading, cold caches), several in
-       flight at once, then one in SAMPLE_EVERY, one in flight, at most one per
-       SAMPLE_GAP_NS (two event records cost about as much as a launch: this
-       keeps them off tiny, frequent kernels). */
+       flight at once; then one in flight, at most one per SAMPLE_GAP_NS (two
+       event records cost about as much as a launch: this keeps them off tiny,
+       frequent kernels), one launch in SAMPLE_EVERY, or any launch once
+       SAMPLE_MAX_GAP_NS have passed (long kernels: the estimate follows the
+       clocks within a few hundred ms). */
     uint32_t inflight = A_LD(&e->pending);
     int learning = est == 0 || got < WINDOW;
+    uint64_t gap = now - A_LD(&e->last_sample_ns);
     int want = learning ? got + inflight < WINDOW && (inflight == 0 || est != 0)
-                        : (n % SAMPLE_EVERY) == 0 && now - A_LD(&e->last_sample_ns) >= SAMPLE_GAP_NS && !inflight;
+                        : !inflight && gap >= SAMPLE_GAP_NS && ((n % SAMPLE_EVERY) == 0 || gap >= SAMPLE_MAX_GAP_NS);
     if (want && !A_LD(&g_capture_active)) {
         if (__atomic_compare_exchange_n(&e->pending, &inflight, inflight + 1, 0, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED)) {

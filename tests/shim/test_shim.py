@@ -446,6 +446,20 @@ def test_a_backlog_from_a_sudden_slowdown_is_not_stacked(shim):
     assert share <= 0.10 + 0.10, (n, share)
 
 
+def test_the_rate_limit_follows_a_kernel_that_slows_down(shim):
+    # a power-capped GPU lowers its clocks once warm: after 300 launches every
+    # kernel runs 1.8x longer. The estimates must follow within a fraction of
+    # a second (a sliding window, a sample at least every 20 ms), or the share
+    # runs over the limit for as long as stale estimates last.
+    slow, first = 1.8, 300
+    r = shim.run("direct", "init", f"run:2.5:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="50", FAKE_SLOW_AFTER=f"{first}:{slow}")
+    n, ns = map(int, r.one("run")[1:3])
+    assert n > first, n
+    gpu_s = (first * KERNEL_US + (n - first) * KERNEL_US * slow) / 1e6
+    share = gpu_s / (ns / 1e9)
+    assert abs(share - 0.50) <= 0.05, (n, share)  # 0.59 with estimates renewed once per 8 samples of 1 in 64
+
+
 def test_waiting_for_a_backlog_is_bounded(shim):
     # after 50 launches each kernel runs 500x longer (200 ms): one slot's 25
     # launches leave 5 s of work queued. Waiting on that backlog must give

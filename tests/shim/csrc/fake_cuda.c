@@ -293,7 +293,7 @@ static uint64_t work_us(uint64_t key, uint64_t us)
     }
     v = getenv("FAKE_SLOW_AFTER");
     long n = __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
-    if (v && *v && n > atol(v) && strchr(v, ':')) us *= strtoull(strchr(v, ':') + 1, NULL, 10);
+    if (v && *v && n > atol(v) && strchr(v, ':')) us = (uint64_t)((double)us * strtod(strchr(v, ':') + 1, NULL));
     return us;
 }
 
