@@ -32,8 +32,8 @@ int main(int argc, char **argv)
     for (unsigned i = 0; i < r->proc_high_water && i < HAMID_MAX_PROCS; i++) {
         const struct hamid_proc *p = &r->procs[i];
         if (p->pid <= 0) continue;
-        printf("%s{\"slot\": %u, \"pid\": %d, \"host_pid\": %d, \"used\": %llu, \"context\": %llu}",
-               first ? "" : ", ", i, p->pid, r->abi_version >= 2 ? p->host_pid : 0, (unsigned long long)p->used[0],
+        printf("%s{\"slot\": %u, \"pid\": %d, \"nvml_pid\": %d, \"used\": %llu, \"context\": %llu}",
+               first ? "" : ", ", i, p->pid, r->abi_version >= 2 ? p->nvml_pid : 0, (unsigned long long)p->used[0],
                (unsigned long long)p->context[0]);
         first = 0;
     }

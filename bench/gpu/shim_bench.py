@@ -186,6 +186,21 @@ def smi_inside():
         holder.communicate("x\n", timeout=60)
 
 
+def ns_to_host(unshare_pid: int) -> dict[int, int]:
+    """pid in the namespace -> host pid, for the processes of the pid namespace `unshare --fork` made."""
+    kids = Path(f"/proc/{unshare_pid}/task/{unshare_pid}/children").read_text().split()
+    ns = os.readlink(f"/proc/{kids[0]}/ns/pid")
+    out = {}
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and os.readlink(d / "ns" / "pid") == ns:
+                nspid = [ln for ln in (d / "status").read_text().splitlines() if ln.startswith("NSpid:")][0].split()
+                out[int(nspid[-1])] = int(nspid[1])
+        except (OSError, IndexError):
+            continue
+    return out
+
+
 def accounting(reconcile: bool, pidns: bool = False):
     """Four processes of one container against the host's per-process NVML figures. With pidns they run in
     a pid namespace of their own, as in a real container: NVML lists them by host pid, and the shim must find
@@ -195,9 +210,11 @@ def accounting(reconcile: bool, pidns: bool = False):
     cmds = [cbench("hold", 512, 256, 256, 128, 64)] * 3 + [[*TORCH, "hold", "1024"]]
     e = env(region=reg, **kv)
     if pidns:
-        procs = [subprocess.Popen(["unshare", "--pid", "--fork", sys.executable, str(ROOT / "bench" / "gpu" / "pidns.py"),
-                                   json.dumps(cmds)], env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)]
+        # its own /proc too, as a container has (CUDA fails with error 304 in a pid namespace that still
+        # sees the host's /proc)
+        procs = [subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
+                                   str(ROOT / "bench" / "gpu" / "pidns.py"), json.dumps(cmds)], env=e,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
         waits = [(procs[0], len(cmds))]
     else:
         procs = [subprocess.Popen(c, env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -207,15 +224,19 @@ def accounting(reconcile: bool, pidns: bool = False):
         for p, n in waits:
             for _ in range(n):
                 ln = p.stdout.readline()
-                assert ln.startswith("ready"), ln + p.stderr.read()
+                if not ln.startswith("ready"):
+                    p.kill()  # before reading its stderr: a launcher would hold it open
+                    raise RuntimeError(f"not ready: {ln!r} {p.stderr.read()[-3000:]}")
         time.sleep(1.0)
         d = dump(reg)
         host = host_apps()
         per = []
+        hostpid = ns_to_host(procs[0].pid) if pidns else {}
         for s in d["procs"]:
-            hp = s.get("host_pid") or (0 if pidns else s["pid"])
-            per.append({"pid": s["pid"], "host_pid": hp, "inside": s["used"], "host": host.get(hp),
-                        "context": s["context"]})
+            hp = hostpid.get(s["pid"], 0) if pidns else s["pid"]
+            per.append({"pid": s["pid"], "host_pid": hp, "nvml_pid": s.get("nvml_pid"), "inside": s["used"],
+                        "host": host.get(hp), "context": s["context"]})
+        R["host_apps_" + ("pidns" if pidns else "plain")] = host
         inside_total = d["devices"][0]["used"]
         host_total = sum(x["host"] or 0 for x in per)
         found = sum(1 for x in per if x["host"])
@@ -227,7 +248,8 @@ def accounting(reconcile: bool, pidns: bool = False):
         err = (inside_total - host_total) / host_total * 100 if host_total else float("nan")
         row(f"4 procs (VMM, pools, async, array, cuBLAS) in-container vs host NVML, {label}",
             f"total {inside_total / MiB:.0f} vs {host_total / MiB:.0f} MiB ({err:+.2f}%), worst process "
-            f"{worst * 100:.2f}%" + (f", host pid found for {found}/{len(per)}" if pidns else ""),
+            f"{worst * 100:.2f}%" + (f", NVML pid (inside) found for {sum(1 for x in per if x['nvml_pid'])}"
+                                     f"/{len(per)}" if pidns else ""),
             "within 2%", "0.13% (1 proc, cuBLAS + buffers); under-counts VMM/pools")
     finally:
         for p in procs:

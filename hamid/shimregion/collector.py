@@ -18,8 +18,7 @@ HAMi's vGPUmonitor uses them, see shared/reference/hami.md §8):
   hamid_vgpu_oom_refusals_total        allocations refused by the limit
   hamid_vgpu_gpu_time_seconds_total    GPU time charged by the compute limiter
   hamid_vgpu_throttle_seconds_total    time launches were held back
-  hamid_vgpu_process_memory_used_bytes per process (extra labels pid, the
-                                       container's, and host_pid, NVML's; "" if unknown)
+  hamid_vgpu_process_memory_used_bytes per process (extra label pid)
 The labeler maps a container directory name to (namespace, pod, container);
 the default splits HAMi's `<podUID>_<container>` and leaves namespace empty.
 """
@@ -72,7 +71,7 @@ class ShimRegionCollector(Collector):
             ),
             "peak": GaugeMetricFamily("hamid_vgpu_memory_peak_bytes", "high-water mark of use", labels=_LABELS),
             "proc": GaugeMetricFamily(
-                "hamid_vgpu_process_memory_used_bytes", "per-process device memory", labels=_LABELS + ["pid", "host_pid"]
+                "hamid_vgpu_process_memory_used_bytes", "per-process device memory", labels=_LABELS + ["pid"]
             ),
         }
         c = {
@@ -110,8 +109,7 @@ class ShimRegionCollector(Collector):
                 c["thr"].add_metric(lv, d.throttle_ns / 1e9)
                 for p in snap.processes:
                     if d.index in p.used_bytes:
-                        host = str(p.host_pid) if p.host_pid else ""
-                        g["proc"].add_metric(lv + [str(p.pid), host], p.used_bytes[d.index])
+                        g["proc"].add_metric(lv + [str(p.pid)], p.used_bytes[d.index])
         yield from g.values()
         yield from c.values()
 

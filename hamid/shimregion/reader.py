@@ -86,7 +86,9 @@ class ProcessUsage:
     start_time: int
     used_bytes: dict[int, int] = field(default_factory=dict)
     context_bytes: dict[int, int] = field(default_factory=dict)
-    host_pid: int = 0  # the pid NVML reports it by (the host's namespace); 0 = not known (or an ABI 1 file)
+    # the pid NVML, called in the container, lists it by: the host's pid where the driver ignores pid
+    # namespaces, its own where the driver translates (580 does); 0 = not known (or an ABI 1 file)
+    nvml_pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ def read_region(path: str | os.PathLike[str]) -> RegionSnapshot:
                     start_time=int(p.start_time),
                     used_bytes={i: int(p.used[i]) for i in range(c["HAMID_MAX_DEVICES"]) if p.used[i]},
                     context_bytes={i: int(p.context[i]) for i in range(c["HAMID_MAX_DEVICES"]) if p.context[i]},
-                    host_pid=int(p.host_pid) if r.abi_version >= 2 else 0,
+                    nvml_pid=int(p.nvml_pid) if r.abi_version >= 2 else 0,
                 )
             )
         snap = RegionSnapshot(

@@ -14,7 +14,7 @@
  * accepts any file whose magic matches, whose abi_version it knows and whose
  * struct_size is at least its own sizeof. A field added in ABI n reads as 0
  * in a file an older shim wrote, and 0 always means "not set".
- * ABI 2 (shim 0.2): hamid_proc.host_pid, hamid_device.ctx_lock_storage.
+ * ABI 2 (shim 0.2): hamid_proc.nvml_pid, hamid_device.ctx_lock_storage.
  *
  * Concurrency: every field that the shim changes is changed under the
  * region's robust, process-shared mutex (lock_storage) or with atomic
@@ -62,7 +62,7 @@ struct hamid_proc {
     uint64_t start_time;        /* /proc/<pid>/stat starttime, guards pid reuse */
     uint64_t used[16];          /* bytes per device, context included */
     uint64_t context[16];       /* the context/overhead part of used[] */
-    int32_t host_pid;           /* the pid NVML reports it by (ABI 2); 0 = not known yet */
+    int32_t nvml_pid;           /* ABI 2: the pid NVML, called here, lists it by; 0 = not known yet */
     uint32_t pad0;
     uint64_t reserved[29];
 };

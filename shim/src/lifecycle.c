@@ -13,7 +13,7 @@ static void after_fork_child(void)
     mem_after_fork_child();
     devmap_after_fork_child();
     limiter_after_fork_child();
-    hostpid_after_fork_child();
+    nvmlpid_after_fork_child();
 }
 
 __attribute__((constructor)) static void shim_loaded(void)

@@ -193,7 +193,7 @@ static int nvml_device_used(CUdevice ord, uint64_t *used)
 static uint64_t g_last_reconcile[HAMID_MAX_DEVICES];
 
 /*
- * Where NVML's per-process figure for this process can be read (hostpid.c
+ * Where NVML's per-process figure for this process can be read (nvmlpid.c
  * finds it, in a pid namespace too), it is the truth for everything the shim
  * cannot see (context, loaded modules, driver rounding): the difference to
  * the tracked allocations becomes this process's overhead. At most every
@@ -222,7 +222,7 @@ static void reconcile(int rdev, CUdevice ord, int force)
         !force)
         return;
     uint64_t nv;
-    if (hostpid_usage(ord, &nv) != 0) {
+    if (nvmlpid_usage(ord, &nv) != 0) {
         context_from_region(rdev);
         return;
     }
@@ -540,14 +540,14 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     acct_init();
     int first = __atomic_load_n(&g_primary_refs[dev], __ATOMIC_ACQUIRE) == 0;
     uint64_t before = 0;
-    void *learn = first ? hostpid_before_context(dev) : NULL;
+    void *learn = first ? nvmlpid_before_context(dev) : NULL;
     int have_before = first && !g_cfg.context_bytes_override && nvml_device_used(dev, &before) == 0;
     CUresult r = g_cu.cuDevicePrimaryCtxRetain(pctx, dev);
     if (r == CUDA_SUCCESS && __atomic_fetch_add(&g_primary_refs[dev], 1, __ATOMIC_ACQ_REL) == 0) {
-        hostpid_after_context(learn, dev);
+        nvmlpid_after_context(learn, dev);
         context_created(dev, have_before, before); /* still under the context lock: no sibling inflates it */
     }
-    hostpid_end(learn);
+    nvmlpid_end(learn);
     return r;
 }
 

@@ -12,8 +12,8 @@
  *  - a slot never moves; reclaiming clears it in place;
  *  - no counter is ever decremented below zero.
  * It also owns the per-device context locks, held while a process of the
- * container creates its first context on a device (so hostpid.c can tell its
- * own new NVML entry from a sibling's), and each slot's host_pid.
+ * container creates its first context on a device (so nvmlpid.c can tell its
+ * own new NVML entry from a sibling's), and each slot's nvml_pid.
  * It must not call the CUDA driver.
  */
 #define _GNU_SOURCE
@@ -134,7 +134,7 @@ static void clear_slot_locked(int i)
     }
     s->start_time = 0;
     s->flags = 0;
-    __atomic_store_n(&s->host_pid, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->nvml_pid, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
     while (r->proc_high_water > 0 && r->procs[r->proc_high_water - 1].pid == 0) r->proc_high_water--;
 }
@@ -318,7 +318,7 @@ static void register_slot(void)
         memset(s->used, 0, sizeof s->used);
         memset(s->context, 0, sizeof s->context);
         s->start_time = start;
-        s->host_pid = 0;
+        s->nvml_pid = 0;
         s->flags = HAMID_PROC_FLAG_ACTIVE;
         __atomic_store_n(&s->pid, (int32_t)pid, __ATOMIC_RELEASE);
     } else {
@@ -449,22 +449,22 @@ HIDDEN int region_reclaim_dead(void)
     return n;
 }
 
-/* ---- host pids and the context lock (hostpid.c) ---- */
+/* ---- NVML's pids and the context lock (nvmlpid.c) ---- */
 
-HIDDEN void acct_set_host_pid(int32_t pid)
+HIDDEN void acct_set_nvml_pid(int32_t pid)
 {
     acct_init();
-    if (g_region && g_slot >= 0) __atomic_store_n(&g_region->procs[g_slot].host_pid, pid, __ATOMIC_RELAXED);
+    if (g_region && g_slot >= 0) __atomic_store_n(&g_region->procs[g_slot].nvml_pid, pid, __ATOMIC_RELAXED);
 }
 
-HIDDEN int region_host_pid_taken(int32_t pid)
+HIDDEN int region_nvml_pid_taken(int32_t pid)
 {
     if (!g_region || g_private || pid <= 0) return 0;
     uint32_t hw = __atomic_load_n(&g_region->proc_high_water, __ATOMIC_RELAXED);
     if (hw > HAMID_MAX_PROCS) hw = HAMID_MAX_PROCS;
     for (uint32_t i = 0; i < hw; i++)
         if ((int)i != g_slot && __atomic_load_n(&g_region->procs[i].pid, __ATOMIC_ACQUIRE) > 0 &&
-            __atomic_load_n(&g_region->procs[i].host_pid, __ATOMIC_RELAXED) == pid)
+            __atomic_load_n(&g_region->procs[i].nvml_pid, __ATOMIC_RELAXED) == pid)
             return 1;
     return 0;
 }

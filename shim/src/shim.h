@@ -147,8 +147,8 @@ HIDDEN int region_reclaim_dead(void);     /* returns number reclaimed */
 HIDDEN uint64_t acct_proc_used(int rdev); /* this process's used[] */
 HIDDEN uint64_t acct_proc_context(int rdev);
 HIDDEN void region_after_fork_child(void);
-HIDDEN void acct_set_host_pid(int32_t pid);       /* record this process's host pid in its slot */
-HIDDEN int region_host_pid_taken(int32_t pid);    /* another live slot has this host pid */
+HIDDEN void acct_set_nvml_pid(int32_t pid);       /* record this process's NVML pid in its slot */
+HIDDEN int region_nvml_pid_taken(int32_t pid);    /* another live slot has this NVML pid */
 HIDDEN int region_ctx_lock(int rdev, uint64_t timeout_ns); /* 0 taken; -1 not (timeout, no shared region) */
 HIDDEN void region_ctx_unlock(int rdev, int locked);
 
@@ -164,12 +164,12 @@ HIDDEN void devmap_after_fork_child(void);
 HIDDEN void mem_after_fork_child(void);
 HIDDEN void mem_maybe_reconcile(int rdev, CUdevice ord);
 
-/* ---- the host pid, NVML's name for this process (hostpid.c) ---- */
-HIDDEN void *hostpid_before_context(CUdevice ord);  /* takes the device's context lock; NULL: nothing to learn */
-HIDDEN void hostpid_after_context(void *token, CUdevice ord); /* the context exists now */
-HIDDEN void hostpid_end(void *token);               /* releases the lock, frees the token */
-HIDDEN int hostpid_usage(CUdevice ord, uint64_t *used); /* NVML's figure for this process; -1 unknown */
-HIDDEN void hostpid_after_fork_child(void);
+/* ---- the pid NVML lists this process by (nvmlpid.c) ---- */
+HIDDEN void *nvmlpid_before_context(CUdevice ord);  /* takes the device's context lock; NULL: nothing to learn */
+HIDDEN void nvmlpid_after_context(void *token, CUdevice ord); /* the context exists now */
+HIDDEN void nvmlpid_end(void *token);               /* releases the lock, frees the token */
+HIDDEN int nvmlpid_usage(CUdevice ord, uint64_t *used); /* NVML's figure for this process; -1 unknown */
+HIDDEN void nvmlpid_after_fork_child(void);
 
 /* ---- limiter (limiter.c) ---- */
 HIDDEN void limiter_after_fork_child(void);

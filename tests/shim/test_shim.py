@@ -123,8 +123,8 @@ def _in_pid_namespace(shim, tmp_path, cmds: list[list[str]], **env: str) -> subp
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a new pid namespace needs root (CI runs as root)")
 def test_nvml_figure_is_found_inside_a_pid_namespace(shim, tmp_path):
-    """In a container NVML reports processes by their host pids (the driver ignores pid namespaces), so
-    getpid() is not in its list. Two processes of one container create their contexts at the same moment
+    """Drivers that ignore pid namespaces list a container's processes by their host pids (this stand-in does
+    so), so getpid() is not in NVML's list. Two processes of one container create their contexts at the same moment
     (creation takes 300 ms), then load a 24 MiB module that no allocation call shows, only NVML's
     per-process figure. Each must find its host pid and so count that module: the container's figure for each
     process equals the host's."""
@@ -139,10 +139,10 @@ def test_nvml_figure_is_found_inside_a_pid_namespace(shim, tmp_path):
         go.touch()
         p.communicate(timeout=30)
     assert len(snap.processes) == 2
-    assert {q.host_pid for q in snap.processes} == set(host), (snap.processes, host)
+    assert {q.nvml_pid for q in snap.processes} == set(host), (snap.processes, host)
     for q in snap.processes:
-        assert q.pid != q.host_pid  # really in a namespace of its own
-        assert q.used_bytes[0] == host[q.host_pid] == 64 * MiB + CTX + 24 * MiB, (q, host)
+        assert q.pid != q.nvml_pid  # really in a namespace of its own
+        assert q.used_bytes[0] == host[q.nvml_pid] == 64 * MiB + CTX + 24 * MiB, (q, host)
     assert snap.device(0).used_bytes == sum(host.values())
 
 
@@ -158,7 +158,7 @@ def test_a_region_from_the_previous_abi_is_taken_over(shim):
     snap = read_region(shim.region)
     finish(p)
     assert snap.abi_version == 2
-    assert [(q.host_pid, q.used_bytes[0]) for q in snap.processes] == [(p.pid, 64 * MiB + CTX)]
+    assert [(q.nvml_pid, q.used_bytes[0]) for q in snap.processes] == [(p.pid, 64 * MiB + CTX)]
 
 
 def test_version_and_flags_answered_like_the_driver(shim):

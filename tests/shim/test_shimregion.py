@@ -91,9 +91,9 @@ def test_reader_and_collector_on_a_live_container(built, tmp_path):
     assert samples[("hami_vgpu_memory_context_bytes", key(lbl))] == 2 * ctx
     assert samples[("hami_vgpu_memory_buffer_bytes", key(lbl))] == 400 << 20
     assert samples[("hami_vgpu_core_limit_ratio", key(lbl))] == 0.4
-    # no pid namespace here: NVML's pid (host_pid) is the process's own
-    assert all(by_pid[p.pid].host_pid == p.pid for p in procs)
-    pl = dict(lbl, pid=str(procs[1].pid), host_pid=str(procs[1].pid))
+    # no pid namespace here: NVML's pid (nvml_pid) is the process's own
+    assert all(by_pid[p.pid].nvml_pid == p.pid for p in procs)
+    pl = dict(lbl, pid=str(procs[1].pid))
     assert samples[("hamid_vgpu_process_memory_used_bytes", key(pl))] == (300 << 20) + ctx
     for p in procs:
         finish(p)

@@ -1,13 +1,15 @@
 /*
- * hostpid.c: which pid NVML knows this process by, and NVML's figure for it.
+ * nvmlpid.c: which pid NVML lists this process by, and NVML's figure for it
+ * (the truth for what the shim cannot see: context, loaded modules, driver
+ * rounding; mem.c's reconcile).
  *
- * The driver is not aware of pid namespaces: NVML lists processes by their
- * pid in the host's namespace, so inside a container getpid() is not in its
- * per-process list, and without the host pid the shim cannot read its own
- * figure there (the truth for what it cannot see: context, loaded modules,
- * driver rounding; mem.c's reconcile).
+ * Inside a container that pid depends on the driver. Drivers that ignore pid
+ * namespaces list every process by its host pid, so getpid() is not in the
+ * list (nvidia-docker#1460); driver 580 on the H100 lists a process by its
+ * pid in the caller's namespace (a process in a fresh pid namespace with its
+ * own /proc saw itself as pid 1), and getpid() is found at once.
  *
- * The host pid is learnt when the process creates its first context on a
+ * Otherwise the pid is learnt when the process creates its first context on a
  * device: the pids in NVML's list of that device before and after the
  * creation; the ones that appeared are the candidates. The container's own
  * processes cannot add to them (each holds the device's context lock in the
@@ -15,9 +17,8 @@
  * created a context in the same instant can. Candidates are narrowed on the
  * next devices' creations and each time NVML's list is read: a pid gone from
  * the list, or owned by a sibling in the region, is not this process. One
- * left is the answer, kept in this process's region slot (the daemon reports
- * it). Where getpid() itself is in NVML's list, the process shares the host's
- * namespace and that is the answer at once.
+ * left is the answer, kept in this process's region slot. Until then (or
+ * without NVML) mem.c falls back to the context size measured at creation.
  */
 #include "shim.h"
 
@@ -30,7 +31,7 @@
 #define CTX_LOCK_WAIT_NS 3000000000ull /* a sibling's context creation: seconds at worst */
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static int32_t g_host_pid; /* 0 = not known */
+static int32_t g_nvml_pid; /* 0 = not known */
 static uint32_t g_cand[MAX_CAND];
 static int g_ncand = -1; /* -1: no creation seen yet */
 
@@ -65,11 +66,11 @@ static int listed(const nvmlProcessInfo_t *v, unsigned n, uint32_t pid)
 
 static void settle_locked(int32_t pid, const char *how)
 {
-    g_host_pid = pid;
+    g_nvml_pid = pid;
     g_ncand = 1;
     g_cand[0] = (uint32_t)pid;
-    acct_set_host_pid(pid);
-    LOG_DEBUG("host pid %d (%s)", (int)pid, how);
+    acct_set_nvml_pid(pid);
+    LOG_DEBUG("NVML lists this process as pid %d (%s)", (int)pid, how);
 }
 
 /* Keep the candidates that are listed (when a list is given) and not a sibling's. */
@@ -77,22 +78,22 @@ static void narrow_locked(const nvmlProcessInfo_t *v, unsigned n)
 {
     int k = 0;
     for (int i = 0; i < g_ncand; i++)
-        if ((!v || listed(v, n, g_cand[i])) && !region_host_pid_taken((int32_t)g_cand[i])) g_cand[k++] = g_cand[i];
+        if ((!v || listed(v, n, g_cand[i])) && !region_nvml_pid_taken((int32_t)g_cand[i])) g_cand[k++] = g_cand[i];
     g_ncand = k;
     if (k == 1) settle_locked((int32_t)g_cand[0], "the one new NVML process left");
 }
 
-struct hostpid_ctx {
+struct nvmlpid_ctx {
     int rdev;
     int locked;
     unsigned n;
     nvmlProcessInfo_t *before;
 };
 
-HIDDEN void *hostpid_before_context(CUdevice ord)
+HIDDEN void *nvmlpid_before_context(CUdevice ord)
 {
-    if (__atomic_load_n(&g_host_pid, __ATOMIC_ACQUIRE) || !nvml_ready()) return NULL;
-    struct hostpid_ctx *c = calloc(1, sizeof *c);
+    if (__atomic_load_n(&g_nvml_pid, __ATOMIC_ACQUIRE) || !nvml_ready()) return NULL;
+    struct nvmlpid_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->rdev = dev_region_index(ord);
     c->locked = region_ctx_lock(c->rdev, CTX_LOCK_WAIT_NS);
@@ -105,17 +106,17 @@ HIDDEN void *hostpid_before_context(CUdevice ord)
     return c;
 }
 
-HIDDEN void hostpid_after_context(void *token, CUdevice ord)
+HIDDEN void nvmlpid_after_context(void *token, CUdevice ord)
 {
-    struct hostpid_ctx *c = token;
+    struct nvmlpid_ctx *c = token;
     if (!c) return;
     unsigned n = 0;
     nvmlProcessInfo_t *after = list_procs(ord, &n);
     pthread_mutex_lock(&g_mu);
-    if (after && !g_host_pid) {
+    if (after && !g_nvml_pid) {
         uint32_t me = (uint32_t)getpid();
         if (listed(after, n, me)) {
-            settle_locked((int32_t)me, "getpid() is in NVML's list: no pid namespace");
+            settle_locked((int32_t)me, "getpid() is in its list");
         } else {
             uint32_t fresh[MAX_CAND];
             int nf = 0;
@@ -132,33 +133,33 @@ HIDDEN void hostpid_after_context(void *token, CUdevice ord)
                 g_ncand = k;
             }
             narrow_locked(NULL, 0);
-            if (!g_host_pid)
-                LOG_DEBUG("host pid not known yet: %d candidates after a context on device %d", g_ncand, (int)ord);
+            if (!g_nvml_pid)
+                LOG_DEBUG("NVML pid not known yet: %d candidates after a context on device %d", g_ncand, (int)ord);
         }
     }
     pthread_mutex_unlock(&g_mu);
     free(after);
 }
 
-HIDDEN void hostpid_end(void *token)
+HIDDEN void nvmlpid_end(void *token)
 {
-    struct hostpid_ctx *c = token;
+    struct nvmlpid_ctx *c = token;
     if (!c) return;
     region_ctx_unlock(c->rdev, c->locked);
     free(c->before);
     free(c);
 }
 
-HIDDEN int hostpid_usage(CUdevice ord, uint64_t *used)
+HIDDEN int nvmlpid_usage(CUdevice ord, uint64_t *used)
 {
     if (!nvml_ready()) return -1;
     unsigned n = 0;
     nvmlProcessInfo_t *v = list_procs(ord, &n);
     if (!v) return -1;
     pthread_mutex_lock(&g_mu);
-    if (!g_host_pid && listed(v, n, (uint32_t)getpid())) settle_locked((int32_t)getpid(), "getpid() is listed");
-    if (!g_host_pid && g_ncand > 1) narrow_locked(v, n);
-    int32_t me = g_host_pid;
+    if (!g_nvml_pid && listed(v, n, (uint32_t)getpid())) settle_locked((int32_t)getpid(), "getpid() is listed");
+    if (!g_nvml_pid && g_ncand > 1) narrow_locked(v, n);
+    int32_t me = g_nvml_pid;
     pthread_mutex_unlock(&g_mu);
     int found = -1;
     for (unsigned i = 0; me && i < n; i++)
@@ -170,9 +171,9 @@ HIDDEN int hostpid_usage(CUdevice ord, uint64_t *used)
     return found;
 }
 
-HIDDEN void hostpid_after_fork_child(void)
+HIDDEN void nvmlpid_after_fork_child(void)
 {
     pthread_mutex_init(&g_mu, NULL);
-    g_host_pid = 0;
+    g_nvml_pid = 0;
     g_ncand = -1;
 }
