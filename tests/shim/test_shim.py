@@ -460,6 +460,19 @@ def test_the_rate_limit_follows_a_kernel_that_slows_down(shim):
     assert abs(share - 0.50) <= 0.05, (n, share)  # 0.59 with estimates renewed once per 8 samples of 1 in 64
 
 
+@pytest.mark.parametrize("limit", [30, 60])
+def test_a_launchs_own_cpu_time_is_not_charged_as_gpu_time(shim, limit):
+    # each launch costs the CPU 40 us before the GPU sees its 100 us kernel.
+    # On a GPU left idle by the limit, a sample's first event completes at
+    # once and the kernel comes 40 us later: charged as GPU time, the share
+    # falls to 0.21 at 30 and 0.43 at 60 (measured before the correction).
+    bare = rate(shim.run("direct", "init", "run:1.0:100:k", preload=False, FAKE_LAUNCH_US="40"))
+    r = shim.run("direct", "init", "run:0.3:100:k", "run:1.5:100:k", CUDA_DEVICE_SM_LIMIT=str(limit),
+                 FAKE_LAUNCH_US="40")
+    share = rate(type(r)(r.rc, r.lines[-1:], r.stderr)) / bare
+    assert abs(share - limit / 100) <= 0.05, share
+
+
 def test_waiting_for_a_backlog_is_bounded(shim):
     # after 50 launches each kernel runs 500x longer (200 ms): one slot's 25
     # launches leave 5 s of work queued. Waiting on that backlog must give

@@ -323,9 +323,20 @@ static void unload_module(int p)
     g_module[p] = 0;
 }
 
+/* FAKE_LAUNCH_US: a launch costs the CPU that long before the GPU sees the kernel (a real one: 3-4 us). */
+static void launch_cpu_cost(void)
+{
+    const char *v = getenv("FAKE_LAUNCH_US");
+    if (!v || !*v) return;
+    int64_t until = fake_now() + atoll(v) * 1000;
+    while (fake_now() < until) {
+    }
+}
+
 static CUresult run_work(CUstream s, uint64_t us)
 {
     if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    launch_cpu_cost();
     if (is_real_stream(s) && ((struct fstream *)s)->capturing) { ((struct fstream *)s)->captured += (int)us; return CUDA_SUCCESS; }
     us = work_us(us, us);
     struct fake_state *st = fake_state_get();
