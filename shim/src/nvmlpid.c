@@ -120,8 +120,9 @@ HIDDEN void nvmlpid_after_context(void *token, CUdevice ord)
         } else {
             uint32_t fresh[MAX_CAND];
             int nf = 0;
+            /* pid 0: a process the driver cannot name in this namespace */
             for (unsigned i = 0; i < n && nf < MAX_CAND; i++)
-                if (!listed(c->before, c->n, after[i].pid)) fresh[nf++] = after[i].pid;
+                if (after[i].pid && !listed(c->before, c->n, after[i].pid)) fresh[nf++] = after[i].pid;
             if (g_ncand < 0) { /* the first device: every new process is a candidate */
                 memcpy(g_cand, fresh, sizeof(uint32_t) * (size_t)nf);
                 g_ncand = nf;
