@@ -3,8 +3,9 @@
  * allocations (pointer, VMM handle or array -> device, bytes) and the
  * wrappers of every allocator and free the driver has: cuMemAlloc, pitch,
  * managed, cuMemAllocAsync, pool allocations, VMM cuMemCreate/cuMemRelease,
- * arrays and mipmapped arrays, plus the primary context's overhead, and the
- * views cuMemGetInfo / cuDeviceTotalMem.
+ * arrays and mipmapped arrays, plus the primary context's overhead, what a
+ * context takes with it when it goes (primary release or reset,
+ * cuCtxDestroy), and the views cuMemGetInfo / cuDeviceTotalMem.
  *
  * Order of operations, always: reserve in the region (atomic admission) ->
  * real allocation -> record; on failure the reservation is returned. Frees
@@ -23,6 +24,7 @@ enum { K_EMPTY = 0, K_PTR = 1, K_VMM = 2, K_ARRAY = 3, K_MIPMAP = 4, K_TOMB = 0x
 struct rec {
     uint64_t key;
     uint64_t bytes;
+    CUcontext ctx; /* the context it was made in; NULL: none in particular (VMM handles) */
     uint8_t kind;
     int8_t rdev;
 };
@@ -62,7 +64,7 @@ static void tab_grow_locked(void)
     g_tab.used = live;
 }
 
-static void tab_put(uint8_t kind, uint64_t key, int rdev, uint64_t bytes)
+static void tab_put(uint8_t kind, uint64_t key, int rdev, uint64_t bytes, CUcontext ctx)
 {
     pthread_mutex_lock(&g_tab.mu);
     if ((g_tab.used + 1) * 10 >= g_tab.cap * 7) tab_grow_locked();
@@ -81,13 +83,13 @@ static void tab_put(uint8_t kind, uint64_t key, int rdev, uint64_t bytes)
         }
         if (tomb != (size_t)-1) j = tomb;
         else g_tab.used++;
-        g_tab.slots[j] = (struct rec){key, bytes, kind, (int8_t)rdev};
+        g_tab.slots[j] = (struct rec){key, bytes, ctx, kind, (int8_t)rdev};
     }
     pthread_mutex_unlock(&g_tab.mu);
 }
 
-/* Removes the record; returns 1 and its device/bytes when found. */
-static int tab_take(uint8_t kind, uint64_t key, int *rdev, uint64_t *bytes)
+/* Removes the record; returns 1 and its device/bytes/context when found. */
+static int tab_take(uint8_t kind, uint64_t key, int *rdev, uint64_t *bytes, CUcontext *ctx)
 {
     int found = 0;
     pthread_mutex_lock(&g_tab.mu);
@@ -99,6 +101,7 @@ static int tab_take(uint8_t kind, uint64_t key, int *rdev, uint64_t *bytes)
             if (r->kind == kind && r->key == key) {
                 *rdev = r->rdev;
                 *bytes = r->bytes;
+                *ctx = r->ctx;
                 r->kind = K_TOMB;
                 found = 1;
                 break;
@@ -110,20 +113,38 @@ static int tab_take(uint8_t kind, uint64_t key, int *rdev, uint64_t *bytes)
     return found;
 }
 
-/* Drops every record of one device (its context is gone); returns the bytes. */
-static uint64_t tab_drop_device(int rdev)
+/*
+ * A context is gone and the driver freed what was made in it: drops the
+ * records of `ctx`, and with rdev >= 0 also those of no context in particular
+ * on that device (a primary context's end takes VMM handles too), and
+ * returns the bytes per device in sums[].
+ */
+static void tab_drop_context(CUcontext ctx, int rdev, uint64_t sums[HAMID_MAX_DEVICES])
 {
-    uint64_t sum = 0;
+    memset(sums, 0, sizeof(uint64_t) * HAMID_MAX_DEVICES);
     pthread_mutex_lock(&g_tab.mu);
     for (size_t i = 0; i < g_tab.cap; i++) {
         struct rec *r = &g_tab.slots[i];
-        if (r->kind != K_EMPTY && r->kind != K_TOMB && r->rdev == rdev) {
-            sum += r->bytes;
+        if (r->kind == K_EMPTY || r->kind == K_TOMB || r->rdev < 0 || r->rdev >= HAMID_MAX_DEVICES) continue;
+        if ((ctx && r->ctx == ctx) || (rdev >= 0 && r->rdev == rdev && (!r->ctx || !ctx))) {
+            sums[(int)r->rdev] += r->bytes;
             r->kind = K_TOMB;
         }
     }
     pthread_mutex_unlock(&g_tab.mu);
-    return sum;
+}
+
+static void release_dropped(const uint64_t sums[HAMID_MAX_DEVICES])
+{
+    for (int d = 0; d < HAMID_MAX_DEVICES; d++)
+        if (sums[d]) acct_release(d, sums[d]);
+}
+
+static CUcontext current_ctx(void)
+{
+    CUcontext c = NULL;
+    if (g_cu.cuCtxGetCurrent && g_cu.cuCtxGetCurrent(&c) != CUDA_SUCCESS) c = NULL;
+    return c;
 }
 
 /* ---- sizes ---- */
@@ -245,15 +266,22 @@ static int reserve(const struct where *w, uint64_t bytes)
 
 /* ---- allocators ---- */
 
-static CUresult after_alloc(CUresult r, uint8_t kind, uint64_t key, const struct where *w, uint64_t charged)
+/* ctx: the context whose end frees it; NULL for VMM handles and pool blocks (the device's end only) */
+static CUresult after_alloc_in(CUresult r, uint8_t kind, uint64_t key, const struct where *w, uint64_t charged,
+                               CUcontext ctx)
 {
     if (r != CUDA_SUCCESS) {
         acct_release(w->rdev, charged);
         return r;
     }
-    tab_put(kind, key, w->rdev, charged);
+    tab_put(kind, key, w->rdev, charged, ctx);
     reconcile(w->rdev, w->ord, charged >= LARGE_ALLOC);
     return r;
+}
+
+static CUresult after_alloc(CUresult r, uint8_t kind, uint64_t key, const struct where *w, uint64_t charged)
+{
+    return after_alloc_in(r, kind, key, w, charged, kind == K_VMM || r != CUDA_SUCCESS ? NULL : current_ctx());
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -303,7 +331,7 @@ static CUresult alloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUr
     uint64_t c = charge_size(bytesize);
     if (reserve(&w, c) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = CALL();
-    return after_alloc(r, K_PTR, r == CUDA_SUCCESS ? *dptr : 0, &w, c);
+    return after_alloc_in(r, K_PTR, r == CUDA_SUCCESS ? *dptr : 0, &w, c, NULL);
 #undef CALL
 }
 
@@ -336,11 +364,12 @@ static CUresult free_common(uint8_t kind, uint64_t key, CUresult r_fn(void *), v
 {
     int rdev = -1;
     uint64_t bytes = 0;
-    int had = key ? tab_take(kind, key, &rdev, &bytes) : 0;
+    CUcontext ctx = NULL;
+    int had = key ? tab_take(kind, key, &rdev, &bytes, &ctx) : 0;
     CUresult r = r_fn(arg);
     if (had) {
         if (r == CUDA_SUCCESS) acct_release(rdev, bytes);
-        else tab_put(kind, key, rdev, bytes);
+        else tab_put(kind, key, rdev, bytes, ctx);
     }
     return r;
 }
@@ -510,6 +539,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 /* ---- primary contexts: their overhead counts ---- */
 
 static int g_primary_refs[HAMID_MAX_DEVICES];
+static CUcontext g_primary_ctx[HAMID_MAX_DEVICES]; /* the handle the driver gave for each device's */
 
 static void context_created(CUdevice dev, int have_before, uint64_t before)
 {
@@ -543,6 +573,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     void *learn = first ? nvmlpid_before_context(dev) : NULL;
     int have_before = first && !g_cfg.context_bytes_override && nvml_device_used(dev, &before) == 0;
     CUresult r = g_cu.cuDevicePrimaryCtxRetain(pctx, dev);
+    if (r == CUDA_SUCCESS && pctx) __atomic_store_n(&g_primary_ctx[dev], *pctx, __ATOMIC_RELEASE);
     if (r == CUDA_SUCCESS && __atomic_fetch_add(&g_primary_refs[dev], 1, __ATOMIC_ACQ_REL) == 0) {
         nvmlpid_after_context(learn, dev);
         context_created(dev, have_before, before); /* still under the context lock: no sibling inflates it */
@@ -555,7 +586,9 @@ static void context_gone(CUdevice dev)
 {
     int rdev = dev_region_index(dev);
     if (rdev < 0) return;
-    acct_release(rdev, tab_drop_device(rdev)); /* the driver freed them with the context */
+    uint64_t sums[HAMID_MAX_DEVICES];
+    tab_drop_context(__atomic_load_n(&g_primary_ctx[dev], __ATOMIC_ACQUIRE), rdev, sums);
+    release_dropped(sums); /* the driver freed them with the context */
     acct_set_context(rdev, 0);
 }
 
@@ -584,6 +617,19 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return r;
 }
 
+/* A context the program made itself: what was allocated in it goes with it. */
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    REAL(cuCtxDestroy_v2);
+    CUresult r = g_cu.cuCtxDestroy_v2(ctx);
+    if (r == CUDA_SUCCESS && ctx) {
+        uint64_t sums[HAMID_MAX_DEVICES];
+        tab_drop_context(ctx, -1, sums);
+        release_dropped(sums);
+    }
+    return r;
+}
+
 HIDDEN void mem_after_fork_child(void)
 {
     /* Nothing the parent allocated belongs to the child. */
@@ -592,5 +638,6 @@ HIDDEN void mem_after_fork_child(void)
     g_tab.slots = NULL;
     g_tab.cap = g_tab.used = 0;
     memset(g_primary_refs, 0, sizeof g_primary_refs);
+    memset(g_primary_ctx, 0, sizeof g_primary_ctx);
     memset(g_last_reconcile, 0, sizeof g_last_reconcile);
 }

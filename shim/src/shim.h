@@ -98,6 +98,7 @@ struct real_cuda {
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice);
     CUresult (*cuDevicePrimaryCtxReset_v2)(CUdevice);
+    CUresult (*cuCtxDestroy_v2)(CUcontext);
     CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
     CUresult (*cuLaunchKernel_ptsz)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
     CUresult (*cuLaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);

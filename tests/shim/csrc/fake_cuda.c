@@ -22,6 +22,7 @@
 #define API __attribute__((visibility("default")))
 
 static __thread int t_cur = -1; /* current device ordinal (via context) */
+static __thread uintptr_t t_ctx;  /* current context: 0x1000 + ordinal for a primary one, see cuCtxCreate_v2 */
 static int g_inited;
 
 /* ordinal -> physical device, honouring CUDA_VISIBLE_DEVICES */
@@ -48,7 +49,7 @@ static void map_devices(void)
 static int phys(int ord) { map_devices(); return (ord >= 0 && ord < g_count) ? g_map[ord] : -1; }
 
 /* ---- allocation records (per process) ---- */
-struct alloc { uint64_t key; int dev; uint64_t charged; int kind; };
+struct alloc { uint64_t key; int dev; uint64_t charged; int kind; uintptr_t ctx; /* 0: VMM, the device's */ };
 static struct alloc g_allocs[65536];
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t g_next_ptr = 0x7f0000000000ull;
@@ -67,7 +68,7 @@ static CUresult fake_alloc(int kind, uint64_t bytes, unsigned long long *out, in
     pthread_mutex_lock(&g_mu);
     uint64_t key = __atomic_fetch_add(&g_next_ptr, c + 4096, __ATOMIC_RELAXED);
     for (int i = 0; i < 65536; i++)
-        if (!g_allocs[i].key) { g_allocs[i] = (struct alloc){key, p, c, kind}; break; }
+        if (!g_allocs[i].key) { g_allocs[i] = (struct alloc){key, p, c, kind, dev_ord >= 0 ? 0 : t_ctx}; break; }
     pthread_mutex_unlock(&g_mu);
     *out = key;
     return CUDA_SUCCESS;
@@ -134,32 +135,60 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
     *pctx = (CUcontext)(uintptr_t)(0x1000 + d);
     return CUDA_SUCCESS;
 }
-static void drop_device_allocs(int p)
+/* A context's end frees what was made in it; a primary context's also what belongs to no context (VMM). */
+static void drop_context_allocs(uintptr_t ctx, int primary_dev)
 {
-    uint64_t sum = 0;
+    uint64_t sum[FAKE_MAX_DEV] = {0};
     pthread_mutex_lock(&g_mu);
     for (int i = 0; i < 65536; i++)
-        if (g_allocs[i].key && g_allocs[i].dev == p) { sum += g_allocs[i].charged; g_allocs[i].key = 0; }
+        if (g_allocs[i].key && (g_allocs[i].ctx == ctx || (!g_allocs[i].ctx && g_allocs[i].dev == primary_dev))) {
+            sum[g_allocs[i].dev] += g_allocs[i].charged;
+            g_allocs[i].key = 0;
+        }
     pthread_mutex_unlock(&g_mu);
-    fake_charge(p, -(int64_t)sum, 0);
+    for (int p = 0; p < FAKE_MAX_DEV; p++) if (sum[p]) fake_charge(p, -(int64_t)sum[p], 0);
 }
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 {
     int p = phys(d);
     if (p < 0 || g_primary[d] <= 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (--g_primary[d] == 0) { drop_device_allocs(p); unload_module(p); fake_charge(p, -(int64_t)ctx_size(), 0); }
+    if (--g_primary[d] == 0) { drop_context_allocs(0x1000 + (uintptr_t)d, p); unload_module(p); fake_charge(p, -(int64_t)ctx_size(), 0); }
     return CUDA_SUCCESS;
 }
 API CUresult cuDevicePrimaryCtxReset_v2(CUdevice d)
 {
     int p = phys(d);
     if (p < 0) return CUDA_ERROR_INVALID_VALUE;
-    if (g_primary[d] > 0) { drop_device_allocs(p); unload_module(p); fake_charge(p, -(int64_t)ctx_size(), 0); }
+    if (g_primary[d] > 0) { drop_context_allocs(0x1000 + (uintptr_t)d, p); unload_module(p); fake_charge(p, -(int64_t)ctx_size(), 0); }
     g_primary[d] = 0;
     return CUDA_SUCCESS;
 }
-API CUresult cuCtxSetCurrent(CUcontext c) { t_cur = c ? (int)((uintptr_t)c - 0x1000) : -1; return CUDA_SUCCESS; }
-API CUresult cuCtxGetCurrent(CUcontext *c) { *c = t_cur >= 0 ? (CUcontext)(uintptr_t)(0x1000 + t_cur) : NULL; return CUDA_SUCCESS; }
+static int ctx_dev(uintptr_t c) { return !c ? -1 : c < 0x100000 ? (int)(c - 0x1000) : (int)(c & 0xf); }
+API CUresult cuCtxSetCurrent(CUcontext c) { t_ctx = (uintptr_t)c; t_cur = ctx_dev(t_ctx); return CUDA_SUCCESS; }
+API CUresult cuCtxGetCurrent(CUcontext *c) { *c = (CUcontext)t_ctx; return CUDA_SUCCESS; }
+/* A context of the program's own (0x100000 + n * 16 + ordinal): made current, with its own overhead. */
+static uintptr_t g_nctx;
+API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d)
+{
+    (void)flags;
+    int p = phys(d);
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (p < 0 || !pctx) return CUDA_ERROR_INVALID_VALUE;
+    ctx_create(p);
+    uintptr_t c = 0x100000 + (__atomic_add_fetch(&g_nctx, 1, __ATOMIC_RELAXED) << 4) + (uintptr_t)d;
+    *pctx = (CUcontext)c;
+    return cuCtxSetCurrent(*pctx);
+}
+API CUresult cuCtxDestroy_v2(CUcontext c)
+{
+    uintptr_t h = (uintptr_t)c;
+    if (h < 0x100000) return CUDA_ERROR_INVALID_CONTEXT;
+    int p = phys(ctx_dev(h));
+    drop_context_allocs(h, -1);
+    fake_charge(p, -(int64_t)ctx_size(), 0);
+    if (t_ctx == h) cuCtxSetCurrent(NULL);
+    return CUDA_SUCCESS;
+}
 API CUresult cuCtxGetDevice(CUdevice *d) { if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT; *d = t_cur; return CUDA_SUCCESS; }
 
 /* ---- memory ---- */
@@ -394,7 +423,7 @@ static const struct ver g_vers[] = {
     {"cuGetProcAddress", 12000, "cuGetProcAddress_v2"}, {"cuGetProcAddress", 11030, "cuGetProcAddress"},
     {"cuMemAllocAsync", 11020, "cuMemAllocAsync"}, {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync"},
     {"cuMemFreeAsync", 11020, "cuMemFreeAsync"}, {"cuLaunchKernelEx", 11060, "cuLaunchKernelEx"},
-    {"cuMemCreate", 10020, "cuMemCreate"},
+    {"cuMemCreate", 10020, "cuMemCreate"}, {"cuCtxCreate", 3020, "cuCtxCreate_v2"}, {"cuCtxDestroy", 4000, "cuCtxDestroy_v2"},
 };
 
 static CUresult proc_address(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st)

@@ -53,6 +53,8 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **, void **);
 CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuStreamEndCapture(CUstream, CUgraph *);
 CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 nvmlReturn_t nvmlInit_v2(void);
@@ -76,7 +78,8 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned int 
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 0) X(cuLaunchKernel, "cuLaunchKernel", 0)                              \
     X(cuLaunchKernel_ptsz, "cuLaunchKernel", 2) X(cuLaunchKernelEx, "cuLaunchKernelEx", 0)                            \
     X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 0) X(cuGraphLaunch, "cuGraphLaunch", 0)                 \
-    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 0) X(cuStreamEndCapture, "cuStreamEndCapture", 0)
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 0) X(cuStreamEndCapture, "cuStreamEndCapture", 0)          \
+    X(cuCtxCreate_v2, "cuCtxCreate", 0) X(cuCtxDestroy_v2, "cuCtxDestroy", 0)
 
 static struct {
 #define F(n, b, fl) __typeof__(&n) n;
@@ -238,7 +241,7 @@ int main(int argc, char **argv)
     if (argc < 2) return 2;
     if (getenv("SHIMTEST_CUDA_VERSION")) g_version = atoi(getenv("SHIMTEST_CUDA_VERSION"));
     load(argv[1]);
-    CUcontext ctx = NULL;
+    CUcontext ctx = NULL, own = NULL;
     for (int i = 2; i < argc; i++) {
         char buf[512];
         snprintf(buf, sizeof buf, "%s", argv[i]);
@@ -290,6 +293,11 @@ int main(int argc, char **argv)
             int r1 = api.nvmlDeviceGetMemoryInfo(h, &m), r2 = api.nvmlDeviceGetMemoryInfo_v2(h, &m2);
             printf("nvml %d %llu %llu %llu\n", r1, m.total, m.used, m.free);
             printf("nvml2 %d %llu %llu %llu\n", r2, m2.total, m2.used, m2.free);
+        } else if (!strcmp(c, "ctxcreate")) { /* a context of its own, made current */
+            printf("ctxcreate %d\n", api.cuCtxCreate_v2(&own, 0, tok[1] ? atoi(tok[1]) : 0));
+        } else if (!strcmp(c, "ctxdestroy")) { /* destroy it, back to the primary one */
+            printf("ctxdestroy %d\n", api.cuCtxDestroy_v2(own));
+            api.cuCtxSetCurrent(ctx);
         } else if (!strcmp(c, "nvmlprocs")) { /* NVML's per-process list of a device: "proc <pid> <bytes>" */
             nvmlDevice_t h;
             nvmlProcessInfo_t v[64];
