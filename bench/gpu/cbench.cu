@@ -6,6 +6,9 @@
 //        allocates through cudaMalloc, VMM (cuMemCreate+cuMemMap), an explicit pool
 //        (cudaMallocFromPoolAsync), the default pool (cudaMallocAsync) and a CUDA array,
 //        prints "ready <pid>", waits for a line on stdin, frees everything.
+//   ctx_cycle <rounds> <MiB>  each round: a context of its own (cuCtxCreate), cuMemAlloc of <MiB> in it,
+//        cuCtxDestroy without freeing; prints "round <i> <CUresult of the alloc>", then "meminfo <free> <total>"
+//        from the primary context
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -54,6 +57,28 @@ int main(int argc, char **argv)
             if (per < best) best = per;
         }
         printf("launch_ns %.1f\n", best);
+    } else if (!strcmp(argv[1], "ctx_cycle")) {
+        int rounds = atoi(argv[2]);
+        size_t sz = (size_t)atol(argv[3]) << 20;
+        CUcontext primary, own;
+        CUdevice dev;
+        CKD(cuCtxGetCurrent(&primary));
+        CKD(cuDeviceGet(&dev, 0));
+        for (int i = 0; i < rounds; i++) {
+#if CUDA_VERSION >= 13000
+            CKD(cuCtxCreate(&own, NULL, 0, dev));
+#else
+            CKD(cuCtxCreate(&own, 0, dev));
+#endif
+            CUdeviceptr p = 0;
+            CUresult r = cuMemAlloc(&p, sz);
+            printf("round %d %d\n", i, (int)r);
+            CKD(cuCtxDestroy(own));
+        }
+        CKD(cuCtxSetCurrent(primary));
+        size_t fr = 0, tot = 0;
+        CK(cudaMemGetInfo(&fr, &tot));
+        printf("meminfo %zu %zu\n", fr, tot);
     } else if (!strcmp(argv[1], "hold")) {
         size_t m = (size_t)atol(argv[2]) << 20, v = (size_t)atol(argv[3]) << 20, pl = (size_t)atol(argv[4]) << 20,
                as = (size_t)atol(argv[5]) << 20, ar = (size_t)atol(argv[6]) << 20;

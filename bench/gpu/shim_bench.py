@@ -164,6 +164,19 @@ def memory_limit():
             "ok / refused, 4 GiB")
 
 
+@step("contexts the program makes")
+def own_contexts():
+    """cuCtxCreate, 1 GiB cuMemAlloc, cuCtxDestroy without a free, five times under a 4 GiB limit: the
+    driver frees each round's GiB with its context, so must the shim (or the fourth round is refused)."""
+    out = run(cbench("ctx_cycle", 5, 1024), env(CUDA_DEVICE_MEMORY_LIMIT="4g"))
+    rounds = [int(ln.split()[2]) for ln in out.splitlines() if ln.startswith("round ")]
+    free, total = (int(x) for x in [ln for ln in out.splitlines() if ln.startswith("meminfo ")][0].split()[1:3])
+    R["own_contexts"] = {"rounds": rounds, "free": free, "total": total}
+    row("4 GiB limit: 5 x (cuCtxCreate, 1 GiB cuMemAlloc, cuCtxDestroy without a free), then used / total",
+        f"{sum(1 for r in rounds if r == 0)}/{len(rounds)} ok, {(total - free) / MiB:.0f} / {total / MiB:.0f} MiB",
+        "5/5 ok, the primary context's use only", "-")
+
+
 @step("nvidia-smi inside")
 def smi_inside():
     reg = region_path()
@@ -431,7 +444,7 @@ def main():
     WORK = Path(a.work)
     out = Path(a.out)
     steps = [info, memory_limit, smi_inside, accounting_both, matmul_ratio, launch_cost, alloc_rate, shares, pairs,
-             period]
+             period, own_contexts]
     only = set(filter(None, a.only.split(",")))
     for i, s in enumerate(steps):
         if not only or str(i) in only:

@@ -626,6 +626,11 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         uint64_t sums[HAMID_MAX_DEVICES];
         tab_drop_context(ctx, -1, sums);
         release_dropped(sums);
+        /* its own overhead went too: NVML's figure says how much, now */
+        for (CUdevice ord = 0; ord < HAMID_MAX_DEVICES; ord++) {
+            int rdev = dev_region_index(ord);
+            if (rdev >= 0 && acct_proc_used(rdev)) reconcile(rdev, ord, 1);
+        }
     }
     return r;
 }
