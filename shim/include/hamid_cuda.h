@@ -26,6 +26,9 @@ typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUgraphNode_st *CUgraphNode;
+/* passed through untouched by the context wrappers: opaque here */
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;
+typedef struct CUctxCreateParams_st CUctxCreateParams;
 
 enum {
     CUDA_SUCCESS = 0,

@@ -3,9 +3,10 @@
  * allocations (pointer, VMM handle or array -> device, bytes) and the
  * wrappers of every allocator and free the driver has: cuMemAlloc, pitch,
  * managed, cuMemAllocAsync, pool allocations, VMM cuMemCreate/cuMemRelease,
- * arrays and mipmapped arrays, plus the primary context's overhead, what a
- * context takes with it when it goes (primary release or reset,
- * cuCtxDestroy), and the views cuMemGetInfo / cuDeviceTotalMem.
+ * arrays and mipmapped arrays, plus the overhead of the primary context and
+ * of contexts the program makes (cuCtxCreate), what a context takes with it
+ * when it goes (primary release or reset, cuCtxDestroy), and the views
+ * cuMemGetInfo / cuDeviceTotalMem.
  *
  * Order of operations, always: reserve in the region (atomic admission) ->
  * real allocation -> record; on failure the reservation is returned. Frees
@@ -19,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { K_EMPTY = 0, K_PTR = 1, K_VMM = 2, K_ARRAY = 3, K_MIPMAP = 4, K_TOMB = 0xff };
+enum { K_EMPTY = 0, K_PTR = 1, K_VMM = 2, K_ARRAY = 3, K_MIPMAP = 4, K_CTX = 5, K_TOMB = 0xff };
 
 struct rec {
     uint64_t key;
@@ -536,15 +537,20 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return r;
 }
 
-/* ---- primary contexts: their overhead counts ---- */
+/* ---- contexts: their overhead counts ---- */
 
 static int g_primary_refs[HAMID_MAX_DEVICES];
 static CUcontext g_primary_ctx[HAMID_MAX_DEVICES]; /* the handle the driver gave for each device's */
 
-static void context_created(CUdevice dev, int have_before, uint64_t before)
+/*
+ * What a context just created on `dev` takes: NVML's device figure after
+ * minus before (taken under the device's context lock when there was pid
+ * learning to do, so no sibling's creation inflates it), kept in the region
+ * as the container's smallest measurement; without a measurement, that
+ * smallest one; HAMID_CONTEXT_SIZE overrides both. 0: unknown.
+ */
+static uint64_t context_size(CUdevice dev, int rdev, int have_before, uint64_t before)
 {
-    int rdev = dev_region_index(dev);
-    if (rdev < 0) return;
     uint64_t ctx = g_cfg.context_bytes_override;
     uint64_t after;
     if (!ctx && have_before && nvml_device_used(dev, &after) == 0 && after > before && after - before < (4ull << 30)) {
@@ -559,7 +565,14 @@ static void context_created(CUdevice dev, int have_before, uint64_t before)
         }
     }
     if (!ctx && g_region) ctx = __atomic_load_n(&g_region->devices[rdev].context_bytes, __ATOMIC_RELAXED);
-    acct_set_context(rdev, ctx);
+    return ctx;
+}
+
+static void context_created(CUdevice dev, int have_before, uint64_t before)
+{
+    int rdev = dev_region_index(dev);
+    if (rdev < 0) return;
+    acct_set_context(rdev, context_size(dev, rdev, have_before, before));
     mem_maybe_reconcile(rdev, dev);
 }
 
@@ -615,6 +628,92 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
         context_gone(dev);
     }
     return r;
+}
+
+/*
+ * A context the program makes itself (cuCtxCreate, any ABI) costs what a
+ * primary one does, and is charged as a record of its own (K_CTX, keyed and
+ * owned by the context), so cuCtxDestroy returns it with the context's
+ * allocations. Admission first, with the container's measured context size;
+ * a creation that only turns out to be over the limit once measured is
+ * undone (the context destroyed) and answered CUDA_ERROR_OUT_OF_MEMORY, as
+ * the driver would answer a creation it has no memory for.
+ */
+struct ctx_make {
+    struct where w;
+    uint64_t reserved;
+    int have_before;
+    uint64_t before;
+    void *learn;
+};
+
+static CUresult own_context_begin(CUdevice dev, struct ctx_make *m)
+{
+    memset(m, 0, sizeof *m);
+    m->w.ord = dev;
+    m->w.rdev = -1;
+    if (dev < 0 || dev >= HAMID_MAX_DEVICES) return CUDA_SUCCESS;
+    acct_init();
+    m->w.rdev = dev_region_index(dev);
+    if (m->w.rdev < 0) return CUDA_SUCCESS;
+    uint64_t est = g_cfg.context_bytes_override;
+    if (!est && g_region) est = __atomic_load_n(&g_region->devices[m->w.rdev].context_bytes, __ATOMIC_RELAXED);
+    if (est && reserve(&m->w, est) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    m->reserved = est;
+    m->learn = nvmlpid_before_context(dev);
+    m->have_before = !g_cfg.context_bytes_override && nvml_device_used(dev, &m->before) == 0;
+    return CUDA_SUCCESS;
+}
+
+static CUresult own_context_end(CUresult r, CUcontext *pctx, struct ctx_make *m)
+{
+    if (m->w.rdev < 0) return r;
+    if (r != CUDA_SUCCESS || !pctx || !*pctx) {
+        nvmlpid_end(m->learn);
+        acct_release(m->w.rdev, m->reserved);
+        return r;
+    }
+    nvmlpid_after_context(m->learn, m->w.ord);
+    uint64_t size = context_size(m->w.ord, m->w.rdev, m->have_before, m->before);
+    nvmlpid_end(m->learn);
+    /* no reconcile here: NVML already shows the new context, its record does not exist yet */
+    if (size > m->reserved && acct_reserve(m->w.rdev, size - m->reserved, 0) != 0) {
+        acct_release(m->w.rdev, m->reserved);
+        if (g_cu.cuCtxDestroy_v2) g_cu.cuCtxDestroy_v2(*pctx);
+        *pctx = NULL;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (size < m->reserved) acct_release(m->w.rdev, m->reserved - size);
+    if (size) tab_put(K_CTX, (uint64_t)(uintptr_t)*pctx, m->w.rdev, size, *pctx);
+    mem_maybe_reconcile(m->w.rdev, m->w.ord);
+    return r;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    REAL(cuCtxCreate_v2);
+    struct ctx_make m;
+    CUresult r = own_context_begin(dev, &m);
+    if (r != CUDA_SUCCESS) return r;
+    return own_context_end(g_cu.cuCtxCreate_v2(pctx, flags, dev), pctx, &m);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice dev)
+{
+    REAL(cuCtxCreate_v3);
+    struct ctx_make m;
+    CUresult r = own_context_begin(dev, &m);
+    if (r != CUDA_SUCCESS) return r;
+    return own_context_end(g_cu.cuCtxCreate_v3(pctx, params, n, flags, dev), pctx, &m);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev)
+{
+    REAL(cuCtxCreate_v4);
+    struct ctx_make m;
+    CUresult r = own_context_begin(dev, &m);
+    if (r != CUDA_SUCCESS) return r;
+    return own_context_end(g_cu.cuCtxCreate_v4(pctx, params, flags, dev), pctx, &m);
 }
 
 /* A context the program made itself: what was allocated in it goes with it. */

@@ -10,7 +10,8 @@
  * own /proc saw itself as pid 1), and getpid() is found at once.
  *
  * Otherwise the pid is learnt when the process creates its first context on a
- * device: the pids in NVML's list of that device before and after the
+ * device (primary or its own, whichever comes first; a later one on the same
+ * device would show no new pid for this process): the pids in NVML's list of that device before and after the
  * creation; the ones that appeared are the candidates. The container's own
  * processes cannot add to them (each holds the device's context lock in the
  * region while it does this), so only a process of another container that
@@ -34,6 +35,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int32_t g_nvml_pid; /* 0 = not known */
 static uint32_t g_cand[MAX_CAND];
 static int g_ncand = -1; /* -1: no creation seen yet */
+static uint32_t g_seen_dev; /* devices this process already has a context on: bit per ordinal */
 
 /* NVML's compute processes on a device; malloc'd, the caller frees. */
 static nvmlProcessInfo_t *list_procs(CUdevice ord, unsigned *n)
@@ -92,7 +94,9 @@ struct nvmlpid_ctx {
 
 HIDDEN void *nvmlpid_before_context(CUdevice ord)
 {
-    if (__atomic_load_n(&g_nvml_pid, __ATOMIC_ACQUIRE) || !nvml_ready()) return NULL;
+    if (__atomic_load_n(&g_nvml_pid, __ATOMIC_ACQUIRE) || ord < 0 || ord >= 32 ||
+        (__atomic_load_n(&g_seen_dev, __ATOMIC_ACQUIRE) & (1u << ord)) || !nvml_ready())
+        return NULL;
     struct nvmlpid_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->rdev = dev_region_index(ord);
@@ -113,7 +117,8 @@ HIDDEN void nvmlpid_after_context(void *token, CUdevice ord)
     unsigned n = 0;
     nvmlProcessInfo_t *after = list_procs(ord, &n);
     pthread_mutex_lock(&g_mu);
-    if (after && !g_nvml_pid) {
+    uint32_t bit = 1u << ord, seen = __atomic_fetch_or(&g_seen_dev, bit, __ATOMIC_ACQ_REL) & bit;
+    if (after && !g_nvml_pid && !seen) {
         uint32_t me = (uint32_t)getpid();
         if (listed(after, n, me)) {
             settle_locked((int32_t)me, "getpid() is in its list");
@@ -177,4 +182,5 @@ HIDDEN void nvmlpid_after_fork_child(void)
     pthread_mutex_init(&g_mu, NULL);
     g_nvml_pid = 0;
     g_ncand = -1;
+    g_seen_dev = 0;
 }

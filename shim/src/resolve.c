@@ -49,7 +49,8 @@ W(cuMemAllocAsync) W(cuMemAllocAsync_ptsz) W(cuMemAllocFromPoolAsync) W(cuMemAll
 W(cuMemFreeAsync) W(cuMemFreeAsync_ptsz) W(cuMemCreate) W(cuMemRelease)
 W(cuArrayCreate_v2) W(cuArray3DCreate_v2) W(cuArrayDestroy) W(cuMipmappedArrayCreate) W(cuMipmappedArrayDestroy)
 W(cuMemGetInfo_v2) W(cuDeviceTotalMem_v2)
-W(cuDevicePrimaryCtxRetain) W(cuDevicePrimaryCtxRelease_v2) W(cuDevicePrimaryCtxReset_v2) W(cuCtxDestroy_v2)
+W(cuDevicePrimaryCtxRetain) W(cuDevicePrimaryCtxRelease_v2) W(cuDevicePrimaryCtxReset_v2)
+W(cuCtxCreate_v2) W(cuCtxCreate_v3) W(cuCtxCreate_v4) W(cuCtxDestroy_v2)
 W(cuLaunchKernel) W(cuLaunchKernel_ptsz) W(cuLaunchKernelEx) W(cuLaunchKernelEx_ptsz)
 W(cuLaunchCooperativeKernel) W(cuLaunchCooperativeKernel_ptsz) W(cuGraphLaunch) W(cuGraphLaunch_ptsz)
 W(cuStreamBeginCapture_v2) W(cuStreamBeginCapture_ptsz) W(cuStreamBeginCapture_v2_ptsz)
@@ -95,6 +96,9 @@ static const struct hook g_hooks[] = {
     H(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0),
     H(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0),
     H(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0),
+    H(cuCtxCreate_v2, "cuCtxCreate", 3020, 0),
+    H(cuCtxCreate_v3, "cuCtxCreate", 11040, 0),
+    H(cuCtxCreate_v4, "cuCtxCreate", 12050, 0),
     H(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0),
     H(cuLaunchKernel, "cuLaunchKernel", 4000, 0),
     H(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, 1),

@@ -122,14 +122,15 @@ def _in_pid_namespace(shim, tmp_path, cmds: list[list[str]], **env: str) -> subp
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a new pid namespace needs root (CI runs as root)")
-def test_nvml_figure_is_found_inside_a_pid_namespace(shim, tmp_path):
+@pytest.mark.parametrize("first_context", [["init"], ["cuinit", "ctxcreate"]], ids=["primary", "own"])
+def test_nvml_figure_is_found_inside_a_pid_namespace(shim, tmp_path, first_context):
     """Drivers that ignore pid namespaces list a container's processes by their host pids (this stand-in does
     so), so getpid() is not in NVML's list. Two processes of one container create their contexts at the same moment
-    (creation takes 300 ms), then load a 24 MiB module that no allocation call shows, only NVML's
-    per-process figure. Each must find its host pid and so count that module: the container's figure for each
-    process equals the host's."""
+    (creation takes 300 ms; the primary one, or one of their own with cuCtxCreate), then load a 24 MiB module
+    that no allocation call shows, only NVML's per-process figure. Each must find its host pid and so count that
+    module: the container's figure for each process equals the host's."""
     go = tmp_path / "go"
-    cmd = ["procaddr", "init", "launch:1:10", "sleep:300", "alloc:mem:64m", f"waitfile:{go}"]
+    cmd = ["procaddr", *first_context, "launch:1:10", "sleep:300", "alloc:mem:64m", f"waitfile:{go}"]
     p = _in_pid_namespace(shim, tmp_path, [cmd, cmd], CUDA_DEVICE_MEMORY_LIMIT="1g", FAKE_CTX_CREATE_MS="300",
                           FAKE_MODULE_MB="24")
     try:
@@ -304,6 +305,53 @@ def test_a_destroyed_context_takes_its_allocations_with_it(shim, mode):
     assert [c[1] for c in r.find("ctxdestroy")] == ["0"] * 5
     free, total = (int(x) for x in r.one("meminfo")[2:4])
     assert total - free == 100 * MiB + CTX
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("abi", ["v2", "v3", "v4"])
+def test_a_context_the_program_makes_costs_what_the_driver_takes(shim, mode, abi):
+    """cuCtxCreate (each ABI: v3 adds execution affinity, v4 is what CUDA 13's cuCtxCreate means) costs a
+    context's memory, as the primary context does, also where NVML's per-process figure is not read
+    (tracking only); cuCtxDestroy gives it back with what was allocated in it. Checked against the (fake)
+    host view too."""
+    p = shim.spawn(mode, "init", f"ctxcreate:0:{abi}", "alloc:mem:100m", "meminfo", "wait",
+                   CUDA_DEVICE_MEMORY_LIMIT="1g", HAMID_NVML_RECONCILE="0")
+    lines = wait_ready(p)
+    inside = used(shim)
+    host = {int(ln[1]): int(ln[2]) for ln in shim.run("dlsym", "nvmlprocs", preload=False).find("proc")}
+    finish(p)
+    assert "ctxcreate 0" in lines, lines
+    free, total = (int(x) for x in [ln for ln in lines if ln.startswith("meminfo")][0].split()[2:4])
+    assert total - free == inside == host[p.pid] == 2 * CTX + 100 * MiB, (total - free, inside, host)
+    r = shim.run(mode, "init", f"ctxcreate:0:{abi}", "alloc:mem:100m", "ctxdestroy", "meminfo",
+                 CUDA_DEVICE_MEMORY_LIMIT="1g", HAMID_NVML_RECONCILE="0")
+    free, total = (int(x) for x in r.one("meminfo")[2:4])
+    assert total - free == CTX, r
+
+
+def test_a_context_over_the_limit_is_refused_and_nothing_changes(shim):
+    """A context that does not fit is CUDA_ERROR_OUT_OF_MEMORY (2), and the program goes on where it was: its
+    primary context current, its use unchanged, on the host too."""
+    p = shim.spawn("procaddr", "init", "alloc:mem:40m", "ctxcreate", "alloc:mem:10m", "meminfo", "wait",
+                   CUDA_DEVICE_MEMORY_LIMIT="100m")
+    lines = wait_ready(p)
+    host = {int(ln[1]): int(ln[2]) for ln in shim.run("dlsym", "nvmlprocs", preload=False).find("proc")}
+    finish(p)
+    assert "ctxcreate 2" in lines and "alloc mem 10m 0" in lines, lines
+    free, total = (int(x) for x in [ln for ln in lines if ln.startswith("meminfo")][0].split()[2:4])
+    assert total - free == host[p.pid] == CTX + 50 * MiB, (total - free, host)
+
+
+def test_a_first_context_that_only_turns_out_too_big_is_undone(shim):
+    """No context measured yet in the container, so the size is known only once the driver made it: over
+    the limit, the shim destroys it again and answers CUDA_ERROR_OUT_OF_MEMORY; nothing stays behind."""
+    p = shim.spawn("procaddr", "cuinit", "ctxcreate", "meminfo", "wait", CUDA_DEVICE_MEMORY_LIMIT="30m")
+    lines = wait_ready(p)
+    host = {int(ln[1]): int(ln[2]) for ln in shim.run("dlsym", "nvmlprocs", preload=False).find("proc")}
+    inside = used(shim)
+    finish(p)
+    assert "ctxcreate 2" in lines, lines
+    assert host.get(p.pid, 0) == 0 and inside == 0, (host, inside)
 
 
 def test_cuda_visible_devices_inside_charges_the_right_device(shim):

@@ -168,7 +168,7 @@ API CUresult cuCtxSetCurrent(CUcontext c) { t_ctx = (uintptr_t)c; t_cur = ctx_de
 API CUresult cuCtxGetCurrent(CUcontext *c) { *c = (CUcontext)t_ctx; return CUDA_SUCCESS; }
 /* A context of the program's own (0x100000 + n * 16 + ordinal): made current, with its own overhead. */
 static uintptr_t g_nctx;
-API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d)
+static CUresult own_ctx_create(CUcontext *pctx, unsigned int flags, CUdevice d)
 {
     (void)flags;
     int p = phys(d);
@@ -178,6 +178,21 @@ API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d)
     uintptr_t c = 0x100000 + (__atomic_add_fetch(&g_nctx, 1, __ATOMIC_RELAXED) << 4) + (uintptr_t)d;
     *pctx = (CUcontext)c;
     return cuCtxSetCurrent(*pctx);
+}
+/* Every ABI calls the same internal function (a call to the exported cuCtxCreate_v2 would reach the shim's
+ * wrapper of it and be counted twice). v3 adds execution affinity, v4 creation parameters; neither changes what
+ * the stand-in does. */
+API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d) { return own_ctx_create(pctx, flags, d); }
+API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice d)
+{
+    (void)params;
+    (void)n;
+    return own_ctx_create(pctx, flags, d);
+}
+API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice d)
+{
+    (void)params;
+    return own_ctx_create(pctx, flags, d);
 }
 API CUresult cuCtxDestroy_v2(CUcontext c)
 {
@@ -423,7 +438,8 @@ static const struct ver g_vers[] = {
     {"cuGetProcAddress", 12000, "cuGetProcAddress_v2"}, {"cuGetProcAddress", 11030, "cuGetProcAddress"},
     {"cuMemAllocAsync", 11020, "cuMemAllocAsync"}, {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync"},
     {"cuMemFreeAsync", 11020, "cuMemFreeAsync"}, {"cuLaunchKernelEx", 11060, "cuLaunchKernelEx"},
-    {"cuMemCreate", 10020, "cuMemCreate"}, {"cuCtxCreate", 3020, "cuCtxCreate_v2"}, {"cuCtxDestroy", 4000, "cuCtxDestroy_v2"},
+    {"cuMemCreate", 10020, "cuMemCreate"}, {"cuCtxCreate", 12050, "cuCtxCreate_v4"},
+    {"cuCtxCreate", 11040, "cuCtxCreate_v3"}, {"cuCtxCreate", 3020, "cuCtxCreate_v2"}, {"cuCtxDestroy", 4000, "cuCtxDestroy_v2"},
 };
 
 static CUresult proc_address(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st)

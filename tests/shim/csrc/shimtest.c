@@ -54,6 +54,8 @@ CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, uns
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuStreamBeginCapture_v2(CUstream, int);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+CUresult cuCtxCreate_v3(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
+CUresult cuCtxCreate_v4(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
 CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuStreamEndCapture(CUstream, CUgraph *);
 CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
@@ -79,7 +81,7 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned int 
     X(cuLaunchKernel_ptsz, "cuLaunchKernel", 2) X(cuLaunchKernelEx, "cuLaunchKernelEx", 0)                            \
     X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 0) X(cuGraphLaunch, "cuGraphLaunch", 0)                 \
     X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 0) X(cuStreamEndCapture, "cuStreamEndCapture", 0)          \
-    X(cuCtxCreate_v2, "cuCtxCreate", 0) X(cuCtxDestroy_v2, "cuCtxDestroy", 0)
+    X(cuCtxDestroy_v2, "cuCtxDestroy", 0)
 
 static struct {
 #define F(n, b, fl) __typeof__(&n) n;
@@ -90,6 +92,10 @@ static struct {
     __typeof__(&nvmlDeviceGetMemoryInfo) nvmlDeviceGetMemoryInfo;
     __typeof__(&nvmlDeviceGetMemoryInfo_v2) nvmlDeviceGetMemoryInfo_v2;
     __typeof__(&nvmlDeviceGetComputeRunningProcesses_v3) nvmlDeviceGetComputeRunningProcesses_v3;
+    /* each ABI of cuCtxCreate, asked for with the version of its own typedef (as cudaTypedefs.h users do) */
+    __typeof__(&cuCtxCreate_v2) cuCtxCreate_v2;
+    __typeof__(&cuCtxCreate_v3) cuCtxCreate_v3;
+    __typeof__(&cuCtxCreate_v4) cuCtxCreate_v4;
 } api;
 
 static int g_version = 12080;
@@ -106,6 +112,9 @@ static void load(const char *mode)
         api.nvmlDeviceGetMemoryInfo = nvmlDeviceGetMemoryInfo;
         api.nvmlDeviceGetMemoryInfo_v2 = nvmlDeviceGetMemoryInfo_v2;
         api.nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses_v3;
+        api.cuCtxCreate_v2 = cuCtxCreate_v2;
+        api.cuCtxCreate_v3 = cuCtxCreate_v3;
+        api.cuCtxCreate_v4 = cuCtxCreate_v4;
         return;
     }
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
@@ -120,6 +129,9 @@ static void load(const char *mode)
 #define F(n, b, fl) api.n = dlsym(h, #n);
         APIS(F)
 #undef F
+        api.cuCtxCreate_v2 = dlsym(h, "cuCtxCreate_v2");
+        api.cuCtxCreate_v3 = dlsym(h, "cuCtxCreate_v3");
+        api.cuCtxCreate_v4 = dlsym(h, "cuCtxCreate_v4");
         return;
     }
     /* procaddr: like cudart, fetch cuGetProcAddress_v2 by dlsym, everything else through it */
@@ -136,6 +148,9 @@ static void load(const char *mode)
     }
     APIS(F)
 #undef F
+    gpa("cuCtxCreate", (void **)&api.cuCtxCreate_v2, 3020, 0, NULL);
+    gpa("cuCtxCreate", (void **)&api.cuCtxCreate_v3, 11040, 0, NULL);
+    gpa("cuCtxCreate", (void **)&api.cuCtxCreate_v4, 12050, 0, NULL);
 }
 
 static const char *owner(void *p)
@@ -249,7 +264,9 @@ int main(int argc, char **argv)
         int nt = 0;
         for (char *t = strtok(buf, ":"); t && nt < 6; t = strtok(NULL, ":")) tok[nt++] = t;
         const char *c = tok[0];
-        if (!strcmp(c, "init")) {
+        if (!strcmp(c, "cuinit")) { /* cuInit alone: no primary context (a program that makes its own) */
+            printf("cuinit %d\n", api.cuInit(0));
+        } else if (!strcmp(c, "init")) {
             int dev = tok[1] ? atoi(tok[1]) : 0;
             CUresult r = api.cuInit(0);
             if (r == CUDA_SUCCESS) r = api.cuDevicePrimaryCtxRetain(&ctx, dev);
@@ -293,8 +310,13 @@ int main(int argc, char **argv)
             int r1 = api.nvmlDeviceGetMemoryInfo(h, &m), r2 = api.nvmlDeviceGetMemoryInfo_v2(h, &m2);
             printf("nvml %d %llu %llu %llu\n", r1, m.total, m.used, m.free);
             printf("nvml2 %d %llu %llu %llu\n", r2, m2.total, m2.used, m2.free);
-        } else if (!strcmp(c, "ctxcreate")) { /* a context of its own, made current */
-            printf("ctxcreate %d\n", api.cuCtxCreate_v2(&own, 0, tok[1] ? atoi(tok[1]) : 0));
+        } else if (!strcmp(c, "ctxcreate")) { /* ctxcreate[:dev[:v2|v3|v4]]: a context of its own, made current */
+            int dev = tok[1] ? atoi(tok[1]) : 0;
+            const char *abi = tok[2] ? tok[2] : "v2";
+            CUresult r = !strcmp(abi, "v3")   ? api.cuCtxCreate_v3(&own, NULL, 0, 0, dev)
+                         : !strcmp(abi, "v4") ? api.cuCtxCreate_v4(&own, NULL, 0, dev)
+                                              : api.cuCtxCreate_v2(&own, 0, dev);
+            printf("ctxcreate %d\n", r);
         } else if (!strcmp(c, "ctxdestroy")) { /* destroy it, back to the primary one */
             printf("ctxdestroy %d\n", api.cuCtxDestroy_v2(own));
             api.cuCtxSetCurrent(ctx);
