@@ -9,6 +9,8 @@
 //   ctx_cycle <rounds> <MiB>  each round: a context of its own (cuCtxCreate), cuMemAlloc of <MiB> in it,
 //        cuCtxDestroy without freeing; prints "round <i> <CUresult of the alloc>", then "meminfo <free> <total>"
 //        from the primary context
+//   ctx_hold <MiB>  a context of its own (cuCtxCreate: cuCtxCreate_v4 when built with CUDA 13) beside the
+//        primary one, cuMemAlloc of <MiB> in it, prints "ready <pid>", waits for a line on stdin, destroys it
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -79,6 +81,25 @@ int main(int argc, char **argv)
         size_t fr = 0, tot = 0;
         CK(cudaMemGetInfo(&fr, &tot));
         printf("meminfo %zu %zu\n", fr, tot);
+    } else if (!strcmp(argv[1], "ctx_hold")) {
+        size_t sz = (size_t)atol(argv[2]) << 20;
+        CUcontext own;
+        CUdevice dev;
+        CKD(cuDeviceGet(&dev, 0));
+#if CUDA_VERSION >= 13000
+        CKD(cuCtxCreate(&own, NULL, 0, dev));
+#else
+        CKD(cuCtxCreate(&own, 0, dev));
+#endif
+        CUdeviceptr p = 0;
+        CKD(cuMemAlloc(&p, sz));
+        CKD(cuMemsetD8(p, 1, sz));
+        CKD(cuCtxSynchronize());
+        printf("ready %d\n", (int)getpid());
+        char line[64];
+        if (!fgets(line, sizeof line, stdin)) {}
+        CKD(cuCtxDestroy(own));
+        printf("freed\n");
     } else if (!strcmp(argv[1], "hold")) {
         size_t m = (size_t)atol(argv[2]) << 20, v = (size_t)atol(argv[3]) << 20, pl = (size_t)atol(argv[4]) << 20,
                as = (size_t)atol(argv[5]) << 20, ar = (size_t)atol(argv[6]) << 20;

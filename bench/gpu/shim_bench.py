@@ -175,6 +175,28 @@ def own_contexts():
     row("4 GiB limit: 5 x (cuCtxCreate, 1 GiB cuMemAlloc, cuCtxDestroy without a free), then used / total",
         f"{sum(1 for r in rounds if r == 0)}/{len(rounds)} ok, {(total - free) / MiB:.0f} / {total / MiB:.0f} MiB",
         "5/5 ok, the primary context's use only", "-")
+    # A live context of its own beside the primary one: its overhead counts, also without NVML's figure.
+    for reconcile in (False, True):
+        reg = region_path()
+        p = subprocess.Popen(cbench("ctx_hold", 1024), env=env(region=reg, CUDA_DEVICE_MEMORY_LIMIT="4g",
+                                                               HAMID_NVML_RECONCILE=int(reconcile)),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            ln = p.stdout.readline()
+            if not ln.startswith("ready"):
+                p.kill()
+                raise RuntimeError(f"not ready: {ln!r} {p.stderr.read()[-2000:]}")
+            time.sleep(0.5)
+            inside = dump(reg)["devices"][0]["used"]
+            host = host_apps().get(p.pid, 0)
+        finally:
+            p.communicate("x\n", timeout=60)
+        key = "reconciled" if reconcile else "tracking_only"
+        R.setdefault("own_context_live", {})[key] = {"inside": inside, "host": host}
+        err = (inside - host) / host * 100 if host else float("nan")
+        row(f"primary context + a live context of its own (cuCtxCreate) with 1 GiB in it, in-container vs host "
+            f"NVML, {'NVML-reconciled' if reconcile else 'tracking only'}",
+            f"{inside / MiB:.0f} vs {host / MiB:.0f} MiB ({err:+.2f}%)", "within 2%", "-")
 
 
 @step("nvidia-smi inside")
@@ -305,7 +327,7 @@ def launch_cost():
     # core a process lands on moved the bare figure by 0.7 us between runs);
     # per case, the median over rounds of each process's best batch.
     pin = ["taskset", "-c", str(min(3, (os.cpu_count() or 1) - 1))]
-    for _ in range(21):
+    for _ in range(15):
         for name, e in cases:
             out = run([*pin, *cbench("launch_cost", 200, 40)], e)
             res.setdefault(name, []).append(float(out.split()[-1]))
@@ -314,7 +336,7 @@ def launch_cost():
     base = med["bare"]
     q = sorted(res["bare"])
     iqr = (q[3 * len(q) // 4] - q[len(q) // 4]) / 1000
-    row("empty-kernel launch (CPU side, batches of 200, pinned, 21 rounds), bare",
+    row("empty-kernel launch (CPU side, batches of 200, pinned, 15 rounds), bare",
         f"{base / 1000:.3f} us (bare interquartile range {iqr:.3f} us)", "-", "about 4 us")
     for name in list(med)[1:]:
         row(f"added per launch, {name}", f"{(med[name] - base) / 1000:+.3f} us",
@@ -393,7 +415,7 @@ def pairs():
              ("none", (None, None), (None, None))]
     for w in ("matmul", "graph_small"):
         for mode, lims, slots in cases:
-            start = time.time_ns() + int(12e9)
+            start = time.time_ns() + int(10e9)  # both started (torch import, CUDA init) by then
             envs = []
             for lim, sl in zip(lims, slots):
                 kv = {"CUDA_DEVICE_SM_LIMIT": lim} if lim else {}
