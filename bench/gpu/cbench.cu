@@ -26,6 +26,18 @@ static long long now_ns(int clk) { struct timespec t; clock_gettime(clk, &t); re
 
 __global__ void empty_kernel() {}
 
+/* A context of the program's own, made current: cuCtxCreate is cuCtxCreate_v4 from CUDA 13 on. */
+static CUcontext own_context(CUdevice dev)
+{
+    CUcontext c;
+#if CUDA_VERSION >= 13000
+    CKD(cuCtxCreate(&c, NULL, 0, dev));
+#else
+    CKD(cuCtxCreate(&c, 0, dev));
+#endif
+    return c;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -67,11 +79,7 @@ int main(int argc, char **argv)
         CKD(cuCtxGetCurrent(&primary));
         CKD(cuDeviceGet(&dev, 0));
         for (int i = 0; i < rounds; i++) {
-#if CUDA_VERSION >= 13000
-            CKD(cuCtxCreate(&own, NULL, 0, dev));
-#else
-            CKD(cuCtxCreate(&own, 0, dev));
-#endif
+            own = own_context(dev);
             CUdeviceptr p = 0;
             CUresult r = cuMemAlloc(&p, sz);
             printf("round %d %d\n", i, (int)r);
@@ -83,14 +91,9 @@ int main(int argc, char **argv)
         printf("meminfo %zu %zu\n", fr, tot);
     } else if (!strcmp(argv[1], "ctx_hold")) {
         size_t sz = (size_t)atol(argv[2]) << 20;
-        CUcontext own;
         CUdevice dev;
         CKD(cuDeviceGet(&dev, 0));
-#if CUDA_VERSION >= 13000
-        CKD(cuCtxCreate(&own, NULL, 0, dev));
-#else
-        CKD(cuCtxCreate(&own, 0, dev));
-#endif
+        CUcontext own = own_context(dev);
         CUdeviceptr p = 0;
         CKD(cuMemAlloc(&p, sz));
         CKD(cuMemsetD8(p, 1, sz));
