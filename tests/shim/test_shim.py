@@ -184,6 +184,16 @@ def test_version_and_flags_answered_like_the_driver(shim):
     assert ans[10].startswith("libvgpu") and ans[10].endswith(":cuDevicePrimaryCtxRelease_v2")
 
 
+def test_each_cuCtxCreate_abi_is_answered_with_its_own_wrapper(shim):
+    """cuGetProcAddress("cuCtxCreate") names three ABIs by version (cudaTypedefs.h of CUDA 13:
+    PFN_cuCtxCreate_v3020, _v11040, _v12050); each caller gets the wrapper of the one it asked for, never a
+    wrapper of another signature."""
+    r = shim.run("direct", "init", *(f"procaddr:cuCtxCreate:{v}:0" for v in (3020, 11040, 12050, 13000)))
+    ans = [ln[5] for ln in r.find("procaddr")]
+    assert all(a.startswith("libvgpu") for a in ans), ans
+    assert [a.split(":")[1] for a in ans] == ["cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4", "cuCtxCreate_v4"]
+
+
 def test_dlsym_hands_out_wrappers_only_for_driver_functions(shim, built):
     r = shim.run("direct", "dlsymowner:libcuda.so.1:cuMemAlloc_v2", "dlsymowner:libcuda.so.1:cuCtxSynchronize",
                  "dlsymowner:libnvidia-ml.so.1:nvmlDeviceGetMemoryInfo_v2",
