@@ -182,10 +182,7 @@ def own_contexts():
                                                                HAMID_NVML_RECONCILE=int(reconcile)),
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            ln = p.stdout.readline()
-            if not ln.startswith("ready"):
-                p.kill()
-                raise RuntimeError(f"not ready: {ln!r} {p.stderr.read()[-2000:]}")
+            expect_ready(p)
             time.sleep(0.5)
             inside = dump(reg)["devices"][0]["used"]
             host = host_apps().get(p.pid, 0)
@@ -219,6 +216,14 @@ def smi_inside():
             "used / limit")
     finally:
         holder.communicate("x\n", timeout=60)
+
+
+def expect_ready(p: subprocess.Popen) -> None:
+    """Read one line of a holder process; anything but 'ready' ends it and raises with its stderr."""
+    ln = p.stdout.readline()
+    if not ln.startswith("ready"):
+        p.kill()  # before reading its stderr: a launcher would hold it open
+        raise RuntimeError(f"not ready: {ln!r} {p.stderr.read()[-3000:]}")
 
 
 def ns_to_host(unshare_pid: int) -> dict[int, int]:
@@ -258,10 +263,7 @@ def accounting(reconcile: bool, pidns: bool = False):
     try:
         for p, n in waits:
             for _ in range(n):
-                ln = p.stdout.readline()
-                if not ln.startswith("ready"):
-                    p.kill()  # before reading its stderr: a launcher would hold it open
-                    raise RuntimeError(f"not ready: {ln!r} {p.stderr.read()[-3000:]}")
+                expect_ready(p)
         time.sleep(1.0)
         d = dump(reg)
         host = host_apps()

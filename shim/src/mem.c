@@ -656,8 +656,7 @@ static CUresult own_context_begin(CUdevice dev, struct ctx_make *m)
     acct_init();
     m->w.rdev = dev_region_index(dev);
     if (m->w.rdev < 0) return CUDA_SUCCESS;
-    uint64_t est = g_cfg.context_bytes_override;
-    if (!est && g_region) est = __atomic_load_n(&g_region->devices[m->w.rdev].context_bytes, __ATOMIC_RELAXED);
+    uint64_t est = context_size(dev, m->w.rdev, 0, 0); /* nothing measured yet: the override or the region's */
     if (est && reserve(&m->w, est) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     m->reserved = est;
     m->learn = nvmlpid_before_context(dev);
