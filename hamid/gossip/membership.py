@@ -14,6 +14,11 @@ in this node's document).
 - **Suspicion.** A suspected member is dead after a timeout that starts at
   ``max`` and shrinks towards ``min`` with each independent confirmation
   (``params.suspicion_timeout``). Any ``alive`` with a higher incarnation ends it.
+  A confirmation is a ``suspect`` update from another accuser (its ``by``).
+  A push/pull that merely holds a suspicion is not one: it heard the same
+  rumour, and counting it would let anti-entropy shrink every timeout to
+  ``min`` before the refutation has spread. A suspicion learnt that way is
+  spread with the accuser :data:`NO_ACCUSER`, which confirms nothing.
 - **Refutation.** A node that hears itself suspected or dead takes an
   incarnation above it and spreads ``alive``; each refutation also raises its
   health score. Incarnations start at the wall-clock second, so a restarted
@@ -62,6 +67,7 @@ from .stats import Stats
 log = get_logger("gossip")
 
 DOC_RETRY = 1.0  # seconds before the same document version is asked for again (a lost request or reply)
+NO_ACCUSER = "*"  # ``by`` of a suspicion learnt by push/pull; not a valid node or host name
 
 
 @dataclass
@@ -74,7 +80,11 @@ class Suspicion:
     confirmers: set[str] = field(default_factory=set)
 
     def confirm(self, by: str) -> bool:
-        if by == self.by or by in self.confirmers or len(self.confirmers) >= self.needed:
+        """Count ``by`` as an independent accuser; False when it is not one."""
+        if self.by == NO_ACCUSER and by != NO_ACCUSER:
+            self.by = by  # the accuser behind a rumour we first had by push/pull
+            return False
+        if by in (self.by, NO_ACCUSER) or by in self.confirmers or len(self.confirmers) >= self.needed:
             return False
         self.confirmers.add(by)
         return True
@@ -110,6 +120,8 @@ class Membership:
     def __init__(self, name: str, addr: str, params: GossipParams, stats: Stats,
                  send: Callable[[str, dict], None], *, seeds: tuple[str, ...] = (),
                  forget: Callable[[str], None] = lambda _a: None) -> None:
+        if name == NO_ACCUSER:
+            raise ValueError(f"gossip node name {name!r} is reserved; use the node's host or Kubernetes name")
         self.name = name
         self.addr = addr
         self.p = params
@@ -385,10 +397,10 @@ class Membership:
                 if name not in self.members and name != self.name:
                     continue
                 self._on_dead(name, inc, name)
-            else:  # a remote suspect or dead: suspect it here (memberlist)
+            else:  # a remote suspect or dead: suspect it here (memberlist), accuser unknown
                 if name not in self.members and name != self.name:
                     continue
-                self._on_suspect(name, inc, msg["f"])
+                self._on_suspect(name, inc, NO_ACCUSER)
             if self._should_ask(name, cv):
                 want.append(name)
         if want:

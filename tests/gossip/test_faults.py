@@ -61,7 +61,8 @@ async def test_frame_loss_and_delay_kill_nobody_and_a_crash_is_still_found():
         dead = [(s.name, name) for s in nodes for _, name, st in s.membership.changes if st == "dead"]
         assert dead == []
         assert sum(s.stats.dropped["fault"] for s in nodes) > 50  # the hook really dropped frames
-        assert sum(s.stats.probes["failed"] + s.stats.probes["indirect"] for s in nodes) > 0 or True
+        # ...and the protocol had to work for it: direct probes went unanswered
+        assert sum(s.stats.probes["failed"] + s.stats.probes["indirect"] for s in nodes) > 0
 
         victim = nodes[-1]
         victim.leave_on_exit = False

@@ -86,3 +86,56 @@ async def test_documents_are_pulled_from_whoever_announced_them_and_announced_on
     assert m.broadcasts.take(10, 1 << 16) == [notice]  # now we announce it: we can serve it
     m.on_message({"t": "capreq", "f": "e", "a": "e:1", "names": ["b"]})
     assert sent[-1] == ("e:1", {"t": "caps", "docs": [doc]})
+
+
+def _pp(sender: str, entries: list[list]) -> dict:
+    """A push/pull reply from ``sender`` holding ``entries`` (name, addr, inc, state, doc version)."""
+    return {"t": "pp", "seq": 1, "join": False, "reply": True, "m": entries, "f": sender, "a": f"{sender}:1"}
+
+
+async def test_a_push_pull_holding_a_suspicion_is_not_an_independent_confirmation():
+    # Lifeguard shrinks the suspicion timeout per independent accuser. Peers
+    # that only heard the same rumour and hand it back by push/pull are not
+    # accusers: counting them shrank timeouts to the minimum before the
+    # suspect's refutation had spread, and killed live members under loss.
+    from hamid.gossip.codec import SUSPECT
+    from hamid.gossip.membership import NO_ACCUSER
+
+    p = GossipParams()
+    sent: list[tuple[str, dict]] = []
+    m = Membership("a", "a:1", p, Stats(), lambda addr, msg: sent.append((addr, msg)))
+    for name in "bcdef":
+        m.members[name] = Member(name, f"{name}:1", 7)
+    lo, hi = p.suspicion_bounds(m.n())
+    assert p.confirmations_needed(m.n()) == 2 and hi > lo
+
+    m.on_message({"t": "gossip", "f": "c", "a": "c:1", "g": [{"t": "suspect", "n": "b", "i": 7, "by": "c"}]})
+    s = m.members["b"].suspicion
+    assert m.members["b"].state == SUSPECT and s.deadline == s.start + hi
+    for peer in "def":  # three peers that hold the same suspicion
+        m.on_message(_pp(peer, [["b", "b:1", 7, SUSPECT, 0]]))
+    assert s.confirmers == set() and s.deadline == s.start + hi
+    m.on_message({"t": "gossip", "f": "d", "a": "d:1", "g": [{"t": "suspect", "n": "b", "i": 7, "by": "d"}]})
+    assert s.confirmers == {"d"} and s.start + lo < s.deadline < s.start + hi  # a second accuser does count
+
+    # First heard by push/pull: spread without an accuser; the accuser heard
+    # later is adopted, not counted; only a further accuser confirms.
+    m.on_message(_pp("d", [["c", "c:1", 7, SUSPECT, 0]]))
+    s = m.members["c"].suspicion
+    queued = m.broadcasts.take(p.retransmit_limit(m.n()), p.piggyback_bytes)
+    assert {"t": "suspect", "n": "c", "i": 7, "by": NO_ACCUSER} in queued
+    m.on_message({"t": "gossip", "f": "e", "a": "e:1", "g": [{"t": "suspect", "n": "c", "i": 7, "by": "e"}]})
+    assert s.by == "e" and s.confirmers == set() and s.deadline == s.start + hi
+    m.on_message({"t": "gossip", "f": "f", "a": "f:1", "g": [{"t": "suspect", "n": "c", "i": 7, "by": "f"}]})
+    assert s.confirmers == {"f"}
+    m.on_message({"t": "gossip", "f": "f", "a": "f:1", "g": [{"t": "suspect", "n": "c", "i": 7, "by": NO_ACCUSER}]})
+    assert s.confirmers == {"f"}  # a rumour spread without an accuser confirms nothing
+
+
+def test_the_no_accuser_mark_is_not_a_node_name():
+    import pytest
+
+    from hamid.gossip.membership import NO_ACCUSER
+
+    with pytest.raises(ValueError, match="reserved"):
+        Membership(NO_ACCUSER, "a:1", GossipParams(), Stats(), lambda addr, msg: None)
