@@ -370,9 +370,15 @@ int main(int argc, char **argv)
             uint64_t us = strtoull(tok[2], 0, 10);
             int64_t t0 = now_ns(), end = t0 + (int64_t)(secs * 1e9);
             long n = 0;
-            while (now_ns() < end) { launch(tok[3] ? tok[3] : "k", us); n++; }
+            int64_t longest = 0; /* the longest single launch call: how long the limiter held one back */
+            for (int64_t t = t0; t < end; n++) {
+                launch(tok[3] ? tok[3] : "k", us);
+                int64_t t2 = now_ns();
+                if (t2 - t > longest) longest = t2 - t;
+                t = t2;
+            }
             api.cuCtxSynchronize();
-            printf("run %ld %lld\n", n, (long long)(now_ns() - t0));
+            printf("run %ld %lld %lld\n", n, (long long)(now_ns() - t0), (long long)longest);
         } else if (!strcmp(c, "capture")) {
             int n = atoi(tok[1]);
             CUstream s;
