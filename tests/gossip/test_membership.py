@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
-from hamid.gossip.membership import Member, Membership
+from hamid.gossip.codec import SUSPECT
+from hamid.gossip.membership import NO_ACCUSER, Member, Membership
 from hamid.gossip.params import GossipParams
 from hamid.gossip.stats import Stats
 
@@ -133,9 +135,5 @@ async def test_a_push_pull_holding_a_suspicion_is_not_an_independent_confirmatio
 
 
 def test_the_no_accuser_mark_is_not_a_node_name():
-    import pytest
-
-    from hamid.gossip.membership import NO_ACCUSER
-
     with pytest.raises(ValueError, match="reserved"):
         Membership(NO_ACCUSER, "a:1", GossipParams(), Stats(), lambda addr, msg: None)
