@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hamid.config import NodeSettings
-from hamid.daemon.inventory import capacity_views
+from hamid.node.capacity import capacity_views
 from hamid.devices.simulated import SimulatedBackend, parse_simulate_spec
 from hamid.placement import NodeView
 

@@ -19,7 +19,7 @@ import pytest
 from hamid.localapi.client import Conflict as LedgerConflict
 from hamid.localapi.client import LocalClient
 from hamid.request import parse_docker_env
-from hamid.runtime import released
+from hamid.node import released
 
 HAMID = [sys.executable, "-m", "hamid.cli.main"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hamid.runtime.argv import parse
-from hamid.runtime.released import drain, mark, pending
+from hamid.node.released import drain, mark, pending
 
 BIN = Path(sys.executable).parent
 LAUNCHER = BIN / "hamid-runtime"

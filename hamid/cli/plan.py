@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import NodeSettings
 from ..config.load import ConfigError
-from ..daemon.inventory import capacity_views
+from ..node.capacity import capacity_views
 from ..devices.simulated import SimulatedBackend, parse_simulate_spec
 from ..devices.errors import DeviceError
 from ..errors import HamidError
