@@ -6,12 +6,18 @@ Names follow HAMi where the meaning is the same (``reference/hami.md`` §8):
 ``hami_gpu_shared_count``, ``hami_node_gpu_mig_instance_info``,
 ``hami_vgpu_memory_allocated_bytes``, ``hami_vgpu_core_allocated_ratio``,
 ``hami_build_info``; hamid's own are ``hamid_*``.
+
+Scrapes run in worker threads of their own (at most ``SCRAPE_THREADS`` at a
+time, not the process's shared pool that the local API uses) and each has a
+time budget (``SCRAPE_TIMEOUT_S``): a collector that blocks makes scrapes
+answer 503 after the budget, never starves the API of threads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import anyio
 import anyio.to_thread
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
@@ -21,6 +27,9 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..ledger import Ledger
+from ..logs import get_logger
+
+log = get_logger("metrics")
 
 MIB = 1024 * 1024
 GPU_LABELS = ["node", "device_uuid", "device_index", "device_type"]
@@ -79,9 +88,26 @@ def new_registry() -> tuple[CollectorRegistry, Counter]:
     return reg, commits
 
 
-def metrics_app(registry: CollectorRegistry) -> Starlette:
+SCRAPE_THREADS = 2
+SCRAPE_TIMEOUT_S = 10.0
+
+
+def metrics_app(registry: CollectorRegistry, *, threads: int | None = None,
+                timeout_s: float | None = None) -> Starlette:
+    """The ``/metrics`` app; `threads` and `timeout_s` default to SCRAPE_THREADS and SCRAPE_TIMEOUT_S."""
+    limiter: list[anyio.CapacityLimiter] = []  # made on the first scrape, inside the event loop
+
     async def metrics(_req):
-        body = await anyio.to_thread.run_sync(generate_latest, registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        nonlocal timeout_s
+        if not limiter:
+            limiter.append(anyio.CapacityLimiter(threads or SCRAPE_THREADS))
+            timeout_s = SCRAPE_TIMEOUT_S if timeout_s is None else timeout_s
+        with anyio.move_on_after(timeout_s):
+            # abandoned on timeout: a blocked thread keeps its token of this limiter only
+            body = await anyio.to_thread.run_sync(generate_latest, registry,
+                                                  abandon_on_cancel=True, limiter=limiter[0])
+            return Response(body, media_type=CONTENT_TYPE_LATEST)
+        log.warning("metrics scrape over its budget", timeout_s=timeout_s, busy_threads=limiter[0].borrowed_tokens)
+        return Response(f"scrape took longer than {timeout_s} s\n", status_code=503, media_type="text/plain")
 
     return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])

@@ -10,6 +10,7 @@ from hamid.shimregion.reader import (
     DeviceUsage,
     ProcessUsage,
     RegionError,
+    RegionRefused,
     RegionSnapshot,
     read_region,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "DeviceUsage",
     "ProcessUsage",
     "RegionError",
+    "RegionRefused",
     "RegionSnapshot",
     "ShimRegionCollector",
     "read_region",

@@ -19,12 +19,26 @@ HAMi's vGPUmonitor uses them, see shared/reference/hami.md §8):
   hamid_vgpu_gpu_time_seconds_total    GPU time charged by the compute limiter
   hamid_vgpu_throttle_seconds_total    time launches were held back
   hamid_vgpu_process_memory_used_bytes per process (extra label pid)
+  hamid_vgpu_region_refusals_total     files skipped (label reason: symlink, type, count,
+                                       owner, links, size, unreadable, budget)
 The labeler maps a container directory name to (namespace, pod, container);
 the default splits HAMi's `<podUID>_<container>` and leaves namespace empty.
+
+A container's directory and everything in it belong to the container's user,
+and the daemon reads it as root, so nothing there is trusted: directories and
+files are opened relative to their parent's descriptor without following
+symbolic links and without blocking; a region must be a regular file with one
+link, owned by the directory's owner (the container's uid, as the runtime
+chowned it) or root, under the reader's size cap. Anything else is skipped,
+logged once per path and reason, and counted. A scrape reads at most
+MAX_REGIONS_PER_CONTAINER files per container and stops at its time budget
+(the regions not read yet are left out of that scrape and counted as
+`budget`).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,7 +46,10 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from hamid.shimregion.reader import RegionError, read_region
+from hamid.logs import get_logger
+from hamid.shimregion.reader import RegionError, RegionRefused, RegionSnapshot, read_region
+
+log = get_logger("shimregion")
 
 Labeler = Callable[[str], tuple[str, str, str]]
 _LABELS = ["namespace", "pod", "container", "vdevice_index", "device_uuid"]
@@ -43,19 +60,84 @@ def default_labeler(dirname: str) -> tuple[str, str, str]:
     return ("", pod, ctr) if sep else ("", dirname, "")
 
 
+MAX_REGIONS_PER_CONTAINER = 8  # the shim makes one; a few more are tolerated, not thousands
+SCRAPE_BUDGET_S = 2.0  # reading every region of a scrape; the rest waits for the next scrape
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_LOGGED_MAX = 4096  # distinct (path, reason) pairs logged; later ones are only counted
+
+
 class ShimRegionCollector(Collector):
-    def __init__(self, containers_root: str | Path, labeler: Labeler = default_labeler) -> None:
+    def __init__(self, containers_root: str | Path, labeler: Labeler = default_labeler,
+                 budget_s: float = SCRAPE_BUDGET_S) -> None:
         self.root = Path(containers_root)
         self.labeler = labeler
+        self.budget_s = budget_s
         self.read_errors = 0
+        self.refusals: dict[str, int] = {}
+        self._logged: set[tuple[str, str]] = set()
 
-    def _regions(self) -> Iterator[tuple[str, Path]]:
-        if not self.root.is_dir():
+    def _skip(self, path: str, reason: str, detail: str) -> None:
+        self.read_errors += 1
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        if (path, reason) not in self._logged and len(self._logged) < _LOGGED_MAX:
+            self._logged.add((path, reason))
+            log.warning("region skipped", path=path, reason=reason, detail=detail)
+
+    def _snapshots(self) -> Iterator[tuple[str, RegionSnapshot]]:
+        """Every readable region under the root, within the time budget."""
+        deadline = time.monotonic() + self.budget_s
+        try:
+            root_fd = os.open(self.root, _DIR_FLAGS)
+        except OSError:
+            return  # no containers directory yet (or not one): nothing to export
+        try:
+            with os.scandir(root_fd) as it:
+                dirs = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+            for n, dirname in enumerate(dirs):
+                if time.monotonic() > deadline:
+                    self._skip(str(self.root), "budget",
+                               f"scrape budget of {self.budget_s} s spent; {len(dirs) - n} directories left")
+                    return
+                yield from self._container(root_fd, dirname, deadline)
+        finally:
+            os.close(root_fd)
+
+    def _container(self, root_fd: int, dirname: str, deadline: float) -> Iterator[tuple[str, RegionSnapshot]]:
+        where = str(self.root / dirname)
+        try:
+            dfd = os.open(dirname, _DIR_FLAGS, dir_fd=root_fd)
+        except OSError as e:
+            self._skip(where, "unreadable", e.strerror or str(e))
             return
-        for d in sorted(self.root.iterdir()):
-            if d.is_dir():
-                for f in sorted(d.glob("*.cache")):
-                    yield d.name, f
+        try:
+            owners = frozenset({os.fstat(dfd).st_uid, 0})
+            with os.scandir(dfd) as it:
+                names = []
+                for e in it:
+                    if e.name.endswith(".cache"):
+                        names.append(e.name)
+                        if len(names) > MAX_REGIONS_PER_CONTAINER:
+                            break
+            names.sort()
+            if len(names) > MAX_REGIONS_PER_CONTAINER:
+                self._skip(where, "count", f"more than {MAX_REGIONS_PER_CONTAINER} *.cache files; "
+                           f"reading the first {MAX_REGIONS_PER_CONTAINER} found")
+                names = names[:MAX_REGIONS_PER_CONTAINER]
+            for name in names:
+                if time.monotonic() > deadline:
+                    self._skip(where, "budget", f"scrape budget of {self.budget_s} s spent")
+                    return
+                try:
+                    snap = read_region(name, dir_fd=dfd, owners=owners)
+                except RegionRefused as e:
+                    self._skip(f"{where}/{name}", e.reason, str(e))
+                    continue
+                except RegionError as e:
+                    self._skip(f"{where}/{name}", "unreadable", str(e))
+                    continue
+                yield dirname, snap
+        finally:
+            os.close(dfd)
 
     def collect(self):  # noqa: C901 - one flat pass over the regions
         g = {
@@ -82,12 +164,7 @@ class ShimRegionCollector(Collector):
             "thr": CounterMetricFamily("hamid_vgpu_throttle_seconds", "time launches were held back", labels=_LABELS),
         }
         now_ns = time.time_ns()
-        for dirname, path in self._regions():
-            try:
-                snap = read_region(path)
-            except RegionError:
-                self.read_errors += 1
-                continue
+        for dirname, snap in self._snapshots():
             ns, pod, ctr = self.labeler(dirname)
             ctx_by_dev: dict[int, int] = {}
             for p in snap.processes:
@@ -110,14 +187,20 @@ class ShimRegionCollector(Collector):
                 for p in snap.processes:
                     if d.index in p.used_bytes:
                         g["proc"].add_metric(lv + [str(p.pid)], p.used_bytes[d.index])
+        refused = CounterMetricFamily("hamid_vgpu_region_refusals", "region files skipped, by reason",
+                                      labels=["reason"])
+        for reason, n in sorted(self.refusals.items()):
+            refused.add_metric([reason], n)
         yield from g.values()
         yield from c.values()
+        yield refused
 
 
 def register_collector(
-    registry: CollectorRegistry, containers_root: str | Path, labeler: Labeler = default_labeler
+    registry: CollectorRegistry, containers_root: str | Path, labeler: Labeler = default_labeler,
+    budget_s: float = SCRAPE_BUDGET_S,
 ) -> ShimRegionCollector:
     """Register a collector of every region under `containers_root`; returns it."""
-    col = ShimRegionCollector(containers_root, labeler)
+    col = ShimRegionCollector(containers_root, labeler, budget_s)
     registry.register(col)
     return col
