@@ -1,0 +1,123 @@
+"""The peer API's client: :class:`PeerClient` asks another node to commit,
+release or report, and trusts only answers sealed to its own request.
+
+Every call makes a fresh request id and timestamp, so a retry after a lost
+answer is a new request (commit and release are idempotent on the node, so
+retrying is safe). An answer is accepted only if it opens with a key of our
+keyring under the request's id: a server without the key, or a recorded
+answer to an earlier request, is :class:`PeerUnauthenticated`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from ..gossip.keyring import Keyring
+from ..logs import get_logger
+from . import frames
+from .address import parse_address
+from .errors import PeerProtocolError, PeerRefused, PeerUnauthenticated, PeerUnreachable
+from .server import FRAME_TYPE, PATH
+
+log = get_logger("peer")
+
+
+class PeerClient:
+    """Use as ``async with PeerClient(keyring) as c: await c.commit(addr, ...)``.
+
+    ``keyring`` None needs ``insecure=True`` (plain frames; only a server in
+    insecure mode answers them). ``timeout_s`` bounds connecting and each
+    read; ``max_answer_bytes`` bounds what a peer can make us buffer."""
+
+    def __init__(self, keyring: Keyring | None, *, insecure: bool = False, name: str = "",
+                 timeout_s: float = 5.0, max_answer_bytes: int = 16 * 1024 * 1024) -> None:
+        if keyring is None and not insecure:
+            raise ValueError("PeerClient needs the gossip keyring, or insecure=True to send plain frames")
+        self.sealer = frames.Sealer(keyring)
+        self.name = name
+        self.max_answer_bytes = max_answer_bytes
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), trust_env=False)
+
+    async def __aenter__(self) -> "PeerClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # --- the three calls ---------------------------------------------------
+
+    async def commit(self, address: str, owner: Any, decision: Any, *, request: dict | None = None,
+                     details: dict | None = None) -> dict:
+        """Commit ``decision`` for ``owner`` (an ``Owner``) on the node at
+        ``address``; the reservation as a dict. :class:`PeerRefused` (with the
+        ledger's reasons) when it does not fit there."""
+        args = {"owner": owner.to_dict(), "decision": decision.to_dict(), "request": request, "details": details}
+        return await self.call(address, "commit", args, to=decision.node)
+
+    async def release(self, address: str, key: str, *, node: str | None = None) -> dict:
+        """Release the reservation ``key`` (``Owner.key``); ``{"released": bool,
+        "reservation": dict | None}``. Idempotent. ``node``: refuse unless the
+        peer at ``address`` is that node."""
+        return await self.call(address, "release", {"key": key}, to=node)
+
+    async def status(self, address: str, *, node: str | None = None) -> dict:
+        """The node's status document (as ``hamid status -o json`` prints it)."""
+        return await self.call(address, "status", {}, to=node)
+
+    # --- one round trip ----------------------------------------------------
+
+    async def call(self, address: str, method: str, args: dict, *, to: str | None = None) -> Any:
+        host, port = parse_address(address, "peer address")
+        url = f"http://[{host}]:{port}{PATH}" if ":" in host else f"http://{host}:{port}{PATH}"
+        msg = frames.new_request(method, args, sender=self.name, to=to)
+        body = frames.encode_request(self.sealer, msg)
+        status, ctype, answer = await self._post(address, url, body)
+        if ctype != FRAME_TYPE:
+            # plain text, not a frame: the server's own claim, which nobody can verify
+            text = answer[:300].decode("utf-8", "replace").strip()
+            if status == 401:
+                raise PeerUnauthenticated(f"peer {address} could not authenticate this request ({text}): "
+                                          "the two nodes share no key of the gossip keyring", address=address)
+            kind = "too-large" if status == 413 else frames.BAD_REQUEST if status == 400 else "answer"
+            raise PeerProtocolError(f"peer {address} refused the request (HTTP {status}): {text}", kind,
+                                    address=address)
+        try:
+            got = frames.decode_answer(self.sealer, answer, msg["id"])
+        except frames.FrameError as e:
+            if e.reason == "key":
+                raise PeerUnauthenticated(f"the answer from {address} (HTTP {status}) is not sealed for this "
+                                          f"request by a key of our keyring ({e.detail}): the server is not "
+                                          "a key holder", address=address) from None
+            raise PeerProtocolError(f"unreadable answer from {address} (HTTP {status}): {e.detail}",
+                                    "answer", address=address) from None
+        if got["ok"]:
+            return got["result"]
+        if got["error"] == frames.REFUSED:
+            raise PeerRefused(got["message"], got["reasons"], address=address)
+        raise PeerProtocolError(f"peer {address} refused the {method} request ({got['error']}): {got['message']}",
+                                got["error"], address=address)
+
+    async def _post(self, address: str, url: str, body: bytes) -> tuple[int, str, bytes]:
+        try:
+            async with self._http.stream("POST", url, content=body,
+                                         headers={"content-type": FRAME_TYPE}) as resp:
+                buf = bytearray()
+                async for chunk in resp.aiter_bytes():
+                    buf += chunk
+                    if len(buf) > self.max_answer_bytes:
+                        raise PeerProtocolError(f"answer from {address} is over {self.max_answer_bytes} bytes",
+                                                "answer", address=address)
+                ctype = resp.headers.get("content-type", "").split(";")[0].strip()
+                return resp.status_code, ctype, bytes(buf)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise PeerUnreachable(f"cannot reach peer {address}: {e or type(e).__name__}",
+                                  address=address) from None
+        except httpx.HTTPError as e:  # sent, but the answer did not arrive whole
+            raise PeerUnreachable(f"no complete answer from peer {address} ({type(e).__name__}: {e}); the "
+                                  "request may have been applied, and retrying is safe", address=address,
+                                  maybe_applied=True) from None

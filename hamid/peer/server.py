@@ -1,0 +1,211 @@
+"""The peer API's server face: :class:`PeerFace` answers sealed requests over HTTP.
+
+One route, ``POST /v1/peer``, served by hypercorn on trio (starlette app).
+Each request is bounded in size, opened with the keyring, checked for
+freshness (:mod:`.replay`), then handed to the node service, whose ledger
+re-checks a commit in one transaction. Answers are sealed to the request
+(:mod:`.frames`). What cannot be opened gets a plain 401 naming why, and
+nothing else: a caller without a key learns nothing about the node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from ..errors import HamidError
+from ..gossip.keyring import Keyring
+from ..ledger import LedgerConflict
+from ..logs import get_logger
+from ..node.identity import Owner
+from ..placement import Decision
+from . import frames
+from .address import format_address, is_loopback, is_wildcard, parse_address
+from .replay import ReplayGuard, Refused
+from .stats import PeerCollector, PeerStats
+
+log = get_logger("peer")
+
+PATH = "/v1/peer"
+FRAME_TYPE = "application/x-hamid-peer"
+_STATUS = {frames.REFUSED: 409, frames.BAD_REQUEST: 400, frames.STALE: 400, frames.REPLAY: 400,
+           frames.WRONG_NODE: 400, frames.BUSY: 503, frames.INTERNAL: 500}
+
+
+class PeerConfigError(HamidError):
+    """The peer API cannot start as configured."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_body(req: HttpRequest, limit: int) -> bytes:
+    length = req.headers.get("content-length")
+    if length is not None and (not length.isascii() or not length.isdigit() or int(length) > limit):
+        raise _TooLarge()
+    buf = bytearray()
+    async for chunk in req.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise _TooLarge()
+    return bytes(buf)
+
+
+def _optional_map(args: dict, key: str) -> dict | None:
+    v = args.get(key)
+    if v is not None and type(v) is not dict:
+        raise frames.FrameError("schema", f"{key!r} must be a map or null")
+    return v
+
+
+class PeerFace:
+    """The peer API as a face of the node: ``run`` serves until cancelled.
+
+    ``node`` has async ``commit(owner, decision, request=, details=)``,
+    ``release(key)`` and ``status()`` and a ``name``. ``keyring`` None is
+    refused unless ``insecure`` (then frames are plain and anyone who can
+    reach ``listen`` may commit and release: loopback tests only)."""
+
+    name = "peer"
+
+    def __init__(self, node: Any, keyring: Keyring | None, listen: str, *, insecure: bool = False,
+                 window_s: float = 30.0, max_body_bytes: int = 256 * 1024, max_ids: int = 65536,
+                 stats: PeerStats | None = None) -> None:
+        self.node = node
+        host, port = parse_address(listen, "peerListen")
+        if keyring is None and not insecure:
+            raise PeerConfigError("the peer API needs the gossip keyring to authenticate peers: set "
+                                  "gossipKeyFile, or peerInsecure: true to run it unauthenticated "
+                                  "(anyone who reaches peerListen could then commit and release)")
+        if keyring is None:
+            log.warning("peer API without a key: requests are neither encrypted nor authenticated",
+                        listen=listen, loopback=is_loopback(host))
+        self.listen = format_address(host, port)
+        self.sealer = frames.Sealer(keyring)
+        self.guard = ReplayGuard(window_s, max_ids)
+        self.max_body_bytes = max_body_bytes
+        self.stats = stats or PeerStats()
+        self.bound: str | None = None  # HOST:PORT actually bound (port 0 resolved), once serving
+
+    def collector(self) -> PeerCollector:
+        return PeerCollector(self.stats)
+
+    def liveness(self) -> bool:
+        return self.bound is not None
+
+    # --- one request -------------------------------------------------------
+
+    async def _handle(self, req: HttpRequest) -> Response:
+        try:
+            frame = await _read_body(req, self.max_body_bytes)
+        except _TooLarge:
+            self.stats.note("unknown", "too-large")
+            return PlainTextResponse(f"too-large: request body over {self.max_body_bytes} bytes "
+                                     "(peerMaxBodyBytes)\n", status_code=413)
+        try:
+            msg = frames.decode_request(self.sealer, frame)
+        except frames.FrameError as e:
+            result = "unauthenticated" if e.reason == "key" else "bad-request"
+            self.stats.note("unknown", result)
+            log.warning("peer request dropped", reason=e.reason, detail=e.detail,
+                        client=req.client.host if req.client else None)
+            return PlainTextResponse(f"{result}: {e.detail}\n", status_code=401 if e.reason == "key" else 400)
+        method, rid = msg["m"], msg["id"]
+        try:
+            self.guard.admit(rid, msg["ts"])
+            if msg["to"] is not None and msg["to"] != self.node.name:
+                raise Refused(frames.WRONG_NODE, f"this is node {self.node.name!r}, the request is for "
+                                                 f"{msg['to']!r}")
+            result = await self._dispatch(method, msg["args"])
+        except Refused as e:
+            return self._error(msg, e.kind, str(e))
+        except LedgerConflict as e:
+            return self._error(msg, frames.REFUSED, str(e), e.reasons)
+        except frames.FrameError as e:
+            return self._error(msg, frames.BAD_REQUEST, e.detail)
+        except HamidError as e:
+            return self._error(msg, frames.BAD_REQUEST, str(e))
+        except Exception as e:  # a bug: answer it, and log it whole
+            log.exception("peer handler failed", method=method)
+            return self._error(msg, frames.INTERNAL, f"internal error on node {self.node.name}: {e!r}")
+        self.stats.note(method, "ok")
+        return Response(frames.encode_answer(self.sealer, rid, result=result), media_type=FRAME_TYPE)
+
+    def _error(self, msg: dict, kind: str, message: str, reasons=()) -> Response:
+        self.stats.note(msg["m"], kind)
+        log.info("peer request refused", method=msg["m"], sender=msg["from"], kind=kind, message=message)
+        return Response(frames.encode_answer(self.sealer, msg["id"], error=kind, message=message,
+                                             reasons=tuple(reasons)),
+                        status_code=_STATUS[kind], media_type=FRAME_TYPE)
+
+    async def _dispatch(self, method: str, args: dict) -> Any:
+        if method == "status":
+            return await self.node.status()
+        if method == "release":
+            key = args.get("key")
+            if type(key) is not str or not 0 < len(key) <= 512:
+                raise frames.FrameError("schema", "release: 'key' must be a non-empty string")
+            res = await self.node.release(key)
+            if res is not None:
+                log.info("released for a peer", key=key)
+            return {"released": res is not None, "reservation": res.to_dict() if res is not None else None}
+        owner_d, decision_d = args.get("owner"), args.get("decision")
+        if type(owner_d) is not dict or type(decision_d) is not dict:
+            raise frames.FrameError("schema", "commit: 'owner' and 'decision' maps are required")
+        try:
+            owner = Owner.from_dict(owner_d)
+        except Exception as e:
+            raise frames.FrameError("schema", f"commit: malformed owner ({e!r})") from None
+        try:
+            decision = Decision.from_dict(decision_d)
+        except Exception as e:
+            raise frames.FrameError("schema", f"commit: malformed decision ({e!r})") from None
+        res = await self.node.commit(owner, decision, request=_optional_map(args, "request"),
+                                     details=_optional_map(args, "details"))
+        log.info("committed for a peer", owner=owner.key, node=decision.node)
+        return res.to_dict()
+
+    # --- serving -----------------------------------------------------------
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route(PATH, self._handle, methods=["POST"])])
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        cfg = HyperConfig()
+        cfg.bind = [self.listen]
+        cfg.accesslog = None
+        cfg.errorlog = None
+        cfg.graceful_timeout = 1.0
+        try:
+            async with trio.open_nursery() as nursery:
+                try:
+                    binds = await nursery.start(lambda task_status: serve(self.app(), cfg,
+                                                                          task_status=task_status))
+                except OSError as e:
+                    raise PeerConfigError(f"peerListen {self.listen}: cannot listen: {e.strerror or e}") from None
+                host, port = parse_address(binds[0].split("://", 1)[1], "bound address")
+                self.bound = format_address(host, port)
+                log.info("peer API serving", listen=self.bound, authenticated=self.sealer.secure)
+                task_status.started(self.bound)
+        finally:
+            self.bound = None
+
+
+def advertised(listen: str, advertise: str | None) -> str:
+    """The address peers dial: ``advertise``, else ``listen`` when it is concrete."""
+    if advertise:
+        parse_address(advertise, "peerAdvertise")
+        return advertise
+    host, _ = parse_address(listen, "peerListen")
+    if is_wildcard(host):
+        raise PeerConfigError(f"peerListen {listen} is a wildcard address, which peers cannot dial: "
+                              "set peerAdvertise to this node's HOST:PORT")
+    return listen
