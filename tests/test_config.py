@@ -82,3 +82,39 @@ def test_bad_values_are_named(tmp_path, text, needles):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "nope.yaml")
+
+
+DEEP_SEQ = "a: " + "[" * 5000 + "]" * 5000 + "\n"
+DEEP_MAP = "a: " + "{b: " * 5000 + "1" + "}" * 5000 + "\n"
+
+
+@pytest.mark.parametrize("data,needle", [
+    (b"nodeName: caf\xe9\n", "not UTF-8 text: byte 0xe9 at offset 13 (line 1)"),
+    (b"\xff\xfen\x00o\x00", "not UTF-8 text: byte 0xff at offset 0"),
+    (DEEP_SEQ.encode(), "nested deeper than 32 levels at line 1"),
+    (DEEP_MAP.encode(), "nested deeper than 32 levels at line 1"),
+    (b"# padding\n" * 120_000, "larger than 1048576 bytes"),
+    (b"42\n", "top level must be a mapping of keys, got int"),
+    (b"just words\n", "top level must be a mapping of keys, got str"),
+    (b"a: [unclosed\n", "not valid YAML at line 2, column 1"),
+    (b"a: 1\n b: 2\n", "not valid YAML at line 2"),
+])
+def test_a_file_that_cannot_be_a_config_is_one_line_naming_it(tmp_path, capsys, data, needle):
+    from hamid.cli.main import main
+
+    p = tmp_path / "config.yaml"
+    p.write_bytes(data)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert needle in msg and str(p) in msg
+    assert "\n" not in msg
+    # the CLI prints that line and nothing else (no traceback), and stops
+    assert main(["status", "--config", str(p)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"hamid status: {msg}\n"
+
+
+def test_nesting_the_schema_needs_is_accepted(tmp_path):
+    c = load_config(write(tmp_path, "nodeconfig:\n  - name: a\n    filterDevices:\n      uuid: [GPU-1]\n"))
+    assert c.nodeconfig[0].filterDevices.uuid == ("GPU-1",)
