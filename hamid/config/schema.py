@@ -292,3 +292,56 @@ class Config(NodeSettings):
     """Seconds a dead member stays in the table (shown by ``status --cluster``
     and retried for reconnection) before it is forgotten; 24 h, serf's
     reconnect timeout."""
+
+    # --- peer API (hamid/peer): commit/release/status asked by other nodes ---
+
+    peerListen: str | None = None
+    """``HOST:PORT`` the peer API binds (HTTP; every body sealed with the
+    gossip keyring). Unset: no peer API, and no other node can commit here; the
+    elected leader needs it on every node it places on. We suggest 7948, next
+    to gossip's 7947."""
+
+    peerAdvertise: str | None = None
+    """``HOST:PORT`` other nodes dial to reach this node's peer API. Unset:
+    ``peerListen``, which must then be a concrete address (a wildcard such as
+    0.0.0.0 cannot be dialled)."""
+
+    peerInsecure: bool = False
+    """Serve the peer API without a key (plain, unauthenticated frames). Off:
+    without ``gossipKeyFile`` the peer API refuses to start, since whoever
+    reaches the port could commit and release reservations. Only for tests on
+    loopback."""
+
+    peerReplayWindow: float = Field(30.0, ge=1, le=3600)
+    """Seconds a request's timestamp may differ from this node's clock. Ids of
+    requests inside the window are remembered, so each is accepted once; 30 s
+    covers NTP-synchronised clocks and a slow answer many times over while
+    keeping the cache small."""
+
+    peerReplayCacheSize: int = Field(65536, ge=16, le=16 * 1024 * 1024)
+    """Request ids remembered (about 100 bytes each: 6.5 MB at most). Past it,
+    requests are refused as busy, never accepted unchecked; 65536 in a 30 s
+    window is over 2000 requests a second, far above a leader's commit rate."""
+
+    peerMaxBodyBytes: int = Field(256 * 1024, ge=4096, le=64 * 1024 * 1024)
+    """Largest request body accepted. A commit of an 8-GPU pod with MIG
+    placements is ~3 KB; 256 KiB leaves room for large details while bounding
+    what a peer can make us buffer and decrypt."""
+
+    peerTimeout: float = Field(5.0, gt=0, le=300)
+    """Seconds this node's peer client waits to connect and for each read of
+    an answer. A commit is one SQLite transaction (milliseconds); 5 s, as
+    gossip's connect timeout, declares a stuck node unreachable quickly enough
+    for the leader to place elsewhere."""
+
+    @field_validator("peerListen", "peerAdvertise")
+    @classmethod
+    def _peer_address(cls, v, info):
+        if v is not None:
+            from ..peer.address import AddressError, parse_address
+
+            try:
+                parse_address(v, info.field_name)
+            except AddressError as e:
+                raise ValueError(str(e)) from None
+        return v
