@@ -70,6 +70,9 @@ def doc_problem(doc: Any) -> str | None:
         return "gpus or profiles malformed"
     if len(doc["gpus"]) > 256:
         return "too many GPUs"
+    peer = doc.get("peer")  # the node's peer API address (hamid/peer), when it serves one
+    if peer is not None and (type(peer) is not str or not 0 < len(peer) <= 256):
+        return "peer address malformed"
     try:
         view_from_doc(doc)
     except Exception as e:  # any shape error in a peer's document

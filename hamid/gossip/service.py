@@ -38,7 +38,10 @@ class GossipService:
     def __init__(self, name: str, listen: str, *, params: GossipParams, seeds: tuple[str, ...] = (),
                  advertise: str | None = None, keyring: Keyring | None = None,
                  read_view: Callable[[], NodeView] | None = None, faults: Faults | None = None,
-                 view_in_thread: bool = True, read_stamp: Callable[[], object] | None = None) -> None:
+                 view_in_thread: bool = True, read_stamp: Callable[[], object] | None = None,
+                 peer_address: str | None = None) -> None:
+        """``peer_address``: this node's peer API (``peerAdvertise``), carried in
+        its capacity document as ``peer`` so a leader knows where to commit."""
         try:
             self.host, self.port = split_addr(listen)
             for s in seeds:
@@ -54,6 +57,7 @@ class GossipService:
         self.advertise = advertise
         self.keyring = keyring
         self.read_view = read_view
+        self.peer_address = peer_address
         self.read_stamp = read_stamp
         self.view_in_thread = view_in_thread
         self.stats = Stats()
@@ -124,6 +128,8 @@ class GossipService:
         else:
             view = self.read_view()
         doc = doc_from_view(view, 0)
+        if self.peer_address:
+            doc["peer"] = self.peer_address
         self._stamp = stamp  # taken before the read: a commit during it moves the stamp again
         if self._doc is not None and same_content(doc, self._doc):
             return
