@@ -1,7 +1,7 @@
 /*
  * devmap.c: which region device slot a CUDA ordinal or an NVML handle is.
  * It owns the mapping CUDA ordinal -> container device index, made by
- * matching device UUIDs against NVML (so an application that sets
+ * matching device UUIDs against the limits file's, else NVML's (so an application that sets
  * CUDA_VISIBLE_DEVICES inside the container still charges the right device,
  * hami-core.md §5 "device-index hazard"), with the identity mapping when NVML
  * is absent; and the "current device" lookup used on the allocation and
@@ -51,8 +51,11 @@ static void build_map_locked(void)
         if (g_cu.cuDeviceGetUuid_v2) r = g_cu.cuDeviceGetUuid_v2(&cu, c);
         if (r != CUDA_SUCCESS && g_cu.cuDeviceGetUuid) r = g_cu.cuDeviceGetUuid(&cu, c);
         if (r == CUDA_SUCCESS) uuid_string(&cu, u, sizeof u);
-        int idx = c;
-        for (unsigned int i = 0; u[0] && i < nv_count; i++)
+        int idx = c, named = 0;
+        /* The daemon's limits file names each device's UUID: that decides. */
+        for (uint32_t i = 0; u[0] && g_cfg.from_file && i < g_cfg.file_devices; i++)
+            if (strcmp(u, g_cfg.file_uuid[i]) == 0) { idx = (int)i; named = 1; break; }
+        for (unsigned int i = 0; u[0] && !named && i < nv_count; i++)
             if (strcmp(u, nv_uuid[i]) == 0) { idx = (int)i; break; }
         g_map[c] = idx;
         if (g_region && u[0]) {

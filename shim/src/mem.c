@@ -579,6 +579,7 @@ static void context_created(CUdevice dev, int have_before, uint64_t before)
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     REAL(cuDevicePrimaryCtxRetain);
+    if (UNLIKELY(shim_refused())) return CUDA_ERROR_NOT_INITIALIZED;
     if (dev < 0 || dev >= HAMID_MAX_DEVICES) return g_cu.cuDevicePrimaryCtxRetain(pctx, dev);
     acct_init();
     int first = __atomic_load_n(&g_primary_refs[dev], __ATOMIC_ACQUIRE) == 0;
@@ -652,6 +653,7 @@ static CUresult own_context_begin(CUdevice dev, struct ctx_make *m)
     memset(m, 0, sizeof *m);
     m->w.ord = dev;
     m->w.rdev = -1;
+    if (UNLIKELY(shim_refused())) return CUDA_ERROR_NOT_INITIALIZED;
     if (dev < 0 || dev >= HAMID_MAX_DEVICES) return CUDA_SUCCESS;
     acct_init();
     m->w.rdev = dev_region_index(dev);

@@ -202,21 +202,39 @@ static struct hamid_region *map_private(void)
     return p;
 }
 
+/*
+ * The region file is the container's alone: created 0600 (the daemon makes
+ * its directory, 0700, owned by the container's user; root in the container
+ * passes anyway), never through a symbolic link, and only a regular file is
+ * used. A file an older shim left writable by group or others is tightened
+ * when it is ours, else refused.
+ */
 static struct hamid_region *map_file(const char *path)
 {
-    int created = 0;
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd >= 0) {
-        created = 1;
-        fchmod(fd, 0666); /* every uid of the container may join */
+        fchmod(fd, 0600); /* whatever the umask */
     } else if (errno == EEXIST) {
-        fd = open(path, O_RDWR | O_CLOEXEC);
+        fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     }
     if (fd < 0) {
-        LOG_WARN("cannot open region %s (%s); limits hold per process only", path, strerror(errno));
+        LOG_WARN("cannot open region %s (%s)", path, errno == ELOOP ? "a symbolic link" : strerror(errno));
         return NULL;
     }
-    (void)created;
+    struct stat sb0;
+    if (fstat(fd, &sb0) != 0 || !S_ISREG(sb0.st_mode)) {
+        LOG_WARN("region %s is not a regular file; not using it", path);
+        close(fd);
+        return NULL;
+    }
+    if (sb0.st_mode & (S_IWGRP | S_IWOTH)) {
+        if (sb0.st_uid != geteuid() || fchmod(fd, sb0.st_mode & 0600) != 0) {
+            LOG_WARN("region %s (mode %04o, uid %u) is writable by other users; not using it", path,
+                     (unsigned)(sb0.st_mode & 07777), (unsigned)sb0.st_uid);
+            close(fd);
+            return NULL;
+        }
+    }
     struct hamid_region *r = NULL;
     if (flock(fd, LOCK_EX) != 0) goto out;
     struct stat sb;
@@ -251,8 +269,15 @@ out:
 
 static void region_open_once(void)
 {
-    config_load();
+    if (shim_refused()) return; /* CUDA is refused: nothing to account */
     struct hamid_region *r = map_file(g_cfg.region_path);
+    if (!r && g_cfg.from_file) {
+        /* Per-process limits would let every process of the container take the whole limit. */
+        char why[sizeof g_cfg.region_path + 128];
+        snprintf(why, sizeof why, "the region %s that %s names cannot be used", g_cfg.region_path, limits_path());
+        shim_refuse(why);
+        return;
+    }
     if (!r) r = map_private();
     g_region = r;
     if (r) __atomic_store_n(&g_region_ready, 1, __ATOMIC_RELEASE);
@@ -280,7 +305,7 @@ static void sync_limits_locked(int alone)
     struct hamid_region *r = g_region;
     for (int d = 0; d < HAMID_MAX_DEVICES; d++) {
         struct hamid_device *dv = &r->devices[d];
-        if (alone) {
+        if (alone || g_cfg.from_file) { /* the daemon's file is the container's limit, whoever came first */
             dv->limit_bytes = g_cfg.mem_limit[d];
             dv->sm_limit = g_cfg.sm_limit[d];
         } else if (dv->limit_bytes != g_cfg.mem_limit[d] || dv->sm_limit != g_cfg.sm_limit[d]) {
@@ -360,9 +385,9 @@ static void bump_device_count_locked(int rdev)
 
 HIDDEN int acct_reserve(int rdev, uint64_t bytes, int force)
 {
-    if (rdev < 0 || rdev >= HAMID_MAX_DEVICES) return 0;
+    if (rdev < 0 || rdev >= HAMID_MAX_DEVICES) return shim_refused() ? -1 : 0;
     acct_init();
-    if (!g_region) return 0;
+    if (UNLIKELY(!g_region || shim_refused())) return shim_refused() ? -1 : 0;
     struct hamid_device *d = &g_region->devices[rdev];
     int locked = region_lock();
     uint64_t lim = d->limit_bytes, used = ld(&d->used_bytes);

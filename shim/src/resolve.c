@@ -55,7 +55,7 @@ W(cuLaunchKernel) W(cuLaunchKernel_ptsz) W(cuLaunchKernelEx) W(cuLaunchKernelEx_
 W(cuLaunchCooperativeKernel) W(cuLaunchCooperativeKernel_ptsz) W(cuGraphLaunch) W(cuGraphLaunch_ptsz)
 W(cuStreamBeginCapture_v2) W(cuStreamBeginCapture_ptsz) W(cuStreamBeginCapture_v2_ptsz)
 W(cuStreamBeginCaptureToGraph) W(cuStreamBeginCaptureToGraph_ptsz) W(cuStreamEndCapture) W(cuStreamEndCapture_ptsz)
-W(cuGetProcAddress) W(cuGetProcAddress_v2)
+W(cuGetProcAddress) W(cuGetProcAddress_v2) W(cuInit)
 #undef W
 extern __typeof__(*g_nv.nvmlDeviceGetMemoryInfo) nvmlDeviceGetMemoryInfo;
 extern __typeof__(*g_nv.nvmlDeviceGetMemoryInfo_v2) nvmlDeviceGetMemoryInfo_v2;
@@ -74,6 +74,7 @@ struct hook {
 static const struct hook g_hooks[] = {
     H(cuGetProcAddress, "cuGetProcAddress", 11030, 0),
     H(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0),
+    H(cuInit, "cuInit", 2000, 0),
     H(cuMemAlloc_v2, "cuMemAlloc", 3020, 0),
     H(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0),
     H(cuMemAllocManaged, "cuMemAllocManaged", 6000, 0),

@@ -48,15 +48,32 @@ struct shim_config {
     int sm_nslots[HAMID_MAX_DEVICES];
     int64_t sm_slot[HAMID_MAX_DEVICES][HAMID_MAX_SLOTS][2];
     char region_path[4096];
+    /* The daemon's limits file (limits.c): when it was there, every limit
+     * above came from it and none from the environment. */
+    int from_file;
+    uint32_t file_devices;                 /* devices the file lists */
+    char file_uuid[HAMID_MAX_DEVICES][HAMID_UUID_LEN];
+    int has_priority;
+    int32_t priority;
+    /* Fail closed: a limit that cannot be parsed, or a limits file that is
+     * there but not right, refuses CUDA (shim_refused()). */
+    int refused;
+    char refused_msg[1024];
 };
 extern HIDDEN struct shim_config g_cfg;
 HIDDEN void config_load(void);
+HIDDEN int shim_refused(void);            /* 1: CUDA must be refused (the reason is on stderr, once) */
+HIDDEN void shim_refuse(const char *why); /* refuse from now on (e.g. the limits' region cannot be opened) */
 HIDDEN int parse_mem_size(const char *s, uint64_t *out);
+struct hamid_limits;
+HIDDEN int limits_read(struct hamid_limits *out, char *err, size_t errlen); /* 0 absent, 1 read, -1 refused */
+HIDDEN const char *limits_path(void);
 HIDDEN uint64_t mono_ns(void);
 HIDDEN uint64_t real_ns(void);
 
 /* ---- real entry points (resolve.c) ---- */
 struct real_cuda {
+    CUresult (*cuInit)(unsigned int);
     CUresult (*cuGetProcAddress)(const char *, void **, int, cuuint64_t);
     CUresult (*cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
     CUresult (*cuDeviceGetCount)(int *);

@@ -32,6 +32,9 @@ class Built:
     shimtest: Path
     unrelated: Path
     next_a: Path
+    shim_limits: Path  # a test build of the shim that reads its limits file at limits_path
+    limits_path: Path
+    limitsdump: Path  # the shim's own limits reader (shim/src/limits.c), printing what it read
 
 
 def build_all(tmp_path_factory) -> Built:
@@ -48,7 +51,15 @@ def build_all(tmp_path_factory) -> Built:
     _cc(*CFLAGS, "-shared", "-fPIC", "-o", str(d / "libnext_b.so"), str(CSRC / "next_b.c"))
     _cc(*CFLAGS, "-shared", "-fPIC", "-o", str(d / "libnext_a.so"), str(CSRC / "next_a.c"),
         f"-L{d}", "-Wl,--no-as-needed", "-l:libnext_b.so", f"-Wl,-rpath,{d}", "-ldl")
-    return Built(d, shim, d / "shimtest", d / "libfake_unrelated.so", d / "libnext_a.so")
+    limits_path = d / "limits" / "hamid.limits"
+    limits_path.parent.mkdir()
+    define = f"EXTRA_CFLAGS=-DHAMID_LIMITS_PATH='\"{limits_path}\"'"
+    subprocess.run(["make", "-s", "-C", str(SHIM_DIR), f"BUILD={d / 'shimbuild'}", define], check=True,
+                   capture_output=True, text=True)
+    _cc(*CFLAGS, f"-I{SHIM_DIR / 'src'}", f"-DHAMID_LIMITS_PATH=\"{limits_path}\"", "-DHAMID_SHIM_VERSION=\"test\"",
+        "-o", str(d / "limitsdump"), str(CSRC / "limitsdump.c"), str(SHIM_DIR / "src" / "limits.c"))
+    return Built(d, shim, d / "shimtest", d / "libfake_unrelated.so", d / "libnext_a.so",
+                 (d / "shimbuild" / "libvgpu.so").resolve(), limits_path, d / "limitsdump")
 
 
 @dataclass

@@ -1,0 +1,31 @@
+"""hamid.shimlimits: the daemon's side of the shim's limits file.
+
+Owns the container's limits file (format: shim/include/hamid_limits.h, read by
+cffi from that same header): turning a :class:`ContainerLimits` into the file's
+bytes and back, with every value checked, and writing it atomically. The
+daemon writes one per container and mounts it read-only at
+:data:`LIMITS_IN_CONTAINER`; the shim then takes its limits from it and from
+nothing else. It never reads a region and never talks to the GPU.
+"""
+
+from hamid.shimlimits.codec import (
+    LIMITS_IN_CONTAINER,
+    ContainerLimits,
+    DeviceLimits,
+    LimitsFormatError,
+    decode,
+    encode,
+    limits_size,
+)
+from hamid.shimlimits.writer import write_limits_file
+
+__all__ = [
+    "LIMITS_IN_CONTAINER",
+    "ContainerLimits",
+    "DeviceLimits",
+    "LimitsFormatError",
+    "decode",
+    "encode",
+    "limits_size",
+    "write_limits_file",
+]

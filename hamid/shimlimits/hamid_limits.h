@@ -1,0 +1,1 @@
+../../shim/include/hamid_limits.h

@@ -1,0 +1,61 @@
+"""Writing a container's limits file, atomically.
+
+Owns putting :func:`encode`'s bytes at a path on the host so that a reader
+(the shim, through the read-only mount) only ever sees the old file or the
+whole new one: a fresh temporary name in the same directory (O_EXCL,
+O_NOFOLLOW), mode 0644, fsync, rename over the target, fsync of the
+directory. A symbolic link at the target is replaced, never followed; the
+file's owner is whoever runs this (the daemon: root), which the shim checks.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+from hamid.errors import HamidError
+from hamid.logs import get_logger
+from hamid.shimlimits.codec import ContainerLimits, encode
+
+log = get_logger("shimlimits")
+
+MODE = 0o644
+
+
+def write_limits_file(path: str | os.PathLike[str], limits: ContainerLimits) -> None:
+    data = encode(limits)
+    path = os.fspath(path)
+    parent, name = os.path.split(os.path.abspath(path))
+    if not name:
+        raise HamidError(f"limits file {path!r}: expected a file name, not a directory")
+    try:
+        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise HamidError(f"limits file {path}: cannot open its directory {parent}: {e.strerror}") from e
+    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+    try:
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, MODE,
+                         dir_fd=dfd)
+        except OSError as e:
+            raise HamidError(f"limits file {path}: cannot create {tmp} in {parent}: {e.strerror}") from e
+        try:
+            os.fchmod(fd, MODE)  # whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as e:
+            os.close(fd)
+            os.unlink(tmp, dir_fd=dfd)
+            raise HamidError(f"limits file {path}: writing {tmp}: {e.strerror}") from e
+        os.close(fd)
+        try:
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as e:
+            os.unlink(tmp, dir_fd=dfd)
+            raise HamidError(f"limits file {path}: cannot put it in place: {e.strerror}") from e
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    log.debug("limits file written", path=path, devices=len(limits.devices), region=limits.region_path)

@@ -1,0 +1,79 @@
+/*
+ * hamid_limits.h: the container's limits file, written by the hamid daemon
+ * (hamid/shimlimits, through cffi on this same header), owned by root and
+ * mounted read-only into the container at HAMID_LIMITS_PATH. When it is there
+ * the shim takes every limit from it and none from the environment, so no
+ * process of the container can lift, change or switch off a limit it sets;
+ * when it is absent (plain LD_PRELOAD, no daemon) the shim reads HAMi-core's
+ * variables. A file that exists but is not exactly right refuses CUDA
+ * initialisation (shim/src/limits.c says what "right" means).
+ *
+ * This header is the single source of truth for the format. The block between
+ * HAMID_CDEF_BEGIN and HAMID_CDEF_END is fed verbatim to cffi's cdef, so it
+ * holds only plain integer #defines and plain C structs.
+ *
+ * ABI rules (as hamid_region.h): magic, abi_version and struct_size come first
+ * and never move; the file is exactly sizeof(struct hamid_limits) bytes and a
+ * reader accepts only the magic, an abi_version it knows and its own size. New
+ * fields are only carved out of the reserved arrays (sizes never change) and
+ * abi_version is bumped when they are; 0 always means "not set" / "none".
+ * All integers are little-endian as the writer's machine stores them (the
+ * daemon and the container share the host).
+ */
+#ifndef HAMID_LIMITS_H
+#define HAMID_LIMITS_H
+
+#include <stdint.h>
+
+/* The fixed path inside the container. A production shim never reads another
+   one (no environment variable chooses it); a test build may define it. */
+#ifndef HAMID_LIMITS_PATH
+#define HAMID_LIMITS_PATH "/usr/local/vgpu/hamid.limits"
+#endif
+
+/* HAMID_CDEF_BEGIN */
+#define HAMID_LIMITS_MAGIC 0x48414d49444c4d31
+#define HAMID_LIMITS_ABI_VERSION 1
+#define HAMID_LIMITS_MAX_DEVICES 16
+#define HAMID_LIMITS_MAX_SLOTS 16
+#define HAMID_LIMITS_UUID_LEN 96
+#define HAMID_LIMITS_PATH_LEN 1024
+#define HAMID_LIMITS_FLAG_PRIORITY 1
+#define HAMID_LIMITS_SM_ENFORCE 0
+#define HAMID_LIMITS_SM_OBSERVE 1
+
+/* Per device, by CUDA ordinal inside the container (the i of
+   CUDA_DEVICE_MEMORY_LIMIT_<i>). 256 bytes. */
+struct hamid_limits_device {
+    char uuid[96];              /* "GPU-..." as NVML prints it, NUL-terminated; "" = not named */
+    uint64_t memory_bytes;      /* memory limit; 0 = none */
+    uint32_t sm_percent;        /* compute limit, 1..99; 0 = none */
+    uint32_t nslots;            /* used entries of slots[]; 0 = no time slots */
+    uint8_t slots[16][2];       /* [start, end) in percent of the period, sorted, disjoint, 0 <= start < end <= 100 */
+    uint64_t reserved[14];
+};
+
+struct hamid_limits {
+    uint64_t magic;             /* HAMID_LIMITS_MAGIC */
+    uint32_t abi_version;       /* HAMID_LIMITS_ABI_VERSION */
+    uint32_t struct_size;       /* sizeof(struct hamid_limits) of the writer */
+    uint32_t device_count;      /* devices[0 .. device_count) are the container's */
+    uint32_t flags;             /* HAMID_LIMITS_FLAG_PRIORITY: priority is set */
+    int32_t priority;           /* the task priority (CUDA_TASK_PRIORITY), when the flag says so */
+    uint32_t sm_mode;           /* HAMID_LIMITS_SM_ENFORCE or HAMID_LIMITS_SM_OBSERVE */
+    uint32_t sm_period_us;      /* the limiter's period (slots are parts of it), 1000..10000000 */
+    uint32_t pad0;
+    char region_path[1024];     /* the region file inside the container, absolute, NUL-terminated */
+    uint64_t reserved_hdr[123];
+    struct hamid_limits_device devices[16];
+    uint64_t reserved_tail[256];
+};
+/* HAMID_CDEF_END */
+
+#ifndef __cplusplus
+_Static_assert(sizeof(struct hamid_limits_device) == 256, "hamid_limits_device must stay 256 bytes");
+_Static_assert(__builtin_offsetof(struct hamid_limits, devices) == 2048, "the header must stay 2048 bytes");
+_Static_assert(sizeof(struct hamid_limits) == 8192, "hamid_limits must stay 8192 bytes");
+#endif
+
+#endif

@@ -1,0 +1,337 @@
+"""The daemon's limits file: hamid.shimlimits writes it, the shim reads it first and trusts nothing else.
+
+Owns the proof that: the Python writer and the shim's C reader agree field by field; a limit the file sets
+holds whatever a process's environment says (unset, raised, switched to observe or off), also for a
+`docker exec`-like process with no environment at all, which lands in the container's region; a file that is
+there but not right (malformed, wrong owner, writable by others, a symbolic link, a FIFO) refuses CUDA
+initialisation with a clear message; and the release build reads the fixed path
+/usr/local/vgpu/hamid.limits (checked in a mount namespace of its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import struct
+import subprocess
+
+import pytest
+
+from hamid.errors import HamidError
+from hamid.shimlimits import (
+    LIMITS_IN_CONTAINER,
+    ContainerLimits,
+    DeviceLimits,
+    LimitsFormatError,
+    decode,
+    encode,
+    limits_size,
+    write_limits_file,
+)
+from hamid.shimregion import read_region
+
+MiB = 1 << 20
+GiB = 1 << 30
+CTX = 40 * MiB
+UUID0 = "GPU-fa4e0000-0000-0000-0000-000000000000"  # the fake driver's device 0
+UUID1 = "GPU-fa4e0000-0000-0000-0000-000000000001"
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the shim trusts only a root-owned file (CI runs as root)")
+
+
+def sample() -> ContainerLimits:
+    return ContainerLimits(
+        devices=(DeviceLimits(UUID0, memory_bytes=3 * GiB + 5, sm_percent=30, slots=((0, 30), (50, 70))),
+                 DeviceLimits(UUID1, memory_bytes=0, sm_percent=0)),
+        region_path="/var/run/hamid/region.cache", priority=-7, sm_mode="observe", sm_period_us=250_000)
+
+
+# ---- the Python side ---------------------------------------------------------
+
+def test_round_trip_and_size():
+    lim = sample()
+    data = encode(lim)
+    assert len(data) == limits_size() == 8192
+    assert decode(data) == lim
+    assert decode(encode(dataclasses.replace(lim, priority=None))).priority is None
+    assert LIMITS_IN_CONTAINER == "/usr/local/vgpu/hamid.limits"
+
+
+def _dev(**kw) -> ContainerLimits:
+    return ContainerLimits(devices=(DeviceLimits(**{"uuid": UUID0, **kw}),), region_path="/r")
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (lambda: _dev(sm_percent=100), "sm_percent=100: expected 0..99"),
+    (lambda: _dev(sm_percent=-1), "sm_percent=-1"),
+    (lambda: _dev(memory_bytes=2**64), "memory_bytes"),
+    (lambda: _dev(memory_bytes=True), "memory_bytes=True"),
+    (lambda: _dev(uuid=""), "uuid=''"),
+    (lambda: _dev(uuid="GPU-" + "a" * 92), "1..95 printable ASCII"),
+    (lambda: _dev(sm_percent=30, slots=((30, 10),)), "slot 30-10"),
+    (lambda: _dev(sm_percent=30, slots=((0, 30), (20, 40))), "slot 20-40"),
+    (lambda: _dev(sm_percent=30, slots=((0, 101),)), "slot 0-101"),
+    (lambda: _dev(sm_percent=30, slots=tuple((i * 5, i * 5 + 2) for i in range(17))), "17 slots, at most 16"),
+    (lambda: _dev(slots=((0, 30),)), "time slots need a compute limit"),
+    (lambda: ContainerLimits(devices=tuple(DeviceLimits(UUID0) for _ in range(17)), region_path="/r"),
+     "17 devices: at most 16"),
+    (lambda: ContainerLimits(devices=(), region_path="relative/path"), "region_path='relative/path'"),
+    (lambda: ContainerLimits(devices=(), region_path="/" + "x" * 1100), "at most 1023 bytes"),
+    (lambda: ContainerLimits(devices=(), region_path="/r", priority=2**31), "priority=2147483648"),
+    (lambda: ContainerLimits(devices=(), region_path="/r", sm_mode="off"), "sm_mode='off'"),
+    (lambda: ContainerLimits(devices=(), region_path="/r", sm_period_us=10), "sm_period_us=10: expected 1000"),
+])
+def test_bad_values_are_named(bad, needle):
+    with pytest.raises(LimitsFormatError) as e:
+        encode(bad())
+    assert needle in str(e.value)
+    assert isinstance(e.value, HamidError)
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda b: b[:-1], "8191 bytes"),
+    (lambda b: b"\0" * 8 + b[8:], "bad magic"),
+    (lambda b: b[:8] + struct.pack("<I", 2) + b[12:], "ABI 2"),
+    (lambda b: b[:16] + struct.pack("<I", 99) + b[20:], "device_count 99"),
+])
+def test_decode_names_what_is_wrong(mutate, needle):
+    with pytest.raises(LimitsFormatError) as e:
+        decode(mutate(encode(sample())))
+    assert needle in str(e.value)
+
+
+def test_write_is_atomic_tight_and_never_follows_a_link(tmp_path):
+    target = tmp_path / "hamid.limits"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"keep")
+    target.symlink_to(elsewhere)
+    old = os.umask(0o000)
+    try:
+        write_limits_file(target, sample())
+    finally:
+        os.umask(old)
+    assert not target.is_symlink() and elsewhere.read_bytes() == b"keep"  # the link was replaced, not followed
+    st = target.stat()
+    assert st.st_mode & 0o7777 == 0o644 and st.st_uid == os.geteuid()
+    assert decode(target.read_bytes()) == sample()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    with pytest.raises(LimitsFormatError):
+        write_limits_file(target, _dev(sm_percent=100))
+    assert decode(target.read_bytes()) == sample()  # a refused write leaves the old file
+
+
+# ---- the C reader agrees -------------------------------------------------------
+
+@root_only
+def test_the_shims_reader_reads_what_python_wrote(built):
+    lim = sample()
+    write_limits_file(built.limits_path, lim)
+    try:
+        out = subprocess.run([str(built.limitsdump)], capture_output=True, text=True, check=True).stdout
+    finally:
+        built.limits_path.unlink()
+    got = dict(ln.split(" ", 1) for ln in out.splitlines() if not ln.startswith("device "))
+    assert got["result"] == "1", out
+    assert int(got["device_count"]) == 2 and int(got["flags"]) == 1 and int(got["priority"]) == -7
+    assert int(got["sm_mode"]) == 1 and int(got["sm_period_us"]) == 250_000
+    assert got["region_path"] == lim.region_path
+    devs = [ln.split()[1:] for ln in out.splitlines() if ln.startswith("device ")]
+    assert devs == [["0", UUID0, str(3 * GiB + 5), "30", "0-30", "50-70"], ["1", UUID1, "0", "0"]]
+
+
+# ---- the shim takes its limits from the file -------------------------------------
+
+@pytest.fixture
+def limits(built, tmp_path):
+    """Writes the container's limits file where the test build of the shim reads it; removed afterwards."""
+    region = tmp_path / "container" / "region.cache"
+    region.parent.mkdir(mode=0o700)
+
+    def put(mem: int = GiB, sm: int = 0, slots=(), **kw) -> ContainerLimits:
+        lim = ContainerLimits(devices=(DeviceLimits(UUID0, memory_bytes=mem, sm_percent=sm, slots=slots),),
+                              region_path=str(region), **kw)
+        write_limits_file(built.limits_path, lim)
+        return lim
+
+    put.region = region
+    yield put
+    if built.limits_path.exists() or built.limits_path.is_symlink():
+        built.limits_path.unlink()
+
+
+def bare_env(built, shim) -> dict[str, str]:
+    """What a `docker exec` process has: no limit variables, no region variable, just the preload."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "HAMID_", "LIBCUDA_", "FAKE_", "GPU_"))}
+    env.update(LD_LIBRARY_PATH=str(built.libdir), FAKE_GPU_STATE=str(shim.state), LD_PRELOAD=str(built.shim_limits))
+    return env
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float = 30) -> tuple[list[str], str, int]:
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return p.stdout.splitlines(), p.stderr, p.returncode
+
+
+def allocs(lines: list[str]) -> list[str]:
+    return [ln.split()[3] for ln in lines if ln.startswith("alloc ")]
+
+
+@root_only
+@pytest.mark.parametrize("env", [{}, {"CUDA_DEVICE_MEMORY_LIMIT": "8g"}, {"CUDA_DEVICE_MEMORY_LIMIT_0": "0"},
+                                 {"CUDA_DEVICE_MEMORY_LIMIT_0": "16g", "HAMID_CONTEXT_SIZE": "1"}],
+                         ids=["unset", "raised", "zero", "raised+ctx"])
+def test_the_files_memory_limit_holds_whatever_the_environment_says(built, shim, limits, env):
+    limits(mem=GiB)
+    e = bare_env(built, shim)
+    e.update(env, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(shim.region))  # a region of its own choosing, too
+    lines, err, rc = run([str(built.shimtest), "procaddr", "init", "alloc:mem:600m", "alloc:mem:600m", "totalmem"], e)
+    assert allocs(lines) == ["0", "2"], (lines, err)
+    assert [ln for ln in lines if ln.startswith("totalmem")] == [f"totalmem 0 {GiB}"]
+    assert not shim.region.exists()  # the file's region, not the environment's
+    assert read_region(limits.region).device(0).limit_bytes == GiB
+
+
+@root_only
+def test_a_process_with_no_environment_joins_the_container(built, shim, limits):
+    """The first process came with limit variables (as `docker run` sets them) and holds 600 MiB; a process
+    started like `docker exec` has none at all: it gets the file's limit and is counted in the same region."""
+    limits(mem=GiB)
+    first_env = bare_env(built, shim)
+    first_env.update(CUDA_DEVICE_MEMORY_LIMIT="16g")
+    holder = subprocess.Popen([str(built.shimtest), "procaddr", "init", "alloc:mem:600m", "wait"], env=first_env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "init 0"
+        assert holder.stdout.readline().strip() == "alloc mem 600m 0"
+        assert holder.stdout.readline().strip() == "ready"
+        go = limits.region.parent / "go"
+        second = subprocess.Popen([str(built.shimtest), "procaddr", "init", "alloc:mem:600m", "alloc:mem:300m",
+                                   f"waitfile:{go}"], env=bare_env(built, shim), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        lines = [second.stdout.readline().strip() for _ in range(4)]
+        snap = read_region(limits.region)
+        go.touch()
+        second.communicate(timeout=30)
+    finally:
+        holder.communicate("go\n", timeout=30)
+    assert allocs(lines) == ["2", "0"], lines  # 600 more would pass 1 GiB; 300 fits
+    assert sorted(p.pid for p in snap.processes) == sorted([holder.pid, second.pid])
+    assert snap.device(0).used_bytes == 900 * MiB + 2 * CTX and snap.device(0).limit_bytes == GiB
+
+
+@root_only
+@pytest.mark.parametrize("env", [{"HAMID_SM_LIMIT_MODE": "observe"}, {"GPU_CORE_UTILIZATION_POLICY": "disable"},
+                                 {"CUDA_DEVICE_SM_LIMIT": "0"}, {"HAMID_SM_AHEAD_US": "1000000"}],
+                         ids=["observe", "disable", "unset", "ahead"])
+def test_the_files_compute_limit_cannot_be_switched_off(built, shim, limits, env):
+    limits(mem=0, sm=20)
+    e = bare_env(built, shim)
+    e.update(env)
+    lines, err, rc = run([str(built.shimtest), "direct", "init", "run:0.6:400:k"], e)
+    n, ns = (int(x) for x in [ln for ln in lines if ln.startswith("run ")][0].split()[1:3])
+    share = n * 400e3 / ns
+    assert share < 0.3, (share, err)  # 20 % enforced; ~1.0 when switched off
+    d = read_region(limits.region).device(0)
+    assert d.sm_limit_percent == 20 and d.throttle_ns > 0
+
+
+# ---- a file that is there but not right refuses CUDA ---------------------------------
+
+def _wrong_owner(path):
+    os.chown(path, 1000, 0)
+
+
+def _group_writable(path):
+    os.chmod(path, 0o664)
+
+
+def _truncated(path):
+    os.truncate(path, 100)
+
+
+def _bad_magic(path):
+    with open(path, "r+b") as f:
+        f.write(b"\0" * 8)
+
+
+def _bad_slots(path):
+    data = bytearray(open(path, "rb").read())
+    dev0 = 2048
+    struct.pack_into("<II", data, dev0 + 96 + 8, 30, 1)  # sm_percent = 30, nslots = 1
+    data[dev0 + 96 + 8 + 8:dev0 + 96 + 8 + 10] = bytes([50, 20])  # slot 50-20
+    open(path, "wb").write(bytes(data))
+
+
+def _symlink(path):
+    real = path.with_name("real.limits")
+    os.rename(path, real)
+    path.symlink_to(real)
+
+
+def _fifo(path):
+    os.unlink(path)
+    os.mkfifo(path, 0o644)
+
+
+def _directory(path):
+    os.unlink(path)
+    os.mkdir(path)
+
+
+@root_only
+@pytest.mark.parametrize("spoil,needle", [
+    (_wrong_owner, "owned by uid 1000, not root"), (_group_writable, "mode 0664"), (_truncated, "100 bytes"),
+    (_bad_magic, "bad magic"), (_bad_slots, "slot 50-20"), (_symlink, "symbolic link"),
+    (_fifo, "not a regular file"), (_directory, "not a regular file"),
+])
+def test_a_limits_file_that_is_not_right_refuses_cuda(built, shim, limits, spoil, needle):
+    limits(mem=GiB)
+    spoil(built.limits_path)
+    try:
+        e = bare_env(built, shim)
+        e.update(CUDA_DEVICE_MEMORY_LIMIT="1g")
+        lines, err, rc = run([str(built.shimtest), "procaddr", "init", "alloc:mem:10m"], e, timeout=10)
+    finally:
+        real = built.limits_path.with_name("real.limits")
+        if real.exists():
+            real.unlink()
+        if built.limits_path.is_dir():
+            built.limits_path.rmdir()
+    assert lines[0] == "init 3", (lines, err)  # CUDA_ERROR_NOT_INITIALIZED
+    assert allocs(lines) != ["0"]
+    assert "CUDA refused" in err and needle in err, err
+    assert err.count("CUDA refused") == 1
+
+
+@root_only
+def test_a_region_the_file_names_that_cannot_be_used_refuses_cuda(built, shim, limits):
+    """Per-process limits would let every process of the container take the whole limit."""
+    limits(mem=GiB)
+    limits.region.mkdir()  # a directory where the region file should be
+    lines, err, rc = run([str(built.shimtest), "procaddr", "init", "alloc:mem:10m"], bare_env(built, shim))
+    assert allocs(lines) == ["3"] or lines[0] == "init 3", (lines, err)
+    assert "CUDA refused" in err and str(limits.region) in err
+
+
+# ---- the release build reads the fixed path ---------------------------------------
+
+@root_only
+def test_the_release_shim_reads_the_fixed_path(built, shim, tmp_path):
+    """A mount namespace of its own: a tmpfs over /usr/local holds vgpu/hamid.limits; the release build
+    (which no variable can point elsewhere) takes its limit from there."""
+    region = tmp_path / "c" / "region.cache"
+    region.parent.mkdir(mode=0o700)
+    staged = tmp_path / "staged.limits"
+    write_limits_file(staged, ContainerLimits(devices=(DeviceLimits(UUID0, memory_bytes=GiB),),
+                                              region_path=str(region)))
+    env = bare_env(built, shim)
+    env.update(LD_PRELOAD=str(built.shim), CUDA_DEVICE_MEMORY_LIMIT="8g")
+    cmd = " && ".join([
+        "mount -t tmpfs -o mode=0755 none /usr/local", "mkdir /usr/local/vgpu",
+        f"cp -p {shlex.quote(str(staged))} {LIMITS_IN_CONTAINER}",
+        f"{shlex.quote(str(built.shimtest))} procaddr init alloc:mem:600m alloc:mem:600m",
+    ])
+    lines, err, rc = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", cmd], env)
+    assert allocs(lines) == ["0", "2"], (lines, err)
+    assert read_region(region).device(0).limit_bytes == GiB
+    assert not os.path.exists(LIMITS_IN_CONTAINER)  # nothing leaked out of the namespace
