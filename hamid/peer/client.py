@@ -40,6 +40,11 @@ class PeerClient:
         self.max_answer_bytes = max_answer_bytes
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), trust_env=False)
 
+    @classmethod
+    def from_config(cls, config: Any, keyring: Keyring | None, *, name: str = "") -> "PeerClient":
+        """A client as the ``peer*`` keys of ``config`` say (timeout, insecure mode)."""
+        return cls(keyring, insecure=config.peerInsecure, name=name, timeout_s=config.peerTimeout)
+
     async def __aenter__(self) -> "PeerClient":
         return self
 

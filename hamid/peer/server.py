@@ -95,11 +95,16 @@ class PeerFace:
         self.stats = stats or PeerStats()
         self.bound: str | None = None  # HOST:PORT actually bound (port 0 resolved), once serving
 
+    @classmethod
+    def from_config(cls, node: Any, config: Any, keyring: Keyring | None) -> "PeerFace":
+        """The face as the ``peer*`` keys of ``config`` say (``peerListen`` must be set);
+        ``keyring`` is the one loaded from ``gossipKeyFile``."""
+        return cls(node, keyring, config.peerListen, insecure=config.peerInsecure,
+                   window_s=config.peerReplayWindow, max_body_bytes=config.peerMaxBodyBytes,
+                   max_ids=config.peerReplayCacheSize)
+
     def collector(self) -> PeerCollector:
         return PeerCollector(self.stats)
-
-    def liveness(self) -> bool:
-        return self.bound is not None
 
     # --- one request -------------------------------------------------------
 

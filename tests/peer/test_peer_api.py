@@ -304,3 +304,20 @@ def test_the_replay_cache_is_bounded_and_forgets_only_what_the_window_refuses():
     with pytest.raises(Refused) as e:  # and the window alone refuses it now
         g.admit(b"\x00" * 16, 1000.0, now=1011.0)
     assert e.value.kind == "stale"
+
+
+async def test_the_face_and_client_follow_the_config(tmp_path):
+    from hamid.config.schema import Config
+    c = Config(peerListen="127.0.0.1:0", peerReplayWindow=5, peerMaxBodyBytes=8192, peerReplayCacheSize=99,
+               peerTimeout=1.5)
+    keys = new_keyring(tmp_path)
+    face = PeerFace.from_config(LedgerNode(tmp_path, "n"), c, keys)
+    assert (face.guard.window_s, face.guard.max_ids, face.max_body_bytes) == (5, 99, 8192)
+    with pytest.raises(PeerConfigError, match="peerInsecure: true"):
+        PeerFace.from_config(LedgerNode(tmp_path, "m"), c, None)
+    insecure = PeerFace.from_config(LedgerNode(tmp_path, "o"), c.model_copy(update={"peerInsecure": True}), None)
+    assert not insecure.sealer.secure
+    async with PeerClient.from_config(c, keys, name="x") as client:
+        assert client._http.timeout.read == 1.5
+    with pytest.raises(Exception, match="peerListen: bad value 'nope'; accepted: HOST:PORT"):
+        Config(peerListen="nope")
