@@ -78,7 +78,7 @@ def test_requests_fall_back_when_limits_absent():
     (pod([ctr(gpu="two")]), "expected a whole number"),
     (pod([ctr(gpu=1, priority=3)]), "accepted: 0 (high) or 1 (low)"),
     (pod([ctr(gpu=1)], {"nvidia.com/vgpu-mode": "shared"}), "vgpu-mode: bad value 'shared'; accepted: hami-core, mig"),
-    (pod([ctr(gpu=1)], {"hami.io/gpu-scheduler-policy": "random"}), "accepted: binpack, spread"),
+    (pod([ctr(gpu=1)], {"hami.io/gpu-scheduler-policy": "random"}), "unknown policy 'random'"),
     ({"metadata": {}, "spec": {"containers": []}}, "metadata.name"),
     (pod([]), "at least one container"),
     (pod([{"resources": {}}]), "needs a name"),
@@ -109,7 +109,7 @@ def test_docker_not_ours():
     ({"HAMI_VISIBLE_DEVICES": "all"}, dict(count=None, devices=(), mem_percent=100, cores=100)),
     ({"HAMI_VISIBLE_DEVICES": "2,GPU-01234567-89ab-cdef-0123-456789abcdef"},
      dict(count=2, devices=("2", "GPU-01234567-89ab-cdef-0123-456789abcdef"), cores=100)),
-    ({"HAMI_VISIBLE_DEVICES": "0", "HAMI_VGPU_SPEC": "mem=2G,priority=1"}, dict(mem_mib=2048, priority=1)),
+    ({"HAMI_VISIBLE_DEVICES": "0", "HAMI_VGPU_SPEC": "mem=2g,priority=1"}, dict(mem_mib=2048, priority=1)),
 ])
 def test_docker_forms(env, expect):
     r = parse_docker_env(env, "abc")

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _STRICT = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, validate_default=True)
 
-GPU_POLICIES = ("spread", "binpack")
+GPU_POLICIES = ("spread", "binpack", "topology-aware", "mutex", "numa")  # or a chain: binpack,numa
 NODE_POLICIES = ("binpack", "spread")
+# A Kubernetes extended resource name: a DNS-subdomain prefix, a slash, a name.
+_RESOURCE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 
 
 class FilterDevices(BaseModel):
@@ -43,6 +45,59 @@ class FilterDevices(BaseModel):
             if i < 0:
                 raise ValueError(f"GPU index must be >= 0, got {i}")
         return v
+
+
+class MigAllowlistEntry(BaseModel):
+    """One ``migProfileAllowlist`` entry: models and the profiles they may use."""
+
+    model_config = _STRICT
+    models: tuple[str, ...] = Field(min_length=1)
+    """Substrings of GPU names (``A100-SXM4-40GB``, ``H100``)."""
+    profiles: tuple[str, ...] = Field(min_length=1)
+    """MIG profile names (``1g.10gb``, ``3g.40gb``)."""
+
+    @field_validator("profiles")
+    @classmethod
+    def _profile_names(cls, v):
+        import re
+
+        for p in v:
+            if not re.fullmatch(r"[1-8]g\.[0-9]{1,3}gb(\+me)?", p, re.ASCII):
+                raise ValueError(f"{p!r} is not a MIG profile name such as 1g.10gb or 3g.40gb+me")
+        return v
+
+
+class ResourceNameSettings(BaseModel):
+    """The Kubernetes resource names pods ask with (HAMi's ``nvidia:`` keys of
+    the same names). The request parser, the device plugin's registration and
+    the webhook all read them from here, so renaming one renames it everywhere."""
+
+    model_config = _STRICT
+
+    resourceCountName: str = Field("nvidia.com/gpu", pattern=_RESOURCE_NAME)
+    """GPUs per container. HAMi's default; rename it (``example.com/vgpu``) to
+    run beside NVIDIA's own device plugin, which owns ``nvidia.com/gpu``."""
+
+    resourceMemoryName: str = Field("nvidia.com/gpumem", pattern=_RESOURCE_NAME)
+    """MiB per GPU (times ``memoryFactor``). HAMi's default."""
+
+    resourceMemoryPercentageName: str = Field("nvidia.com/gpumem-percentage", pattern=_RESOURCE_NAME)
+    """Percent of each card's memory. HAMi's default."""
+
+    resourceCoreName: str = Field("nvidia.com/gpucores", pattern=_RESOURCE_NAME)
+    """Percent of each GPU's compute. HAMi's default."""
+
+    resourcePriorityName: str = Field("nvidia.com/priority", pattern=_RESOURCE_NAME)
+    """Task priority (0 high, 1 low). HAMi's default."""
+
+    @model_validator(mode="after")
+    def _distinct(self):
+        names = [self.resourceCountName, self.resourceMemoryName, self.resourceMemoryPercentageName,
+                 self.resourceCoreName, self.resourcePriorityName]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"resource names must differ; {dup[0]!r} is used for two resources")
+        return self
 
 
 class NodeSettings(BaseModel):
@@ -90,15 +145,40 @@ class NodeSettings(BaseModel):
     """How nodes are ranked. ``binpack`` fills busy nodes first, keeping whole
     nodes free for large jobs (HAMi's default)."""
 
-    gpuSchedulerPolicy: Literal["spread", "binpack"] = "spread"
-    """How GPUs within a node are ranked. ``spread`` puts tenants on the least
-    busy GPU, which limits noisy neighbours (HAMi's default)."""
+    gpuSchedulerPolicy: str = "spread"
+    """How GPUs within a node are ranked: ``spread``, ``binpack``,
+    ``topology-aware`` (multi-GPU requests get the best-linked set),
+    ``mutex`` (idle GPUs only), ``numa`` or a chain such as ``binpack,numa``,
+    as HAMi's. ``spread`` puts tenants on the least busy GPU, which limits
+    noisy neighbours (HAMi's default)."""
+
+    memoryFactor: int = Field(1, ge=1, le=1 << 20)
+    """Multiplier on ``nvidia.com/gpumem`` (HAMi's ``memoryFactor``): with
+    1024 a pod writes GiB. 1, HAMi's default, keeps the value in MiB. Docker's
+    ``mem=`` has units of its own and is not multiplied."""
+
+    migProfileAllowlist: tuple[MigAllowlistEntry, ...] = ()
+    """MIG profiles this node may create, per GPU model (HAMi's
+    ``migProfileAllowlist``): a GPU whose name contains one of an entry's
+    ``models`` may use only that entry's ``profiles`` (the first entry that
+    matches applies). Empty (the default): every profile of the GPU's table,
+    since hamid creates instances on demand and needs no fixed geometry."""
 
     simulate: str | None = None
     """Simulated inventory ``MODEL[:COUNT][,...]``. Unset: NVML when a driver
     is present, otherwise the default simulated inventory. The first log line
     says which."""
 
+
+    @field_validator("gpuSchedulerPolicy")
+    @classmethod
+    def _gpu_policy(cls, v):
+        from ..request.model import RequestError, parse_gpu_policy
+
+        try:
+            return parse_gpu_policy(v, "gpuSchedulerPolicy")
+        except RequestError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("simulate")
     @classmethod
@@ -120,7 +200,7 @@ class NodeOverride(NodeSettings):
     name: str = Field(min_length=1)
 
 
-class Config(NodeSettings):
+class Config(NodeSettings, ResourceNameSettings):
     """The whole file: node settings plus daemon-wide keys."""
 
     nodeName: str | None = None

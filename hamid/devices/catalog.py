@@ -7,6 +7,12 @@ known, otherwise the GiB figure ``nvidia-smi mig -lgip`` prints, in MiB. The
 H200's per-profile memory and SMs are scaled from the H100 (no H200 dump was
 available); its names, IDs and placements are NVIDIA's.
 
+``nvlinks`` is what ``nvidia-smi topo -m`` shows between two GPUs of the
+SXM boards these models come on (NV12 on HGX A100, NV18 on HGX H100/H200,
+every pair through NVSwitch); PCIe cards (A30, T4) have none (an A30 NVLink
+bridge is optional and not assumed). The simulated backend derives HAMi's
+link scores from it.
+
 Keys are what ``--simulate MODEL[:COUNT]`` accepts; matching is
 case-insensitive and a few common aliases are accepted.
 """
@@ -27,6 +33,7 @@ class Model:
     memory_slices: int = 0
     compute_slices: int = 0
     mig_profiles: tuple[MigProfile, ...] = ()
+    nvlinks: int = 0  # NVLinks between any two of these GPUs on their (NVSwitch) board; 0: PCIe only
 
     @property
     def mig_capable(self) -> bool:
@@ -70,6 +77,7 @@ A100_40 = Model(
         ("4_SLICE", "4g.20gb", 19968, 56),
         ("7_SLICE", "7g.40gb", 40192, 98),
     ]),
+    nvlinks=12,  # HGX A100: NV12 between every pair (third-generation NVLink through NVSwitch)
 )
 
 A100_80 = Model(
@@ -83,6 +91,7 @@ A100_80 = Model(
         ("4_SLICE", "4g.40gb", 40192, 56),
         ("7_SLICE", "7g.80gb", 80640, 98),
     ]),
+    nvlinks=12,
 )
 
 H100_80 = Model(
@@ -96,6 +105,7 @@ H100_80 = Model(
         ("4_SLICE", "4g.40gb", 40448, 64),
         ("7_SLICE", "7g.80gb", 81152, 132),
     ]),
+    nvlinks=18,  # HGX H100: NV18 between every pair (fourth-generation NVLink through NVSwitch)
 )
 
 H200_141 = Model(
@@ -109,6 +119,7 @@ H200_141 = Model(
         ("4_SLICE", "4g.71gb", 71168, 64),
         ("7_SLICE", "7g.141gb", 142336, 132),
     ]),
+    nvlinks=18,  # HGX H200: NV18, as the H100 board
 )
 
 A30_24 = Model(

@@ -1,8 +1,8 @@
 """The NVML backend: real GPUs through ``pynvml`` (package ``nvidia-ml-py``).
 
 Reads the inventory (index, UUID, name, memory, SMs, NUMA node, health, MIG
-capability and mode, the MIG profile table with its possible placements, and
-the live GPU instances), and creates and destroys MIG instances at an exact
+capability and mode, the MIG profile table with its possible placements, the
+live GPU instances, and HAMi's NVLink/PCIe link score between every pair), and creates and destroys MIG instances at an exact
 placement. It never changes MIG mode, clocks or any other GPU setting.
 
 Every call here blocks; the daemon runs them under ``trio.to_thread``.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from .errors import DeviceError
@@ -79,7 +80,83 @@ class NvmlBackend:
 
     def gpus(self) -> list[GpuInfo]:
         with self._lock:
-            return [self._read(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            infos = [self._read(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            return self._with_links(infos)
+
+    # --- topology: HAMi's link scores ------------------------------------------
+
+    def _with_links(self, infos: list[GpuInfo]) -> list[GpuInfo]:
+        """Each GPU with its link score to every other: n NVLinks x 100, else
+        the PCIe distance HAMi uses (60 same board, 50 one switch, 40 several
+        switches, 30 one host bridge, 20 one CPU, 10 across CPUs). A pair NVML
+        cannot describe scores 0 (unknown), which topology-aware ranks last."""
+        if len(infos) < 2:
+            return infos
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(g.index) for g in infos]
+        buses = [self._bus(h) for h in handles]
+        direct: list[dict[int, int]] = []
+        switched: list[int] = []
+        for h in handles:
+            d, sw = self._nvlink_peers(h, buses)
+            direct.append(d)
+            switched.append(sw)
+        scores = {}
+        for i, j in ((i, j) for i in range(len(infos)) for j in range(i + 1, len(infos))):
+            n = direct[i].get(j, 0) or direct[j].get(i, 0)
+            if not n and switched[i] and switched[j] and self._p2p_nvlink(handles[i], handles[j]):
+                n = min(switched[i], switched[j])  # through NVSwitch: each GPU's links reach every peer
+            scores[i, j] = scores[j, i] = 100 * n if n else self._pcie_score(handles[i], handles[j])
+        return [replace(g, links=tuple((infos[j].uuid, scores[i, j]) for j in range(len(infos)) if j != i))
+                for i, g in enumerate(infos)]
+
+    @staticmethod
+    def _bus(h) -> str:
+        try:
+            return _text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower()[-12:]
+        except pynvml.NVMLError:
+            return ""
+
+    @staticmethod
+    def _nvlink_peers(h, buses: list[str]) -> tuple[dict[int, int], int]:
+        """Active NVLinks of ``h``: per peer GPU (by position) and to NVSwitches."""
+        peers: dict[int, int] = {}
+        switched = 0
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if pynvml.nvmlDeviceGetNvLinkState(h, link) != pynvml.NVML_FEATURE_ENABLED:
+                    continue
+            except pynvml.NVMLError:
+                continue  # no such link, or NVLink not supported
+            try:
+                if pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link) == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                    switched += 1
+                    continue
+            except (pynvml.NVMLError, AttributeError):
+                pass
+            try:
+                remote = _text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId).lower()[-12:]
+            except pynvml.NVMLError:
+                continue
+            if remote in buses:
+                k = buses.index(remote)
+                peers[k] = peers.get(k, 0) + 1
+        return peers, switched
+
+    @staticmethod
+    def _p2p_nvlink(a, b) -> bool:
+        try:
+            return pynvml.nvmlDeviceGetP2PStatus(a, b, pynvml.NVML_P2P_CAPS_INDEX_NVLINK) == pynvml.NVML_P2P_STATUS_OK
+        except pynvml.NVMLError:
+            return False
+
+    _PCIE_SCORE = {0: 60, 10: 50, 20: 40, 30: 30, 40: 20, 50: 10}  # NVML_TOPOLOGY_* -> HAMi's score
+
+    @classmethod
+    def _pcie_score(cls, a, b) -> int:
+        try:
+            return cls._PCIE_SCORE.get(int(pynvml.nvmlDeviceGetTopologyCommonAncestor(a, b)), 0)
+        except pynvml.NVMLError:
+            return 0
 
     def _read(self, index: int) -> GpuInfo:
         h = pynvml.nvmlDeviceGetHandleByIndex(index)

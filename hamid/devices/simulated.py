@@ -1,5 +1,10 @@
 """The simulated backend: named real models, real MIG tables, real conflicts.
 
+Each GPU also has HAMi's link score to every other (from the catalog's
+NVLink counts, else PCIe by NUMA node) and a health flag: GPUs named in
+``unhealthy`` (or marked with :meth:`SimulatedBackend.set_healthy`) report
+unhealthy, as NVML reports a GPU with uncorrected ECC errors.
+
 A simulated node is a list of catalog models. GPU UUIDs are derived from the
 node name and index, so they are stable across restarts and distinct across
 simulated nodes. MIG instances that callers create are kept in a small JSON
@@ -15,6 +20,7 @@ import fcntl
 import json
 import os
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from .catalog import Model, lookup, model_keys
@@ -56,10 +62,17 @@ class SimulatedBackend:
     kind = "simulated"
 
     def __init__(self, models: list[Model], node_name: str, *, mig_enabled: bool = False,
-                 state_file: Path | None = None) -> None:
+                 state_file: Path | None = None, unhealthy: Iterable[int | str] = ()) -> None:
         self._models = models
         self._node = node_name
         self._mig_enabled = mig_enabled
+        self._unhealthy = set()
+        for sel in unhealthy:
+            idx = self._index_of(sel)
+            if idx is None:
+                raise DeviceError(f"simulate: unhealthy GPU {sel!r} is not on node {node_name} "
+                                  f"(it has GPUs 0-{len(models) - 1}, by index or UUID)")
+            self._unhealthy.add(idx)
         self._state_file = Path(state_file) if state_file else None
         self._memory_state: dict[str, list[dict]] = {}
 
@@ -101,6 +114,31 @@ class SimulatedBackend:
 
     # --- inventory ---------------------------------------------------------
 
+    def _index_of(self, sel: int | str) -> int | None:
+        for i in range(len(self._models)):
+            if sel == i or str(sel) == str(i) or sel == gpu_uuid(self._node, i):
+                return i
+        return None
+
+    def _numa(self, index: int) -> int:
+        return 0 if index < max(1, len(self._models) // 2) else 1
+
+    def link_score(self, a: int, b: int) -> int:
+        """HAMi's link score between GPUs ``a`` and ``b``: NVLinks x 100 when
+        both are of one NVLink board model (catalog ``nvlinks``), otherwise
+        PCIe through one CPU (20) or across CPUs (10), by simulated NUMA node."""
+        ma, mb = self._models[a], self._models[b]
+        if ma is mb and ma.nvlinks:
+            return 100 * ma.nvlinks
+        return 20 if self._numa(a) == self._numa(b) else 10
+
+    def set_healthy(self, gpu: int | str, healthy: bool) -> None:
+        """Mark a simulated GPU healthy or not (as an XID or ECC error would)."""
+        idx = self._index_of(gpu)
+        if idx is None:
+            raise DeviceError(f"no GPU {gpu!r} on node {self._node}")
+        (self._unhealthy.discard if healthy else self._unhealthy.add)(idx)
+
     def gpus(self) -> list[GpuInfo]:
         with self._locked_state() as state:
             return [self._gpu(i, m, state) for i, m in enumerate(self._models)]
@@ -117,8 +155,8 @@ class SimulatedBackend:
             name=model.nvml_name,
             memory_mib=model.memory_mib,
             sm_count=model.sm_count,
-            numa_node=0 if index < max(1, len(self._models) // 2) else 1,
-            healthy=True,
+            numa_node=self._numa(index),
+            healthy=index not in self._unhealthy,
             mig_capable=model.mig_capable,
             mig_enabled=model.mig_capable and self._mig_enabled,
             memory_slices=model.memory_slices,
@@ -126,6 +164,8 @@ class SimulatedBackend:
             mig_profiles=model.mig_profiles,
             mig_instances=instances,
             minor=index,
+            links=tuple((gpu_uuid(self._node, j), self.link_score(index, j))
+                        for j in range(len(self._models)) if j != index),
         )
 
     def _find(self, gpu: str, state: dict) -> GpuInfo:

@@ -92,6 +92,7 @@ class GpuInfo:
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_instances: tuple[MigInstance, ...] = field(default=())
     minor: int | None = None
+    links: tuple[tuple[str, int], ...] = ()  # (peer UUID, HAMi link score: n NVLinks x 100, else PCIe 10-60)
 
     def profile(self, name: str) -> MigProfile | None:
         for p in self.mig_profiles:

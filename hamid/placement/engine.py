@@ -3,8 +3,13 @@
 Nodes are ranked on their current use (``binpack``: fullest first,
 ``spread``: emptiest first) and the request goes to the first node where all
 of its containers fit. Within a node, each container's GPUs are ranked by
-HAMi's GPU score including the request (``binpack``: the GPU that ends up
+HAMi's GPU score including the request, weighted by the pod's
+``hami.io/device-scoring-weights`` (``binpack``: the GPU that ends up
 fullest; ``spread``: the emptiest), ties broken by NUMA node then index.
+The GPU policy may also be ``mutex`` (idle GPUs only, ranked as spread),
+``topology-aware`` (the set of GPUs with the highest summed link score; one
+GPU: the least linked one) and may be chained with ``numa`` (``binpack,numa``:
+a multi-GPU container stays on one NUMA node when one has enough GPUs).
 
 Containers of one pod are fitted in order on an accumulating copy of the
 node's use, so they can share a GPU. Init containers run before the app
@@ -17,9 +22,11 @@ together, so they always accumulate.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import combinations
+from math import comb
 from operator import attrgetter
 
-from ..request.model import GpuRequest, Request
+from ..request.model import GpuRequest, Request, ScoringWeights
 from . import mig
 from .fit import Use, book, eligible, room, score, try_gpu
 from .result import ContainerAssignment, Decision, DeviceAssignment, NoFit
@@ -47,17 +54,63 @@ class _NodeUse:
         return u
 
 
-def _rank_key(policy: str):
-    if policy == "binpack":
+def _rank_key(primary: str):
+    if primary == "binpack":
         return lambda c: (-c[0], c[1].numa if c[1].numa is not None else 1 << 30, c[1].index)
     return lambda c: (c[0], c[1].numa if c[1].numa is not None else 1 << 30, c[1].index)
 
 
-def _fit_container(req: GpuRequest, node: NodeView, use: _NodeUse, init: bool, policy: str):
+# Exact search over GPU sets for topology-aware up to this many sets; above
+# it (more than ~16 candidate GPUs), a greedy build from the best pair.
+TOPOLOGY_EXACT_MAX = 20000
+
+
+def _pair_sum(gs) -> int:
+    return sum(a.link_score(b.uuid) for a, b in combinations(gs, 2))
+
+
+def _topology_pick(cands: list, need: int, node: NodeView) -> list:
+    """HAMi's topology-aware choice among ranked candidates: one GPU, the one
+    least linked to the node's others (keeping well-linked GPUs together for
+    multi-GPU requests); several, the set with the highest summed pair score.
+    Ties keep the policy's rank order."""
+    if need == 1:
+        total = {g.uuid: sum(g.link_score(o.uuid) for o in node.gpus if o.uuid != g.uuid) for g in node.gpus}
+        return [min(cands, key=lambda c: total[c[1].uuid])]  # min keeps the first of equals
+    if comb(len(cands), need) <= TOPOLOGY_EXACT_MAX:
+        best = max(combinations(range(len(cands)), need),
+                   key=lambda ix: (_pair_sum([cands[i][1] for i in ix]), [-i for i in ix]))
+        return [cands[i] for i in best]
+    i, j = max(combinations(range(len(cands)), 2),
+               key=lambda p: (cands[p[0]][1].link_score(cands[p[1]][1].uuid), -p[0], -p[1]))
+    chosen = [i, j]
+    while len(chosen) < need:
+        rest = [k for k in range(len(cands)) if k not in chosen]
+        nxt = max(rest, key=lambda k: (sum(cands[k][1].link_score(cands[c][1].uuid) for c in chosen), -k))
+        chosen.append(nxt)
+    return [cands[k] for k in sorted(chosen)]
+
+
+def _selector_misses(req: GpuRequest, node: NodeView) -> list[str]:
+    """Requested devices (HAMI_VISIBLE_DEVICES) that name no GPU of ``node``."""
+    have = {g.uuid for g in node.gpus} | {str(g.index) for g in node.gpus}
+    out = []
+    for d in req.devices:
+        if d not in have:
+            out.append(f"no GPU with UUID {d}" if d.startswith("GPU-") else
+                       f"no GPU with index {d} (this node has {len(node.gpus)})")
+    return out
+
+
+def _fit_container(req: GpuRequest, node: NodeView, use: _NodeUse, init: bool, policy: str,
+                   weights: ScoringWeights | None = None):
+    primary, _, numa = policy.partition(",")
     cands = []
     reasons: list[str] = []
     statically_ok = 0
     for g in node.gpus:
+        if req.devices and str(g.index) not in req.devices and g.uuid not in req.devices:
+            continue  # not a candidate at all; a selector that names no GPU is said once below
         u = use.init_use(g) if init else use.app_use(g)
         got = try_gpu(req, g, u)
         if isinstance(got, str):
@@ -66,15 +119,19 @@ def _fit_container(req: GpuRequest, node: NodeView, use: _NodeUse, init: bool, p
                 statically_ok += 1
             continue
         statically_ok += 1
+        if primary == "mutex" and u.slots > 0:
+            reasons.append(f"GPU {g.index} has {u.slots} tenant(s); the mutex policy takes idle GPUs only")
+            continue
         mem, cores, _, _ = got
-        cands.append((score(g, u, mem, cores), g, u, got))
+        cands.append((score(g, u, mem, cores, weights), g, u, got))
     need = req.count if req.count is not None else statically_ok
     if need == 0:
         return reasons or ["no GPUs"], None
     if len(cands) < need:
+        reasons.extend(_selector_misses(req, node))
         reasons.append(f"needs {need} GPU(s), {len(cands)} fit")
         return reasons, None
-    cands.sort(key=_rank_key(policy))
+    cands.sort(key=_rank_key(primary))
     if req.numa_bind:
         groups: dict = {}
         for c in cands:
@@ -84,11 +141,37 @@ def _fit_container(req: GpuRequest, node: NodeView, use: _NodeUse, init: bool, p
             sizes = ", ".join(f"NUMA {k}: {len(v)}" for k, v in groups.items())
             return [f"numa-bind: needs {need} GPU(s) on one NUMA node, fitting GPUs per node are {sizes}"], None
         cands = chosen
+    elif numa and need > 1:
+        # The numa policy: one NUMA node when one has enough (the one holding
+        # the best-ranked GPU first), otherwise the policy's order across nodes.
+        groups = {}
+        for c in cands:
+            groups.setdefault(c[1].numa, []).append(c)
+        cands = next((grp for grp in groups.values() if len(grp) >= need), cands)
+    picked = _topology_pick(cands, need, node) if primary == "topology-aware" else cands[:need]
     out = []
-    for _, g, u, (mem, cores, prof, pl) in cands[:need]:
-        book(u, mem, cores, prof, pl)
+    for _, g, u, (mem, cores, prof, pl) in picked:
+        book(u, g, mem, cores, prof, pl)
         out.append(DeviceAssignment(g.uuid, g.index, mem, cores, prof, pl))
     return None, tuple(out)
+
+
+def gpu_scores(request: Request, node: NodeView) -> dict[str, float | str]:
+    """Per GPU of ``node``: the score it has for the first GPU container of
+    ``request`` (HAMi's GPU score with the request and the pod's weights), or
+    why that container cannot use it. What ``hamid plan`` prints."""
+    c = next((c for c in request.containers if c.gpu is not None), None)
+    if c is None:
+        return {}
+    out: dict[str, float | str] = {}
+    for g in node.gpus:
+        u = Use.of(g)
+        got = try_gpu(c.gpu, g, u)
+        if isinstance(got, str):
+            out[g.uuid] = got
+        else:
+            out[g.uuid] = round(score(g, u, got[0], got[1], request.weights), 4)
+    return out
 
 
 def _quick_reject(req: GpuRequest, node: NodeView) -> str | None:
@@ -144,7 +227,7 @@ def fit_node(request: Request, node: NodeView, quick: bool = True) -> Decision |
         if c.gpu is None:
             out.append(ContainerAssignment(c.name, c.init, ()))
             continue
-        reasons, devs = _fit_container(c.gpu, node, use, c.init, policy)
+        reasons, devs = _fit_container(c.gpu, node, use, c.init, policy, request.weights)
         if devs is None:
             prefix = f"container {c.name}: " if multi else ""
             seen: list[str] = []
@@ -204,6 +287,9 @@ def check(decision: Decision, node: NodeView) -> list[str]:
             if not g.healthy:
                 problems.append(f"container {c.name}: GPU {g.index} is unhealthy")
                 continue
+            if g.cordoned:
+                problems.append(f"container {c.name}: GPU {g.index} is cordoned (hami.io/device-cordon)")
+                continue
             u = use.init_use(g) if c.init else use.app_use(g)
             if d.mig_profile is not None:
                 if g.mode != MODE_MIG or d.mig_placement is None:
@@ -221,5 +307,5 @@ def check(decision: Decision, node: NodeView) -> list[str]:
             if why:
                 problems.append(f"container {c.name}: {why}")
                 continue
-            book(u, d.mem_mib, d.cores, d.mig_profile, d.mig_placement)
+            book(u, g, d.mem_mib, d.cores, d.mig_profile, d.mig_placement)
     return problems

@@ -2,13 +2,14 @@
 
 Per decision and GPU, a pod books the larger of its init containers' peak
 and its app containers' sum (they never run together); a tenant with
-``cores >= 100`` holds the GPU exclusively; MIG slots always add up.
+``cores >= 100`` holds a GPU of 100% cores exclusively; MIG slots always add up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from .fit import takes_whole
 from .result import Decision
 from .view import GpuView, MigSlot, NodeView
 
@@ -16,6 +17,7 @@ from .view import GpuView, MigSlot, NodeView
 def with_usage(name: str, capacity: Sequence[GpuView], decisions: Iterable[Decision],
                gpu_policy: str = "spread") -> NodeView:
     acc: dict[str, list] = {g.uuid: [0, 0, 0, False, []] for g in capacity}
+    caps = {g.uuid: g for g in capacity}
     for dec in decisions:
         per: dict[str, list[int]] = {}  # uuid -> [init mem, init cores, init n, app mem, app cores, app n]
         for c in dec.containers:
@@ -34,7 +36,7 @@ def with_usage(name: str, capacity: Sequence[GpuView], decisions: Iterable[Decis
                     p[3] += d.mem_mib
                     p[4] += d.cores
                     p[5] += 1
-                if d.cores >= 100:
+                if takes_whole(caps[d.uuid], d.cores):
                     a[3] = True
         for uuid, p in per.items():
             a = acc[uuid]

@@ -8,7 +8,7 @@ builds them from a device or a database itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import NamedTuple
 
@@ -43,8 +43,26 @@ class GpuView:
     mem_used: int = 0
     cores_used: int = 0
     slots_used: int = 0
-    exclusive: bool = False  # held by a tenant with cores=100
+    exclusive: bool = False  # held by a tenant with cores=100 (on a GPU of 100% cores)
     mig_used: tuple[MigSlot, ...] = ()
+    cordoned: bool = False  # hami.io/device-cordon: no new tenants, existing ones stay
+    links: tuple[tuple[str, int], ...] = ()  # (peer UUID, HAMi link score), see link_score
+
+    def link_score(self, peer: str) -> int:
+        """HAMi's link score to GPU ``peer``: n x 100 for n NVLinks, else the
+        PCIe distance (60 same board ... 10 across CPUs); 0 when unknown."""
+        for u, s in self.links:
+            if u == peer:
+                return s
+        return 0
+
+    @cached_property
+    def type_names(self) -> tuple[str, ...]:
+        """The names use-gputype / nouse-gputype match against, upper case:
+        the card's own name, the type HAMi registers (``NVIDIA-`` prefixed when
+        the name lacks "NVIDIA", e.g. ``NVIDIA-Tesla T4``) and the prefixed
+        form HAMi up to v2.7 registered for every card."""
+        return hami_type_names(self.name)
 
     def profile(self, name: str) -> MigProfile | None:
         for p in self.mig_profiles:
@@ -61,6 +79,35 @@ class GpuView:
         return new
 
 
+def hami_type_names(name: str) -> tuple[str, ...]:
+    up = name.upper()
+    return (up, "NVIDIA-" + up)  # the second is v2.8's type too when the name lacks NVIDIA
+
+
+def type_matches(g: GpuView, wanted: str) -> bool:
+    """HAMi's type filter: a case-insensitive substring of the registered type."""
+    w = wanted.upper()
+    return any(w in t for t in g.type_names)
+
+
+def restrict_mig_profiles(g: GpuView, allowlist) -> GpuView:
+    """``g`` with only the MIG profiles a node's ``migProfileAllowlist``
+    allows for its model (the first entry whose models match the name);
+    unchanged when no entry matches or the GPU has no MIG table."""
+    if not g.mig_profiles:
+        return g
+    for entry in allowlist:
+        if any(type_matches(g, m) for m in entry.models):
+            allowed = set(entry.profiles)
+            profs = tuple(p for p in g.mig_profiles if p.name in allowed)
+            mem_total, slots = g.mem_total, g.slots_total
+            if g.mode == MODE_MIG:
+                mem_total = max((p.memory_mib for p in profs), default=0)
+                slots = max((p.max_instances for p in profs), default=0)
+            return replace(g, mig_profiles=profs, mem_total=mem_total, slots_total=slots)
+    return g
+
+
 @dataclass
 class NodeView:
     name: str
@@ -72,7 +119,7 @@ class NodeView:
         """Free MiB of each shim GPU that could take one more tenant, most free first."""
         return tuple(sorted((g.mem_total - g.mem_used for g in self.gpus
                              if g.mode == MODE_SHIM and g.healthy and not g.filtered and not g.exclusive
-                             and g.slots_used < g.slots_total), reverse=True))
+                             and not g.cordoned and g.slots_used < g.slots_total), reverse=True))
 
     @cached_property
     def mig_creatable(self) -> tuple[tuple[int, frozenset[str]], ...]:
@@ -82,7 +129,7 @@ class NodeView:
 
         out = []
         for g in self.gpus:
-            if g.mode != MODE_MIG or not g.healthy or g.filtered:
+            if g.mode != MODE_MIG or not g.healthy or g.filtered or g.cordoned:
                 continue
             names = frozenset(p.name for p in g.mig_profiles if free_placements(p, g.mig_used, g))
             best = max((p.memory_mib for p in g.mig_profiles if p.name in names), default=0)
@@ -125,23 +172,24 @@ def gpu_view_from_info(info: GpuInfo, *, split_count: int = 10, memory_scaling: 
     (from the device) are not added here: the ledger adds what it has booked,
     and instances it does not know about are the reconciler's business.
     """
+    links = tuple(getattr(info, "links", ()))
     if info.mig_enabled:
         mem_total = max((p.memory_mib for p in info.mig_profiles), default=info.memory_mib)
         return GpuView(uuid=info.uuid, index=info.index, name=info.name, mode=MODE_MIG, mem_total=mem_total,
                        cores_total=100, slots_total=max((p.max_instances for p in info.mig_profiles), default=1),
                        numa=info.numa_node, healthy=info.healthy, filtered=filtered,
                        mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
-                       memory_slices=info.memory_slices)
+                       memory_slices=info.memory_slices, links=links)
     return GpuView(uuid=info.uuid, index=info.index, name=info.name, mode=MODE_SHIM,
                    mem_total=int(info.memory_mib * memory_scaling), cores_total=int(round(100 * core_scaling)),
                    slots_total=split_count, numa=info.numa_node, healthy=info.healthy, filtered=filtered,
                    mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
-                   memory_slices=info.memory_slices)
+                   memory_slices=info.memory_slices, links=links)
 
 
 def gpu_view_to_dict(g: GpuView) -> dict:
     """The capacity part of a view, as plain JSON-able data (no use)."""
-    return {
+    d = {
         "uuid": g.uuid, "index": g.index, "name": g.name, "mode": g.mode, "mem_total": g.mem_total,
         "cores_total": g.cores_total, "slots_total": g.slots_total, "numa": g.numa, "healthy": g.healthy,
         "filtered": g.filtered, "compute_slices": g.compute_slices, "memory_slices": g.memory_slices,
@@ -151,6 +199,11 @@ def gpu_view_to_dict(g: GpuView) -> dict:
              "placements": [[pl.start, pl.size] for pl in p.placements]}
             for p in g.mig_profiles],
     }
+    if g.cordoned:
+        d["cordoned"] = True
+    if g.links:
+        d["links"] = {u: s for u, s in g.links}
+    return d
 
 
 def gpu_view_from_dict(d: dict) -> GpuView:
@@ -162,4 +215,6 @@ def gpu_view_from_dict(d: dict) -> GpuView:
                    mem_total=int(d["mem_total"]), cores_total=int(d["cores_total"]),
                    slots_total=int(d["slots_total"]), numa=d.get("numa"), healthy=bool(d.get("healthy", True)),
                    filtered=bool(d.get("filtered", False)), mig_profiles=profs,
-                   compute_slices=int(d.get("compute_slices", 0)), memory_slices=int(d.get("memory_slices", 0)))
+                   compute_slices=int(d.get("compute_slices", 0)), memory_slices=int(d.get("memory_slices", 0)),
+                   cordoned=bool(d.get("cordoned", False)),
+                   links=tuple(sorted((str(u), int(s)) for u, s in (d.get("links") or {}).items())))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from .model import MODES, ContainerRequest, Defaults, GpuRequest, Request, RequestError
+from .model import MODES, ContainerRequest, Defaults, GpuRequest, Request, RequestError, echo
 from .quantity import SIZE_FORMS, parse_size_mib
 
 ENV_DEVICES = "HAMI_VISIBLE_DEVICES"
@@ -36,13 +36,14 @@ ENV_SPEC = "HAMI_VGPU_SPEC"
 
 VISIBLE_DEVICES_FORMS = "an index (0), a list (0,2), a range (0-3), GPU UUIDs (GPU-...), or all"
 VGPU_SPEC_FORMS = (
-    "comma-separated items: mem=<MiB or size such as 512m, 4g> | mem=<1-100>% | cores=<0-100> | "
-    "gpus=<1-64> | mode=hami-core|mig | priority=0|1 | a MIG profile such as 1g.10gb or 3g.40gb"
+    "comma-separated lower-case items: mem=<MiB or size such as 512m, 4g> | mem=<1-100>% | cores=<0-100> | "
+    "gpus=<1-64> | mode=hami-core|mig | priority=0|1 | a MIG profile such as 1g.10gb or 3g.40gb (ASCII digits)"
 )
 
-_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
-_PROFILE = re.compile(r"^[1-8]g\.\d{1,3}gb(\+me)?$")
-_INT = re.compile(r"^\d{1,6}$")
+_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$", re.ASCII)
+_PROFILE = re.compile(r"^[1-8]g\.[0-9]{1,3}gb(\+me)?$", re.ASCII)
+_INT = re.compile(r"^[0-9]{1,6}$", re.ASCII)  # ASCII digits only: int() would read any Unicode digit
+_KEYS = ("mem", "cores", "gpus", "mode", "priority")
 _MAX_INDEX = 63
 
 
@@ -66,7 +67,7 @@ def parse_visible_devices(text: str) -> tuple[str, ...]:
     for part in raw.split(","):
         part = part.strip()
         if not part:
-            raise RequestError(f"{ENV_DEVICES}={text!r}: empty entry; accepted: {VISIBLE_DEVICES_FORMS}")
+            raise RequestError(f"{ENV_DEVICES}={echo(text)}: empty entry; accepted: {VISIBLE_DEVICES_FORMS}")
         if _UUID.match(part):
             sel = [part]
         elif _INT.match(part):
@@ -74,56 +75,64 @@ def parse_visible_devices(text: str) -> tuple[str, ...]:
         elif "-" in part and all(_INT.match(x) for x in part.split("-", 1)):
             lo, hi = (int(x) for x in part.split("-", 1))
             if lo > hi:
-                raise RequestError(f"{ENV_DEVICES}={text!r}: range {part!r} runs backwards; write {hi}-{lo}")
+                raise RequestError(f"{ENV_DEVICES}={echo(text)}: range {part!r} runs backwards; write {hi}-{lo}")
             if hi > _MAX_INDEX:
-                raise RequestError(f"{ENV_DEVICES}={text!r}: index {hi} in {part!r} is above {_MAX_INDEX}")
+                raise RequestError(f"{ENV_DEVICES}={echo(text)}: index {hi} in {part!r} is above {_MAX_INDEX}")
             sel = [str(i) for i in range(lo, hi + 1)]
         else:
-            raise RequestError(f"{ENV_DEVICES}={text!r}: bad entry {part!r}; accepted: {VISIBLE_DEVICES_FORMS}")
+            raise RequestError(f"{ENV_DEVICES}={echo(text)}: bad entry {echo(part)}; accepted: {VISIBLE_DEVICES_FORMS}")
         for s in sel:
             if s.isdigit() and int(s) > _MAX_INDEX:
-                raise RequestError(f"{ENV_DEVICES}={text!r}: index {s} is above {_MAX_INDEX}")
+                raise RequestError(f"{ENV_DEVICES}={echo(text)}: index {s} is above {_MAX_INDEX}")
             if s not in out:
                 out.append(s)
     return tuple(out)
 
 
 def parse_vgpu_spec(text: str) -> dict:
-    """To a dict of the items given; raises on anything not in the grammar."""
+    """To a dict of the items given; raises on anything not in the grammar.
+
+    Keys, units, modes and profile names are lower case and numbers are
+    ASCII digits, exactly as documented; any other spelling (``MEM=4G``,
+    ``mem=4gb``, full-width or Arabic-Indic digits) is refused with the accepted forms, never
+    read as something close. Errors quote at most the first 64 characters.
+    """
     seen: dict = {}
+    whole = f"{ENV_SPEC}={echo(text)}"
     for part in text.split(","):
-        item = part.strip()
+        item = part.strip(" ")
         if not item:
-            raise RequestError(f"{ENV_SPEC}={text!r}: empty item; accepted: {VGPU_SPEC_FORMS}")
+            raise RequestError(f"{whole}: empty item; accepted: {VGPU_SPEC_FORMS}")
         key, eq, value = item.partition("=")
-        key = key.strip().lower()
-        value = value.strip()
+        key, value = key.strip(" "), value.strip(" ")
+        what = f"{ENV_SPEC} item {echo(item)}"
         if not eq:
-            if _PROFILE.match(item.lower()):
-                key, value = "profile", item.lower()
-            else:
-                raise RequestError(f"{ENV_SPEC}={text!r}: {item!r} is neither key=value nor a MIG profile name; "
+            if not _PROFILE.match(item):
+                raise RequestError(f"{what} is neither key=value nor a MIG profile name; "
                                    f"accepted: {VGPU_SPEC_FORMS}")
-        if key in seen:
-            raise RequestError(f"{ENV_SPEC}={text!r}: {key} is given twice")
-        what = f"{ENV_SPEC} item {item!r}"
+            key, value = "profile", item
+        elif key not in _KEYS:
+            hint = f" (keys are lower case: {key.lower()}=)" if key.lower() in _KEYS else ""
+            raise RequestError(f"{what}: unknown key {echo(key)}{hint}; accepted: {VGPU_SPEC_FORMS}")
+        if key in seen or (key == "mem" and "mem_percent" in seen):
+            raise RequestError(f"{whole}: {key} is given twice")
         if key == "mem":
             if value.endswith("%"):
-                pct = value[:-1].strip()
+                pct = value[:-1]
                 if not _INT.match(pct) or not 1 <= int(pct) <= 100:
-                    raise RequestError(f"{what}: percent must be 1 to 100")
+                    raise RequestError(f"{what}: percent must be a whole number from 1 to 100 (ASCII digits)")
                 seen["mem_percent"] = int(pct)
-                key = "mem"
                 seen[key] = None
                 continue
             seen[key] = parse_size_mib(value, what)
         elif key == "cores":
             if not _INT.match(value) or not 0 <= int(value) <= 100:
-                raise RequestError(f"{what}: cores must be a whole percent from 0 to 100 (100 = exclusive)")
+                raise RequestError(f"{what}: cores must be a whole percent from 0 to 100 (100 = exclusive), "
+                                   "in ASCII digits")
             seen[key] = int(value)
         elif key == "gpus":
             if not _INT.match(value) or not 1 <= int(value) <= 64:
-                raise RequestError(f"{what}: gpus must be a whole number from 1 to 64")
+                raise RequestError(f"{what}: gpus must be a whole number from 1 to 64 (ASCII digits)")
             seen[key] = int(value)
         elif key == "mode":
             if value not in MODES:
@@ -133,20 +142,17 @@ def parse_vgpu_spec(text: str) -> dict:
             if value not in ("0", "1"):
                 raise RequestError(f"{what}: priority must be 0 (high) or 1 (low)")
             seen[key] = int(value)
-        elif key == "profile":
-            seen[key] = value
         else:
-            raise RequestError(f"{ENV_SPEC}={text!r}: unknown key {key!r}; accepted: {VGPU_SPEC_FORMS}; "
-                               f"sizes are {SIZE_FORMS}")
+            seen[key] = value
     if "profile" in seen:
         for clash in ("mem", "cores"):
             if clash in seen:
-                raise RequestError(f"{ENV_SPEC}={text!r}: a MIG profile ({seen['profile']}) fixes memory and "
+                raise RequestError(f"{whole}: a MIG profile ({seen['profile']}) fixes memory and "
                                    f"compute; remove {clash}=")
         if seen.get("mode") == "hami-core":
-            raise RequestError(f"{ENV_SPEC}={text!r}: a MIG profile ({seen['profile']}) needs mode=mig, not hami-core")
+            raise RequestError(f"{whole}: a MIG profile ({seen['profile']}) needs mode=mig, not hami-core")
     if seen.get("mode") == "mig" and "cores" in seen:
-        raise RequestError(f"{ENV_SPEC}={text!r}: cores= does not apply to MIG (an instance's compute is fixed "
+        raise RequestError(f"{whole}: cores= does not apply to MIG (an instance's compute is fixed "
                            "by its profile); remove cores=")
     return seen
 
@@ -167,7 +173,7 @@ def parse_docker_env(env: Mapping[str, str] | Iterable[str], container_id: str,
         count = spec["gpus"]
         listed = [d for d in devices if d != "all"]
         if listed and count > len(listed):
-            raise RequestError(f"{ENV_SPEC} gpus={count} but {ENV_DEVICES}={dev_text!r} lists only {len(listed)}")
+            raise RequestError(f"{ENV_SPEC} gpus={count} but {ENV_DEVICES}={echo(dev_text)} lists only {len(listed)}")
     elif devices and devices != ("all",):
         count = len(devices)
     elif devices == ("all",):

@@ -4,15 +4,24 @@ Resources (limits, falling back to requests): ``nvidia.com/gpu`` (distinct
 physical GPUs), ``nvidia.com/gpumem`` (MiB per GPU),
 ``nvidia.com/gpumem-percentage`` (1-100 of each card), ``nvidia.com/gpucores``
 (0-100 percent; 100 is exclusive), ``nvidia.com/priority`` (0 high, 1 low).
-A container that sets memory or cores without a GPU count gets the node's
-``defaultGPUNum``; one that asks for GPUs and neither memory nor cores gets
-the whole card exclusively (``gpucores=100``), as HAMi's webhook does.
+Resource names are HAMi's unless the config renames them
+(``resourceCountName``...; :class:`ResourceNames`). ``gpumem`` is multiplied
+by ``memoryFactor``; ``gpumem: 0`` and ``gpumem-percentage: 0`` mean "not
+set". A container that sets memory or cores without a GPU count gets the
+node's ``defaultGPUNum``; one whose memory is the whole card (none given and
+no ``defaultMemory``, or ``gpumem-percentage: 100``) and that names no cores
+gets the card exclusively (``gpucores=100``), as HAMi's webhook does. With
+``defaultMemory`` set, ``gpu: 1`` gets that many MiB and ``defaultCores``, as
+HAMi's scheduler gives.
 
 Pod annotations apply to every container: ``nvidia.com/use-gputype``,
 ``nouse-gputype`` (comma lists, case-insensitive substrings of the card
 name), ``use-gpuuuid``, ``nouse-gpuuuid`` (exact UUIDs), ``nvidia.com/vgpu-mode``
 (``hami-core`` or ``mig``), ``nvidia.com/numa-bind``, and
-``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy``.
+``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy`` (a policy
+or a chain such as ``binpack,numa``), and ``hami.io/device-scoring-weights``.
+The node annotation ``hami.io/device-cordon`` is parsed here too
+(:func:`parse_device_cordon`).
 Init containers are kept apart from app containers: placement books them at
 their peak, not their sum.
 """
@@ -21,14 +30,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import MODES, POLICIES, ContainerRequest, Defaults, GpuRequest, Request, RequestError
+from .model import (MODES, POLICIES, ContainerRequest, Defaults, GpuRequest, Request, RequestError, ResourceNames,
+                    ScoringWeights, echo, parse_gpu_policy)
 from .quantity import parse_k8s_int
 
-RES_GPU = "nvidia.com/gpu"
-RES_MEM = "nvidia.com/gpumem"
-RES_MEM_PCT = "nvidia.com/gpumem-percentage"
-RES_CORES = "nvidia.com/gpucores"
-RES_PRIORITY = "nvidia.com/priority"
+_DEFAULT_NAMES = ResourceNames()
+RES_GPU = _DEFAULT_NAMES.count  # HAMi's default names; an operator may rename them (ResourceNames)
+RES_MEM = _DEFAULT_NAMES.memory
+RES_MEM_PCT = _DEFAULT_NAMES.memory_percentage
+RES_CORES = _DEFAULT_NAMES.cores
+RES_PRIORITY = _DEFAULT_NAMES.priority
 
 ANN_USE_TYPE = "nvidia.com/use-gputype"
 ANN_NOUSE_TYPE = "nvidia.com/nouse-gputype"
@@ -38,6 +49,21 @@ ANN_MODE = "nvidia.com/vgpu-mode"
 ANN_NUMA_BIND = "nvidia.com/numa-bind"
 ANN_NODE_POLICY = "hami.io/node-scheduler-policy"
 ANN_GPU_POLICY = "hami.io/gpu-scheduler-policy"
+ANN_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
+ANN_DEVICE_CORDON = "hami.io/device-cordon"  # a node annotation: GPU UUIDs that take no new tenants
+
+
+def parse_device_cordon(value: Any, what: str = f"node annotation {ANN_DEVICE_CORDON}") -> frozenset[str]:
+    """HAMi's per-GPU cordon: a comma list of GPU UUIDs (empty entries ignored)."""
+    if value is None:
+        return frozenset()
+    if not isinstance(value, str):
+        raise RequestError(f"{what}: expected a comma-separated string of GPU UUIDs, got {value!r}")
+    out = frozenset(p.strip() for p in value.split(",") if p.strip())
+    bad = sorted(u for u in out if not u.startswith(("GPU-", "MIG-")))
+    if bad:
+        raise RequestError(f"{what}: {echo(bad[0])} is not a GPU UUID; accepted: GPU-... entries, comma-separated")
+    return out
 
 
 def _mapping(v: Any, what: str) -> dict:
@@ -74,44 +100,57 @@ def _container(c: Any, where: str, init: bool, ann: dict, defaults: Defaults) ->
     res = _mapping(c.get("resources"), f"{where}.resources")
     limits = _mapping(res.get("limits"), f"{where}.resources.limits")
     requests = _mapping(res.get("requests"), f"{where}.resources.requests")
+    names = defaults.names
 
     def get(key: str) -> int | None:
         v = limits.get(key, requests.get(key))
         return None if v is None else parse_k8s_int(v, f"{where} ({name}) {key}")
 
-    gpus, mem, pct, cores, prio = get(RES_GPU), get(RES_MEM), get(RES_MEM_PCT), get(RES_CORES), get(RES_PRIORITY)
-    if pct == 0:
-        pct = None  # HAMi treats 0 as unset
+    gpus, mem, pct = get(names.count), get(names.memory), get(names.memory_percentage)
+    cores, prio = get(names.cores), get(names.priority)
     if gpus is None and mem is None and pct is None and cores is None:
         return ContainerRequest(name=name, init=init, gpu=None)
+    # A written 0 is "not set" for memory and percent (HAMi's request parser);
+    # the key being there still asks for a GPU, as HAMi's webhook counts keys.
+    if pct == 0:
+        pct = None
+    if mem == 0:
+        mem = None
     label = f"{where} ({name})"
     if gpus == 0:
         if mem is not None or pct is not None or cores is not None:
-            raise RequestError(f"{label}: {RES_GPU} is 0 but GPU memory or cores are requested; "
-                               f"set {RES_GPU} to 1 or more, or remove the others")
+            raise RequestError(f"{label}: {names.count} is 0 but GPU memory or cores are requested; "
+                               f"set {names.count} to 1 or more, or remove the others")
         return ContainerRequest(name=name, init=init, gpu=None)
     if gpus is not None and gpus > 64:
-        raise RequestError(f"{label} {RES_GPU}: {gpus} GPUs requested; accepted: 1 to 64")
+        raise RequestError(f"{label} {names.count}: {gpus} GPUs requested; accepted: 1 to 64")
     if mem is not None and pct is not None:
-        raise RequestError(f"{label}: set one of {RES_MEM} ({mem}) and {RES_MEM_PCT} ({pct}), not both")
-    if mem is not None and mem == 0:
-        raise RequestError(f"{label} {RES_MEM}: must be at least 1 MiB, got 0")
+        raise RequestError(f"{label}: set one of {names.memory} ({mem}) and {names.memory_percentage} ({pct}), "
+                           "not both")
     if pct is not None and not 1 <= pct <= 100:
-        raise RequestError(f"{label} {RES_MEM_PCT}: bad value {pct}; accepted: 1 to 100")
+        raise RequestError(f"{label} {names.memory_percentage}: bad value {pct}; accepted: 1 to 100")
     if cores is not None and not 0 <= cores <= 100:
-        raise RequestError(f"{label} {RES_CORES}: bad value {cores}; accepted: 0 to 100 (100 = whole GPU, exclusive)")
+        raise RequestError(f"{label} {names.cores}: bad value {cores}; accepted: 0 to 100 (100 = whole GPU, "
+                           "exclusive)")
     if prio is not None and prio not in (0, 1):
-        raise RequestError(f"{label} {RES_PRIORITY}: bad value {prio}; accepted: 0 (high) or 1 (low)")
+        raise RequestError(f"{label} {names.priority}: bad value {prio}; accepted: 0 (high) or 1 (low)")
+    if mem is not None:
+        mem *= defaults.memory_factor
+        if mem > 1 << 30:
+            raise RequestError(f"{label} {names.memory}: {mem} MiB (after memoryFactor "
+                               f"{defaults.memory_factor}) is larger than any GPU")
 
     count = gpus if gpus is not None else defaults.gpu_num
+    # The whole card, as the pod wrote it (no memory, or 100 percent): HAMi's
+    # webhook makes that exclusive whether the GPU count was written or added.
+    whole_card = mem is None and pct in (None, 100)
     if mem is None and pct is None:
         if defaults.memory_mib:
             mem = defaults.memory_mib
         else:
             pct = 100
-    whole_card = pct == 100 and mem is None
     if cores is None:
-        cores = 100 if (gpus is not None and whole_card) else defaults.cores
+        cores = 100 if (whole_card and pct == 100) else defaults.cores
     mode = _choice(ann, ANN_MODE, MODES)
     gpu = GpuRequest(
         count=count, mem_mib=mem, mem_percent=pct, cores=0 if mode == "mig" else cores, mode=mode,
@@ -144,9 +183,12 @@ def parse_pod(pod: Any, defaults: Defaults = Defaults()) -> Request:
     if not any(not c.init for c in conts):
         raise RequestError("spec.containers: a pod needs at least one container")
     uid = meta.get("uid")
+    gpu_policy = ann.get(ANN_GPU_POLICY)
+    weights = ann.get(ANN_SCORING_WEIGHTS)
     return Request(
         owner=f"pod:{ns}/{name}", containers=tuple(conts),
         node_policy=_choice(ann, ANN_NODE_POLICY, POLICIES),
-        gpu_policy=_choice(ann, ANN_GPU_POLICY, POLICIES),
+        gpu_policy=None if gpu_policy in (None, "") else parse_gpu_policy(gpu_policy, f"annotation {ANN_GPU_POLICY}"),
         uid=uid if isinstance(uid, str) else None,
+        weights=None if weights in (None, "") else ScoringWeights.parse(weights, f"annotation {ANN_SCORING_WEIGHTS}"),
     )

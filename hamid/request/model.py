@@ -2,17 +2,101 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import HamidError
 
 MODES = ("hami-core", "mig")
-POLICIES = ("binpack", "spread")
+POLICIES = ("binpack", "spread")  # node policies
+GPU_POLICIES = ("spread", "binpack", "topology-aware", "mutex")  # one of these, optionally with "numa"
+GPU_POLICY_FORMS = ("spread, binpack, topology-aware, mutex or numa, or a comma-separated chain of one of the "
+                    "first four and numa (binpack,numa)")
+ECHO_MAX = 64
 
 
 class RequestError(HamidError):
     """A request could not be parsed; the message names the bad part."""
+
+
+def echo(text: str, limit: int = ECHO_MAX) -> str:
+    """``text`` for an error message: quoted, cut to ``limit`` characters."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "…"
+
+
+def parse_gpu_policy(text: str, what: str) -> str:
+    """A GPU policy or chain (``binpack,numa``) to its canonical form.
+
+    A chain holds at most one ranking policy (spread, binpack,
+    topology-aware, mutex) and optionally ``numa``; ``numa`` alone is
+    ``spread,numa``. Anything else is refused with the accepted forms.
+    """
+    if not isinstance(text, str):
+        raise RequestError(f"{what}: expected a string, got {text!r}")
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise RequestError(f"{what}: bad value {echo(text)}: empty entry; accepted: {GPU_POLICY_FORMS}")
+    primary = [p for p in parts if p in GPU_POLICIES]
+    bad = [p for p in parts if p not in GPU_POLICIES and p != "numa"]
+    if bad:
+        raise RequestError(f"{what}: unknown policy {echo(bad[0])} in {echo(text)}; accepted: {GPU_POLICY_FORMS}")
+    if len(primary) > 1 or parts.count("numa") > 1:
+        raise RequestError(f"{what}: {echo(text)} names more than one ranking policy; accepted: {GPU_POLICY_FORMS}")
+    out = primary[0] if primary else "spread"
+    return out + ",numa" if "numa" in parts else out
+
+
+@dataclass(frozen=True)
+class ScoringWeights:
+    """``hami.io/device-scoring-weights``: weights of the share-slot, core and
+    memory fractions in the GPU score (HAMi's default is 1 each)."""
+
+    slot: float = 1.0
+    core: float = 1.0
+    memory: float = 1.0
+
+    FORMS = "slot=<n>,core=<n>,memory=<n>: all three keys, each a number >= 0, at least one above 0"
+
+    @classmethod
+    def parse(cls, text: str, what: str) -> "ScoringWeights":
+        if not isinstance(text, str):
+            raise RequestError(f"{what}: expected a string, got {text!r}")
+        got: dict[str, float] = {}
+        for part in text.split(","):
+            k, eq, v = part.partition("=")
+            k, v = k.strip(), v.strip()
+            if not eq or k not in ("slot", "core", "memory"):
+                raise RequestError(f"{what}: bad item {echo(part.strip())}; accepted: {cls.FORMS}")
+            if k in got:
+                raise RequestError(f"{what}: {k} is given twice in {echo(text)}")
+            if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6})?", v, re.ASCII):
+                raise RequestError(f"{what}: {k}={echo(v)} is not a number >= 0; accepted: {cls.FORMS}")
+            got[k] = float(v)
+        missing = [k for k in ("slot", "core", "memory") if k not in got]
+        if missing:
+            raise RequestError(f"{what}: {', '.join(missing)} missing in {echo(text)}; accepted: {cls.FORMS}")
+        if not any(got.values()):
+            raise RequestError(f"{what}: all weights are 0 in {echo(text)}; accepted: {cls.FORMS}")
+        return cls(got["slot"], got["core"], got["memory"])
+
+
+@dataclass(frozen=True)
+class ResourceNames:
+    """The Kubernetes resource names a pod asks with (HAMi's
+    ``resourceCountName``... keys; defaults are HAMi's)."""
+
+    count: str = "nvidia.com/gpu"
+    memory: str = "nvidia.com/gpumem"
+    memory_percentage: str = "nvidia.com/gpumem-percentage"
+    cores: str = "nvidia.com/gpucores"
+    priority: str = "nvidia.com/priority"
+
+    @classmethod
+    def from_settings(cls, s: Any) -> "ResourceNames":
+        return cls(count=s.resourceCountName, memory=s.resourceMemoryName,
+                   memory_percentage=s.resourceMemoryPercentageName, cores=s.resourceCoreName,
+                   priority=s.resourcePriorityName)
 
 
 @dataclass(frozen=True)
@@ -22,10 +106,14 @@ class Defaults:
     memory_mib: int = 0  # 0: the whole card
     cores: int = 0
     gpu_num: int = 1
+    memory_factor: int = 1  # nvidia.com/gpumem is multiplied by it (HAMi's memoryFactor)
+    names: ResourceNames = ResourceNames()
 
     @classmethod
     def from_settings(cls, s: Any) -> "Defaults":
-        return cls(memory_mib=s.defaultMemory, cores=s.defaultCores, gpu_num=s.defaultGPUNum)
+        names = ResourceNames.from_settings(s) if hasattr(s, "resourceCountName") else ResourceNames()
+        return cls(memory_mib=s.defaultMemory, cores=s.defaultCores, gpu_num=s.defaultGPUNum,
+                   memory_factor=getattr(s, "memoryFactor", 1), names=names)
 
 
 @dataclass(frozen=True)
@@ -74,8 +162,9 @@ class Request:
     owner: str  # "pod:<namespace>/<name>" or "docker:<container id>"
     containers: tuple[ContainerRequest, ...] = field(default=())
     node_policy: str | None = None
-    gpu_policy: str | None = None
+    gpu_policy: str | None = None  # canonical GPU policy or chain (parse_gpu_policy)
     uid: str | None = None
+    weights: ScoringWeights | None = None  # hami.io/device-scoring-weights
 
     @property
     def wants_gpu(self) -> bool:
@@ -112,12 +201,23 @@ class Request:
                     kw[f.name] = _typed(g[f.name], f.name, f"{where}.gpu.{f.name}")
                 gpu = GpuRequest(**kw)
             conts.append(ContainerRequest(name=c["name"], init=bool(c.get("init", False)), gpu=gpu))
-        for k in ("node_policy", "gpu_policy"):
-            if d.get(k) not in (None, *POLICIES):
-                raise RequestError(f"request.{k}: bad value {d.get(k)!r}; accepted: {', '.join(POLICIES)}")
+        if d.get("node_policy") not in (None, *POLICIES):
+            raise RequestError(f"request.node_policy: bad value {d.get('node_policy')!r}; "
+                               f"accepted: {', '.join(POLICIES)}")
+        gpu_policy = d.get("gpu_policy")
+        if gpu_policy is not None:
+            gpu_policy = parse_gpu_policy(gpu_policy, "request.gpu_policy")
+        w = d.get("weights")
+        weights = None
+        if w is not None:
+            if not isinstance(w, dict) or set(w) != {"slot", "core", "memory"} or not all(
+                    isinstance(w[k], (int, float)) and not isinstance(w[k], bool) and w[k] >= 0 for k in w) \
+                    or not any(w.values()):
+                raise RequestError(f"request.weights: bad value {w!r}; accepted: {ScoringWeights.FORMS}")
+            weights = ScoringWeights(float(w["slot"]), float(w["core"]), float(w["memory"]))
         uid = d.get("uid")
         return cls(owner=owner, containers=tuple(conts), node_policy=d.get("node_policy"),
-                   gpu_policy=d.get("gpu_policy"), uid=uid if isinstance(uid, str) else None)
+                   gpu_policy=gpu_policy, uid=uid if isinstance(uid, str) else None, weights=weights)
 
 
 _INT_FIELDS = {"count": (1, 64), "mem_mib": (1, 1 << 30), "mem_percent": (1, 100), "cores": (0, 100),

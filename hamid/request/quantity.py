@@ -4,32 +4,31 @@ from __future__ import annotations
 
 import re
 
-from .model import RequestError
+from .model import RequestError, echo
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
-_UNIT_MIB = {
-    "": 1, "m": 1, "mi": 1, "mb": 1, "mib": 1,
-    "g": 1024, "gi": 1024, "gb": 1024, "gib": 1024,
-    "t": 1024 * 1024, "ti": 1024 * 1024, "tb": 1024 * 1024, "tib": 1024 * 1024,
-}
-SIZE_FORMS = "an integer number of MiB (4096), or with a unit: 512m, 4g, 1t (binary: m=MiB, g=GiB, t=TiB)"
+# ASCII digits and the lower-case units the README documents, nothing else:
+# ``\d`` would also take Arabic-Indic or full-width digits, which int() reads.
+_SIZE = re.compile(r"([0-9]{1,9})([mgt]?)", re.ASCII)
+_UNIT_MIB = {"": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
+SIZE_FORMS = ("an integer number of MiB (4096), or with a lower-case unit: 512m, 4g, 1t "
+              "(binary: m=MiB, g=GiB, t=TiB; ASCII digits)")
 
 # Kubernetes quantity suffixes that keep an integer value.
-_K8S = re.compile(r"^\s*(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?\s*$")
+_K8S = re.compile(r"^\s*([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?\s*$", re.ASCII)
 _K8S_MULT = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
              "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
 
 def parse_size_mib(text: str, what: str) -> int:
     """``4096`` (MiB), ``512m``, ``4g``... to MiB. ``what`` names the field."""
-    m = _SIZE.match(text)
-    if not m or m.group(2).lower() not in _UNIT_MIB:
-        raise RequestError(f"{what}: bad size {text!r}; accepted: {SIZE_FORMS}")
-    mib = int(m.group(1)) * _UNIT_MIB[m.group(2).lower()]
+    m = _SIZE.fullmatch(text.strip(" "))
+    if not m:
+        raise RequestError(f"{what}: bad size {echo(text)}; accepted: {SIZE_FORMS}")
+    mib = int(m.group(1)) * _UNIT_MIB[m.group(2)]
     if mib <= 0:
-        raise RequestError(f"{what}: size {text!r} must be more than 0")
+        raise RequestError(f"{what}: size {echo(text)} must be more than 0")
     if mib > 1 << 30:
-        raise RequestError(f"{what}: size {text!r} is larger than any GPU")
+        raise RequestError(f"{what}: size {echo(text)} is larger than any GPU")
     return mib
 
 
