@@ -11,7 +11,8 @@ import pytest
 
 from simnodes import node_view
 
-from hamid.ledger import Ledger, LedgerConflict, LedgerError
+from hamid.ledger import Abandoned, IllegalTransition, Ledger, LedgerConflict, LedgerError, claimant_id
+from hamid.node.identity import Owner, OwnerError
 from hamid.placement import place
 from hamid.request import parse_docker_env
 
@@ -76,7 +77,7 @@ def test_durable_wal_and_private(tmp_path):
     path = tmp_path / "state" / "l.db"
     led = new_ledger(path)
     led.reserve(req("a"), kind="docker")
-    led.update("docker:a", state="active", mig={"GPU-x": {"gi": 1, "ci": 0, "uuid": "MIG-y"}})
+    led.transition("docker:a", "allocated", mig={"GPU-x": {"gi": 1, "ci": 0, "uuid": "MIG-y"}})
     led.close()
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
@@ -85,7 +86,7 @@ def test_durable_wal_and_private(tmp_path):
     db.close()
     again = Ledger(path)
     r = again.get("docker:a")
-    assert r.state == "active" and r.mig["GPU-x"]["gi"] == 1
+    assert r.state == "allocated" and r.mig["GPU-x"]["gi"] == 1
 
 
 def test_no_inventory_is_a_clear_error(tmp_path):
@@ -98,9 +99,90 @@ def test_reconcile_releases_only_the_dead(tmp_path):
     led = new_ledger(tmp_path / "l.db")
     for c in ("a", "b", "c"):
         led.reserve(req(c, "mem=1g"), kind="docker")
-    gone = led.reconcile(lambda r: r.owner != "docker:b")
+    gone = led.stale(lambda r: r.owner != "docker:b", claimant_id())
     assert [r.owner for r in gone] == ["docker:b"]
-    assert sorted(r.owner for r in led.list()) == ["docker:a", "docker:c"]
+
+
+def test_states_move_only_forward_and_illegal_moves_are_errors(tmp_path):
+    led = new_ledger(tmp_path / "l.db")
+    assert led.reserve(req("a", "mem=1g"), kind="docker").state == "reserved"
+    with pytest.raises(IllegalTransition, match="reserved -> running is not allowed"):
+        led.transition("docker:a", "running")
+    assert led.transition("docker:a", "allocated").state == "allocated"
+    assert led.transition("docker:a", "running").state == "running"
+    with pytest.raises(IllegalTransition, match="running -> allocated"):
+        led.transition("docker:a", "allocated")
+    me = claimant_id()
+    res, mine = led.begin_release("docker:a", me)
+    assert mine and res.state == "releasing"
+    with pytest.raises(IllegalTransition, match="releasing -> running"):
+        led.transition("docker:a", "running")
+    # the row still books its GPU while releasing: nothing else can take it
+    assert led.view().gpus[0].mem_used + led.view().gpus[1].mem_used == 1024
+    assert led.finish_release("docker:a", me) and led.get("docker:a") is None
+
+
+def test_a_release_claim_belongs_to_one_live_process(tmp_path):
+    led = new_ledger(tmp_path / "l.db")
+    led.reserve(req("a", "mem=1g"), kind="docker")
+    other = claimant_id(os.getppid())  # a live process that is not us
+    assert led.begin_release("docker:a", other)[1] is True
+    res, mine = led.begin_release("docker:a", claimant_id())
+    assert res is not None and not mine  # someone alive is tearing it down
+    assert not led.finish_release("docker:a", claimant_id())
+    dead = "999999999@1"  # no such process: its claim is taken over
+    led2 = new_ledger(tmp_path / "m.db")
+    led2.reserve(req("b", "mem=1g"), kind="docker")
+    assert led2.begin_release("docker:b", dead)[1]
+    assert [r.owner for r in led2.stale(lambda r: True, claimant_id())] == ["docker:b"]
+    assert led2.begin_release("docker:b", claimant_id())[1]
+
+
+def test_owner_is_the_uid_so_a_recreated_pod_with_the_same_name_is_new(tmp_path):
+    led = new_ledger(tmp_path / "l.db")
+    old = Owner("pod", "0d6f0a9e-1111-4c6b-9b0e-000000000001", name="default/web")
+    new = Owner("pod", "0d6f0a9e-2222-4c6b-9b0e-000000000002", name="default/web")
+    r1 = led.reserve(req("x", "mem=1g"), owner=old)
+    r2 = led.reserve(req("x", "mem=2g"), owner=new)
+    assert r1.owner != r2.owner and r1.name == r2.name == "default/web"
+    assert r2.decision.containers[0].devices[0].mem_mib == 2048  # not the stale one's
+    assert {r.owner for r in led.list()} == {old.key, new.key}
+    with pytest.raises(OwnerError, match="owner uid: bad value"):
+        Owner("pod", "../etc")
+
+
+def test_an_abandoned_request_commits_nothing(tmp_path):
+    import time
+
+    led = new_ledger(tmp_path / "l.db")
+    with pytest.raises(Abandoned, match="deadline passed"):
+        led.reserve(req("a", "mem=1g"), kind="docker", deadline=time.time() - 1)
+    assert led.list() == []
+    assert led.reserve(req("a", "mem=1g"), kind="docker", deadline=time.time() + 5).state == "reserved"
+
+
+def test_a_schema_1_ledger_is_upgraded_in_place(tmp_path):
+    import json
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE gpus (uuid TEXT PRIMARY KEY, idx INTEGER NOT NULL, capacity TEXT NOT NULL);
+        CREATE TABLE reservations (owner TEXT PRIMARY KEY, kind TEXT NOT NULL, state TEXT NOT NULL,
+            created REAL NOT NULL, request TEXT NOT NULL, decision TEXT NOT NULL,
+            mig TEXT NOT NULL DEFAULT '{}', details TEXT NOT NULL DEFAULT '{}');
+        INSERT INTO meta VALUES ('schema', '1');
+    """)
+    dec = {"node": "node-a", "containers": [{"name": "main", "init": False, "devices": []}]}
+    db.execute("INSERT INTO reservations VALUES ('docker:z', 'docker', 'active', 1.0, '{}', ?, '{}', '{}')",
+               (json.dumps(dec),))
+    db.commit()
+    db.close()
+    led = Ledger(path)
+    r = led.get("docker:z")
+    assert r.state == "running" and r.name == ""
+    assert led._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == "2"
 
 
 def _hammer(path: str, worker: int, rounds: int, seed: int, out) -> None:

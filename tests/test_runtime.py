@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from hamid.runtime.argv import parse
-from hamid.node.released import drain, mark, pending
+from hamid.node.released import mark, pending
+from hamid.node.identity import Owner
+from hamid.request import parse_docker_env
+from nodeharness import make_node
 
 BIN = Path(sys.executable).parent
 LAUNCHER = BIN / "hamid-runtime"
@@ -56,13 +59,20 @@ def test_launcher_poststop_drops_a_marker_and_refuses_bad_ids(tmp_path):
 
 
 def test_drain_releases_and_is_idempotent(tmp_path):
-    mark(str(tmp_path), "c1")
-    (tmp_path / "containers" / "c1").mkdir(parents=True)
-    released, destroyed = [], []
-    done = drain(str(tmp_path), lambda owner: released.append(owner) or {"owner": owner}, destroyed.append)
-    assert done == ["c1"] and released == ["docker:c1"] and destroyed == [{"owner": "docker:c1"}]
-    assert not (tmp_path / "containers" / "c1").exists() and pending(str(tmp_path)) == []
-    assert drain(str(tmp_path), lambda o: None, destroyed.append) == []
+    d = make_node(tmp_path / "s")
+    try:
+        req = parse_docker_env(["HAMI_VGPU_SPEC=mem=1g"], "c1")
+        got = d.core.admit(Owner("docker", "c1"), req)
+        rdir = tmp_path / "s" / "containers" / "c1"
+        assert rdir.is_dir() and (tmp_path / "s" / "limits" / "c1").is_file()
+        assert got.reservation.state == "allocated"
+        mark(str(tmp_path / "s"), "c1")
+        assert d.core.drain_released() == ["c1"]
+        assert d.ledger.get("docker:c1") is None and not rdir.exists()
+        assert not (tmp_path / "s" / "limits" / "c1").exists() and pending(str(tmp_path / "s")) == []
+        assert d.core.drain_released() == []
+    finally:
+        d.close()
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runc") or not shutil.which("busybox"),

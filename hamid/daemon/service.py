@@ -1,10 +1,13 @@
-"""``hamid run``: the parts as tasks in one trio nursery.
+"""``hamid run``: the node service and its faces, in one trio nursery.
 
-Start-up order: read the devices (the first log line says NVML or simulated),
-take the state directory's lock, open the ledger and record the inventory,
-reconcile once, then serve the local API and the metrics and reconcile
-periodically until SIGINT or SIGTERM. Blocking calls (NVML, SQLite) run in
-worker threads.
+Start-up order: take the state directory's lock (before anything is
+written, so a second daemon on the same directory changes nothing), read the
+devices (the first log line says NVML or simulated), open the ledger and
+record the inventory, install the shim, write the node's facts, finish
+pending releases and reconcile once; then start every face (local API,
+Docker, metrics, gossip, peer API as configured) and reconcile periodically
+until SIGINT or SIGTERM. Faces are built by :func:`build_faces`: a new face
+is one more entry there, and the loop that runs them does not change.
 """
 
 from __future__ import annotations
@@ -14,35 +17,27 @@ import fcntl
 import os
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
 
 from .. import __version__
 from ..config import Config, NodeSettings
 from ..devices import DeviceBackend, open_backend
 from ..errors import HamidError
 from ..ledger import Ledger
-from ..localapi import SOCKET_NAME
-from ..localapi.server import build_app
 from ..logs import get_logger
-from ..metrics.exporter import LedgerCollector, metrics_app, new_registry
-from .dirwatch import DirWatch
-from .inventory import capacity_views
-from .nodefacts import write_facts
-from ..runtime.liveness import docker_alive
-from ..runtime import released
-from ..runtime.layout import CONTAINERS_DIR, RELEASED_DIR
-from ..shimregion import register_collector
-from .reconcile import Reconciler, destroy_mig_of
+from ..node import devnodes
+from ..node.capacity import capacity_views
+from ..node.core import NodeCore
+from ..node.face import Face, collector_of, liveness_of
+from ..node.facts import NodeFacts, write_facts
+from ..node.layout import CONTAINERS_DIR, LEDGER_NAME, LOCK_NAME, SHIM_DIR, SOCKET_NAME
+from ..node.service import NodeService
+from ..request.model import Defaults
 
 log = get_logger("daemon")
-
-LEDGER_NAME = "ledger.db"
-LOCK_NAME = "hamid.lock"
 
 
 @dataclass
@@ -53,15 +48,30 @@ class Daemon:
     state_dir: Path
     backend: DeviceBackend
     ledger: Ledger
-    reconciler: Reconciler
+    core: NodeCore
+    lock_fd: int
+    service: NodeService = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.service = NodeService(self.core, self.backend_label)
 
     @property
     def backend_label(self) -> str:
         return f"{self.backend.kind} ({self.backend.description})"
 
+    def close(self) -> None:
+        self.core.close()
+        self.ledger.close()
+        self.backend.close()
+        os.close(self.lock_fd)
+
 
 def _take_lock(state_dir: Path) -> int:
-    fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise HamidError(f"cannot use state dir {state_dir}: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -88,37 +98,46 @@ def _clear_stale_socket(path: Path) -> None:
 
 def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
     """Everything before serving; raises HamidError with a message for the user."""
-    os.umask(0o077)  # every file and socket the daemon makes is private
-    backend = open_backend(simulate=settings.simulate, node_name=node,
-                           mig_enabled=settings.operatingMode == "mig", state_dir=Path(config.stateDir))
-    gpus = backend.gpus()
-    log.info("hamid starting", devices=backend.kind, inventory=backend.description, node=node,
-             gpus=len(gpus), version=__version__, state_dir=config.stateDir, mode=settings.operatingMode)
+    os.umask(0o077)  # every file and socket the daemon makes is private unless chmod-ed on purpose
     state_dir = Path(config.stateDir)
+    lock_fd = _take_lock(state_dir)  # first: a refused second daemon must not touch anything
     try:
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as e:
-        raise HamidError(f"cannot create state dir {state_dir}: {e.strerror}") from None
-    for g in gpus:
-        if g.mig_capable and (g.mig_enabled != (settings.operatingMode == "mig")):
-            log.warning("GPU MIG mode differs from operatingMode; the GPU's real mode wins",
-                        gpu=g.index, mig_enabled=g.mig_enabled, operating_mode=settings.operatingMode)
-    ledger = Ledger(state_dir / LEDGER_NAME)
-    ledger.set_inventory(node, capacity_views(gpus, settings), settings.gpuSchedulerPolicy)
-    shim = install_shim_for(config, state_dir)
-    write_facts(state_dir, {
-        "devices": {"kind": backend.kind, "node": node, "mig_enabled": settings.operatingMode == "mig",
-                    "simulate": backend.description if backend.kind == "simulated" else None},
-        "defaults": {"memory_mib": settings.defaultMemory, "cores": settings.defaultCores,
-                     "gpu_num": settings.defaultGPUNum},
-        "node_policy": settings.nodeSchedulerPolicy,
-        "gpu_minors": {g.uuid: g.minor for g in gpus if g.minor is not None},
-        "dev_root": config.devRoot, "caps_root": config.migCapsRoot,
-        "shim": shim,
-    })
-    reconciler = Reconciler(ledger, backend)
-    reconciler.register("docker", docker_alive(config.dockerStartGrace))
-    return Daemon(config, settings, node, state_dir, backend, ledger, reconciler)
+        backend = open_backend(simulate=settings.simulate, node_name=node,
+                               mig_enabled=settings.operatingMode == "mig", state_dir=state_dir)
+        gpus = backend.gpus()
+        log.info("hamid starting", devices=backend.kind, inventory=backend.description, node=node,
+                 gpus=len(gpus), version=__version__, state_dir=config.stateDir, mode=settings.operatingMode)
+        for g in gpus:
+            if g.mig_capable and (g.mig_enabled != (settings.operatingMode == "mig")):
+                log.warning("GPU MIG mode differs from operatingMode; the GPU's real mode wins",
+                            gpu=g.index, mig_enabled=g.mig_enabled, operating_mode=settings.operatingMode)
+        _clear_stale_socket(state_dir / SOCKET_NAME)
+        ledger = Ledger(state_dir / LEDGER_NAME)
+        ledger.set_inventory(node, capacity_views(gpus, settings), settings.gpuSchedulerPolicy)
+        shim = install_shim_for(config, state_dir)
+        real = backend.kind == "nvml"
+        gpu_nodes = {}
+        for g in gpus:
+            if g.minor is not None and (n := devnodes.gpu_node(config.devRoot, g.minor)) is not None:
+                gpu_nodes[g.uuid] = n
+        facts = NodeFacts(
+            node=node, state_dir=str(state_dir),
+            backend={"kind": backend.kind, "mig_enabled": settings.operatingMode == "mig",
+                     "simulate": backend.description if not real else None},
+            gpu_minors={g.uuid: g.minor for g in gpus if g.minor is not None},
+            gpu_nodes=gpu_nodes, control_nodes=tuple(devnodes.control_nodes(config.devRoot)),
+            dev_root=config.devRoot, caps_root=config.migCapsRoot,
+            shim_library=shim["library"], shim_preload=shim["preload"],
+            defaults={"memory_mib": settings.defaultMemory, "cores": settings.defaultCores,
+                      "gpu_num": settings.defaultGPUNum},
+            node_policy=settings.nodeSchedulerPolicy)
+        write_facts(state_dir, facts)
+        (state_dir / CONTAINERS_DIR).mkdir(mode=0o700, exist_ok=True)
+        core = NodeCore(ledger, facts, lambda: backend)
+        return Daemon(config, settings, node, state_dir, backend, ledger, core, lock_fd)
+    except BaseException:
+        os.close(lock_fd)
+        raise
 
 
 def install_shim_for(config: Config, state_dir: Path) -> dict:
@@ -134,7 +153,7 @@ def install_shim_for(config: Config, state_dir: Path) -> dict:
         log.warning("no shim found; containers asking for memory or compute limits will be refused",
                     looked_in=candidates)
         return {"library": None, "preload": None}
-    dest = state_dir / "shim"
+    dest = state_dir / SHIM_DIR
     try:
         lib = install_shim(src, dest)
     except ShimInstallError as e:
@@ -151,130 +170,94 @@ def install_shim_for(config: Config, state_dir: Path) -> dict:
     return {"library": str(lib), "preload": str(preload)}
 
 
-async def _serve_app(app, bind: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    cfg = HyperConfig()
-    cfg.bind = [bind]
-    cfg.accesslog = None
-    cfg.errorlog = None
-    cfg.graceful_timeout = 1.0
-    await serve(app, cfg, task_status=task_status)
-
-
-def gossip_service(d: Daemon):
-    """The gossip service when ``gossipListen`` is set, else None. Its capacity
-    document is read from the ledger in a worker thread."""
-    c = d.config
-    if not c.gossipListen:
+def _keyring(c: Config):
+    if not c.gossipKeyFile:
         return None
     from ..gossip.keyring import Keyring
-    from ..gossip.params import GossipParams
-    from ..gossip.service import GossipService
 
-    keyring = Keyring.load(c.gossipKeyFile) if c.gossipKeyFile else None
-    if keyring is None:
-        log.warning("gossip without a key: frames are neither encrypted nor authenticated (gossipKeyFile)")
-    return GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=tuple(c.gossipJoin),
-                         advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
-                         read_stamp=d.ledger.change_stamp)
+    return Keyring.load(c.gossipKeyFile)
 
 
-def _committed(commits, gossip, result: str) -> None:
-    commits.labels(result).inc()
-    if gossip is not None and result == "ok":
-        gossip.poke()
+def build_faces(d: Daemon):
+    """The faces this daemon runs, by configuration, and the metrics registry
+    their collectors are registered with. The metrics face comes last, so
+    every other face's collector is in its registry before it serves."""
+    from ..docker.face import DockerFace
+    from ..localapi.server import LocalApiFace
+    from ..metrics.exporter import LedgerCollector, new_registry
+    from ..metrics.face import MetricsFace
+    from ..shimregion import register_collector
+
+    c = d.config
+    registry, commits = new_registry()
+    registry.register(LedgerCollector(d.ledger, lambda: d.backend_label))
+    # what the shim measures inside each container (its region file)
+    register_collector(registry, d.state_dir / CONTAINERS_DIR, lambda name: ("docker", name, "main"))
+    d.service.subscribe(lambda event, key: commits.labels("conflict" if event == "conflict" else "ok").inc()
+                        if event in ("admitted", "committed", "conflict") else None)
+    faces: list[Face] = []
+    gossip = None
+    if c.gossipListen:
+        from ..gossip.params import GossipParams
+        from ..gossip.service import GossipService
+
+        keyring = _keyring(c)
+        if keyring is None:
+            log.warning("gossip without a key: frames are neither encrypted nor authenticated (gossipKeyFile)")
+        gossip = GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=tuple(c.gossipJoin),
+                               advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
+                               read_stamp=d.ledger.change_stamp)
+        d.service.subscribe(lambda event, key: gossip.poke() if event != "conflict" else None)
+    faces.append(LocalApiFace(d.service, str(d.state_dir / SOCKET_NAME),
+                              defaults=Defaults.from_settings(d.settings),
+                              cluster=gossip.cluster_document if gossip is not None else None))
+    faces.append(DockerFace(d.service, poll_interval=c.releasePollInterval, net_interval=c.reconcileInterval,
+                            start_grace=c.dockerStartGrace))
+    if gossip is not None:
+        faces.append(gossip)
+    if getattr(c, "peerListen", None):
+        from ..peer.server import PeerFace
+
+        faces.append(PeerFace(d.service, _keyring(c), c.peerListen, insecure=getattr(c, "peerInsecure", False)))
+    for f in faces:
+        col = collector_of(f)
+        if col is not None:
+            registry.register(col)
+    if c.metricsPort:
+        faces.append(MetricsFace(registry, f"{c.metricsAddress}:{c.metricsPort}"))
+    return faces
 
 
-def drain_released(d: Daemon) -> list[str]:
-    """Finish the releases that poststop hooks left as markers (blocking)."""
-    def release(owner: str) -> dict | None:
-        r = d.ledger.release(owner)
-        return r.to_dict() if r else None
-
-    done = released.drain(str(d.state_dir), release, lambda res: destroy_mig_of(d.backend, res))
-    for cid in done:
-        log.info("released", owner=f"docker:{cid}", by="poststop")
-    return done
-
-
-async def _drain_loop(d: Daemon) -> None:
-    """Drain poststop markers as they appear: an inotify watch on the markers'
-    directory wakes the loop (an idle daemon does not wake at all); where no
-    watch can be had, it polls every ``releasePollInterval``. With a watch it
-    still looks every ``reconcileInterval``, a net for anything a watch missed."""
-    rdir = d.state_dir / RELEASED_DIR
-    watch: DirWatch | None = None
-    polling = False
-    try:
-        while True:
-            if polling:
-                await trio.sleep(d.config.releasePollInterval)
-            elif watch is None or watch.broken:  # (re)open, then look at once: a marker may predate the watch
-                if watch is not None:
-                    watch.close()
-                try:
-                    rdir.mkdir(mode=0o700, exist_ok=True)
-                except OSError as e:  # the state dir itself is gone or unwritable: look again later
-                    log.warning("cannot create the release markers' directory", path=str(rdir), error=e.strerror)
-                    watch = None
-                    await trio.sleep(d.config.reconcileInterval)
-                    continue
-                watch = DirWatch.open(str(rdir))
-                polling = watch is None
-            else:
-                with trio.move_on_after(d.config.reconcileInterval):
-                    await watch.wait()
-            if released.pending(str(d.state_dir)):
-                await trio.to_thread.run_sync(drain_released, d)
-    finally:
-        if watch is not None:
-            watch.close()
-
-
-async def _reconcile_loop(d: Daemon) -> None:
+async def _reconcile_loop(d: Daemon, liveness) -> None:
     while True:
         await trio.sleep(d.config.reconcileInterval)
-        await trio.to_thread.run_sync(d.reconciler.run_once)
+        await d.service.reconcile(liveness)
 
 
 async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled or signalled."""
-    lock_fd = _take_lock(d.state_dir)
     sock = d.state_dir / SOCKET_NAME
     try:
-        _clear_stale_socket(sock)
-        await trio.to_thread.run_sync(drain_released, d)
-        await trio.to_thread.run_sync(d.reconciler.run_once)
-        registry, commits = new_registry()
-        registry.register(LedgerCollector(d.ledger, lambda: d.backend_label))
-        # What the shim measures inside each Docker container (its region file).
-        register_collector(registry, d.state_dir / CONTAINERS_DIR, lambda name: ("docker", name, "main"))
-        gossip = gossip_service(d)
-        if gossip is not None:
-            registry.register(gossip.collector())
-        api = build_app(d.ledger, d.backend_label, d.settings.nodeSchedulerPolicy,
-                        on_commit=lambda result: _committed(commits, gossip, result),
-                        cluster=gossip.cluster_document if gossip is not None else None)
+        faces = build_faces(d)
+        liveness = {}
+        for f in faces:
+            liveness.update(liveness_of(f))
+        await d.service.drain_released()
+        await d.service.reconcile(liveness)
         async with trio.open_nursery() as nursery:
-            await nursery.start(_serve_app, api, f"unix:{sock}")
-            os.chmod(sock, 0o600)
-            if d.config.metricsPort:
-                await nursery.start(_serve_app, metrics_app(registry),
-                                    f"{d.config.metricsAddress}:{d.config.metricsPort}")
-            if gossip is not None:
-                await nursery.start(gossip.run)
-            nursery.start_soon(_reconcile_loop, d)
-            nursery.start_soon(_drain_loop, d)
+            for f in faces:
+                await nursery.start(f.run)
+            nursery.start_soon(_reconcile_loop, d, liveness)
             nursery.start_soon(_wait_for_signal, nursery.cancel_scope)
-            log.info("serving", socket=str(sock), metrics_port=d.config.metricsPort or None)
+            log.info("serving", socket=str(sock), faces=[f.name for f in faces],
+                     metrics_port=d.config.metricsPort or None)
             task_status.started()
     finally:
         try:
             sock.unlink()
         except FileNotFoundError:
             pass
-        d.ledger.close()
-        d.backend.close()
-        os.close(lock_fd)
+        d.close()
         log.info("stopped")
 
 

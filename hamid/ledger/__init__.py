@@ -7,6 +7,8 @@ processes (the daemon and a runtime hook) committing at once never overbook a
 GPU, and no node-wide lock is held between proposing and committing.
 """
 
-from .store import Ledger, LedgerConflict, LedgerError, Reservation
+from .store import (STATES, TRANSITIONS, Abandoned, IllegalTransition, Ledger, LedgerConflict, LedgerError,
+                    Reservation, claimant_alive, claimant_id)
 
-__all__ = ["Ledger", "LedgerConflict", "LedgerError", "Reservation"]
+__all__ = ["STATES", "TRANSITIONS", "Abandoned", "IllegalTransition", "Ledger", "LedgerConflict", "LedgerError",
+           "Reservation", "claimant_alive", "claimant_id"]

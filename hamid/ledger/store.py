@@ -2,10 +2,22 @@
 
 Tables: ``meta`` (node name, node settings, schema version), ``gpus`` (the
 capacity of each GPU under the node's settings, written at start-up by whoever
-read the devices) and ``reservations`` (one row per owner: the request, the
-committed decision, MIG instances created for it, and free-form details such
+read the devices) and ``reservations`` (one row per owner, keyed by its stable
+identity ``<kind>:<uid>`` with its display name beside it: the request, the
+committed decision, its state, MIG instances created for it, and details such
 as the container's directory). Use is never stored: it is derived from the
 reservations each time, so it cannot drift from them.
+
+A reservation moves through checked states (:data:`TRANSITIONS`)::
+
+    reserved -> allocated -> running -> releasing -> (row deleted: gone)
+
+``releasing`` is entered by exactly one claimant (a process, named with its
+start time so a recycled pid is not mistaken for it) that tears down what the
+reservation holds (MIG instances, directories) and only then deletes the row:
+until then the row keeps its GPUs booked, so nothing can be given a
+placement whose old instance still exists. A claim whose process is gone is
+taken over by the next release.
 """
 
 from __future__ import annotations
@@ -27,7 +39,15 @@ from ..placement.usage import with_usage
 from ..placement.view import GpuView, gpu_view_from_dict, gpu_view_to_dict
 from ..request.model import Request
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+STATES = ("reserved", "allocated", "running", "releasing")
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "reserved": frozenset({"allocated", "releasing"}),  # MIG made and edits delivered; or given up
+    "allocated": frozenset({"running", "releasing"}),  # the container started; or never did
+    "running": frozenset({"releasing"}),
+    "releasing": frozenset(),  # only ends by deleting the row
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -40,13 +60,32 @@ CREATE TABLE IF NOT EXISTS reservations (
     request TEXT NOT NULL,
     decision TEXT NOT NULL,
     mig TEXT NOT NULL DEFAULT '{}',
-    details TEXT NOT NULL DEFAULT '{}'
+    details TEXT NOT NULL DEFAULT '{}',
+    name TEXT NOT NULL DEFAULT '',
+    claim TEXT
 );
+"""
+
+# Schema 1 -> 2: the owner's display name, the release claim, states renamed.
+_MIGRATE_1_2 = """
+ALTER TABLE reservations ADD COLUMN name TEXT NOT NULL DEFAULT '';
+ALTER TABLE reservations ADD COLUMN claim TEXT;
+UPDATE reservations SET state = 'running' WHERE state = 'active';
+UPDATE meta SET value = '2' WHERE key = 'schema';
 """
 
 
 class LedgerError(HamidError):
     """The ledger cannot do what was asked (bad file, missing inventory...)."""
+
+
+class IllegalTransition(LedgerError):
+    """A state change the lifecycle does not allow (e.g. releasing -> running)."""
+
+
+class Abandoned(LedgerError):
+    """The caller's deadline passed before the change could be committed: its
+    caller has given up on the answer, so nothing is committed for it."""
 
 
 class LedgerConflict(LedgerError):
@@ -59,25 +98,66 @@ class LedgerConflict(LedgerError):
 
 @dataclass(frozen=True)
 class Reservation:
-    owner: str
+    owner: str  # the key: "<kind>:<uid>" (a pod's UID, a container's id)
     kind: str  # "docker" or "pod"
-    state: str  # "reserved" or "active"
+    state: str  # one of STATES
     created: float
     request: dict[str, Any]
     decision: Decision
-    mig: dict[str, dict[str, Any]] = field(default_factory=dict)  # gpu uuid -> {gi, ci, uuid}
+    mig: dict[str, dict[str, Any]] = field(default_factory=dict)  # gpu uuid -> {gi, ci, uuid, caps}
     details: dict[str, Any] = field(default_factory=dict)
+    name: str = ""  # for display: "namespace/name" or the container's name
+
+    @property
+    def uid(self) -> str:
+        return self.owner.partition(":")[2]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"owner": self.owner, "kind": self.kind, "state": self.state, "created": self.created,
-                "request": self.request, "decision": self.decision.to_dict(), "mig": self.mig,
-                "details": self.details}
+        return {"owner": self.owner, "kind": self.kind, "name": self.name, "state": self.state,
+                "created": self.created, "request": self.request, "decision": self.decision.to_dict(),
+                "mig": self.mig, "details": self.details}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Reservation":
+        return cls(owner=d["owner"], kind=d["kind"], state=d["state"], created=d["created"],
+                   request=d.get("request") or {}, decision=Decision.from_dict(d["decision"]),
+                   mig=d.get("mig") or {}, details=d.get("details") or {}, name=d.get("name") or "")
 
 
 def _row(r: sqlite3.Row) -> Reservation:
     return Reservation(owner=r["owner"], kind=r["kind"], state=r["state"], created=r["created"],
                        request=json.loads(r["request"]), decision=Decision.from_dict(json.loads(r["decision"])),
-                       mig=json.loads(r["mig"]), details=json.loads(r["details"]))
+                       mig=json.loads(r["mig"]), details=json.loads(r["details"]), name=r["name"])
+
+
+def claimant_id(pid: int | None = None) -> str:
+    """This process as a release claimant: ``<pid>@<start time in ticks>``."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}@{_start_time(pid)}"
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return "gone"
+    # the command name (field 2) may hold spaces and parentheses: split after its last ')'
+    return stat.rsplit(b")", 1)[1].split()[19].decode()
+
+
+def claimant_alive(claim: str) -> bool:
+    pid, _, start = claim.partition("@")
+    try:
+        return _start_time(int(pid)) == start
+    except ValueError:
+        return False
+
+
+def _check_deadline(deadline: float | None, what: str) -> None:
+    if deadline is not None and time.time() > deadline:
+        raise Abandoned(f"{what}: its caller's deadline passed {time.time() - deadline:.1f} s ago, so it was "
+                        "not committed (the caller has given up waiting)")
 
 
 class Ledger:
@@ -107,6 +187,20 @@ class Ledger:
             self._db.executescript(_SCHEMA)
             self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
             got = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0]
+            if int(got) == 1:
+                cols = {r[1] for r in self._db.execute("PRAGMA table_info(reservations)")}
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    if "name" not in cols:
+                        for stmt in filter(str.strip, _MIGRATE_1_2.split(";")):
+                            self._db.execute(stmt)
+                    else:  # made by this schema's CREATE: only the version to set
+                        self._db.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+                got = SCHEMA_VERSION
             if int(got) > SCHEMA_VERSION:
                 raise LedgerError(f"ledger {self.path} has schema {got}, newer than this hamid ({SCHEMA_VERSION})")
         for suffix in ("-wal", "-shm"):
@@ -203,62 +297,82 @@ class Ledger:
         return _row(r) if r else None
 
     def _insert(self, db: sqlite3.Connection, owner: str, kind: str, request: dict, decision: Decision,
-                details: dict) -> Reservation:
+                details: dict, name: str) -> Reservation:
         others = (json.loads(r[0]).get("slots", {}) for r in db.execute("SELECT details FROM reservations"))
         details = dict(details)
         slots = timeslots.assign(decision, others)
         if slots:
             details["slots"] = slots
-        res = Reservation(owner=owner, kind=kind, state="reserved", created=time.time(), request=request,
-                          decision=decision, details=details)
-        db.execute("INSERT INTO reservations(owner, kind, state, created, request, decision, mig, details) "
-                   "VALUES (?, ?, ?, ?, ?, ?, '{}', ?)",
-                   (owner, kind, res.state, res.created, json.dumps(request), json.dumps(decision.to_dict()),
-                    json.dumps(res.details)))
+        db.execute("INSERT INTO reservations(owner, kind, state, created, request, decision, mig, details, name) "
+                   "VALUES (?, ?, 'reserved', ?, ?, ?, '{}', ?, ?)",
+                   (owner, kind, time.time(), json.dumps(request), json.dumps(decision.to_dict()),
+                    json.dumps(details), name))
         return self._existing(db, owner)  # as stored, so every caller sees one shape
 
-    def reserve(self, request: Request, *, kind: str, node_policy: str = "binpack",
-                details: dict | None = None) -> Reservation:
+    @staticmethod
+    def _key(owner: Any, kind: str | None) -> tuple[str, str, str]:
+        """(key, kind, name) from an ``Owner`` or a ``<kind>:<uid>`` string."""
+        if isinstance(owner, str):
+            k, sep, uid = owner.partition(":")
+            if not sep or not uid:
+                raise LedgerError(f"owner {owner!r}: expected <kind>:<uid>")
+            if kind is not None and k != kind:
+                raise LedgerError(f"owner {owner!r} is not of kind {kind!r}")
+            return owner, k, ""
+        return owner.key, owner.kind, owner.name
+
+    def reserve(self, request: Request, *, kind: str | None = None, owner: Any = None,
+                node_policy: str = "binpack", details: dict | None = None,
+                deadline: float | None = None) -> Reservation:
         """Place ``request`` on this node and commit it, in one transaction.
 
-        Idempotent per owner: asking again returns the existing reservation.
+        ``owner`` (a :class:`hamid.node.identity.Owner`) keys the reservation;
+        without one, ``request.owner`` (``<kind>:<uid>``) does. Idempotent per
+        owner: asking again returns the existing reservation. A ``deadline``
+        (wall-clock seconds) that has passed commits nothing (:class:`Abandoned`).
         """
+        key, kind, name = self._key(owner if owner is not None else request.owner, kind)
 
         def tx(db: sqlite3.Connection) -> Reservation:
-            existing = self._existing(db, request.owner)
+            _check_deadline(deadline, f"reservation for {key}")
+            existing = self._existing(db, key)
             if existing is not None:
                 return existing
             view = self._view(db)
             got = place(request, [view], node_policy)
             if isinstance(got, NoFit):
                 reasons = got.reasons.get(view.name, ())
-                raise LedgerConflict(f"{request.owner} does not fit on {view.name}:\n" + got.message(), reasons)
-            return self._insert(db, request.owner, kind, request.to_dict(), got, details or {})
+                raise LedgerConflict(f"{key} does not fit on {view.name}:\n" + got.message(), reasons)
+            return self._insert(db, key, kind, request.to_dict(), got, details or {}, name)
 
         return self._write(tx)
 
-    def commit(self, owner: str, decision: Decision, *, kind: str, request: dict | None = None,
-               details: dict | None = None) -> Reservation:
+    def commit(self, owner: Any, decision: Decision, *, kind: str | None = None, request: dict | None = None,
+               details: dict | None = None, deadline: float | None = None) -> Reservation:
         """Commit a decision someone else proposed, after re-checking it here."""
+        key, kind, name = self._key(owner, kind)
 
         def tx(db: sqlite3.Connection) -> Reservation:
-            existing = self._existing(db, owner)
+            _check_deadline(deadline, f"commit for {key}")
+            existing = self._existing(db, key)
             if existing is not None:
                 if existing.decision == decision:
                     return existing
-                raise LedgerConflict(f"{owner} already holds a different reservation on this node")
+                raise LedgerConflict(f"{key} already holds a different reservation on this node")
             view = self._view(db)
             if decision.node != view.name:
                 raise LedgerConflict(f"decision is for node {decision.node}, this ledger is {view.name}")
             problems = check(decision, view)
             if problems:
-                raise LedgerConflict(f"{owner} does not fit on {view.name}: " + "; ".join(problems), problems)
-            return self._insert(db, owner, kind, request or {}, decision, details or {})
+                raise LedgerConflict(f"{key} does not fit on {view.name}: " + "; ".join(problems), problems)
+            return self._insert(db, key, kind, request or {}, decision, details or {}, name)
 
         return self._write(tx)
 
     def release(self, owner: str) -> Reservation | None:
-        """Remove a reservation. Idempotent: ``None`` when there was none."""
+        """Delete a reservation that holds nothing to tear down. Idempotent:
+        ``None`` when there was none. Anything with MIG instances or
+        directories goes through :meth:`begin_release` / :meth:`finish_release`."""
 
         def tx(db: sqlite3.Connection) -> Reservation | None:
             existing = self._existing(db, owner)
@@ -268,21 +382,66 @@ class Ledger:
 
         return self._write(tx)
 
-    def update(self, owner: str, *, state: str | None = None, mig: dict | None = None,
-               details: dict | None = None) -> Reservation:
-        """Record progress on a reservation (state, created MIG instances, details)."""
+    def begin_release(self, owner: str, claimant: str) -> tuple[Reservation | None, bool]:
+        """Move ``owner`` to ``releasing`` under ``claimant``'s claim.
+
+        Returns (the reservation, whether this claimant now holds the claim).
+        (None, False) when there is no reservation; (r, False) when another
+        live claimant is tearing it down already.
+        """
+
+        def tx(db: sqlite3.Connection) -> tuple[Reservation | None, bool]:
+            row = db.execute("SELECT claim FROM reservations WHERE owner=?", (owner,)).fetchone()
+            if row is None:
+                return None, False
+            claim = row[0]
+            if claim and claim != claimant and claimant_alive(claim):
+                return self._existing(db, owner), False
+            db.execute("UPDATE reservations SET state='releasing', claim=? WHERE owner=?", (claimant, owner))
+            return self._existing(db, owner), True
+
+        return self._write(tx)
+
+    def finish_release(self, owner: str, claimant: str) -> bool:
+        """Delete the row if ``claimant`` still holds its release claim."""
+
+        def tx(db: sqlite3.Connection) -> bool:
+            cur = db.execute("DELETE FROM reservations WHERE owner=? AND state='releasing' AND claim=?",
+                             (owner, claimant))
+            return cur.rowcount > 0
+
+        return self._write(tx)
+
+    def transition(self, owner: str, to: str, *, mig: dict | None = None, details: dict | None = None,
+                   deadline: float | None = None) -> Reservation:
+        """Move a reservation to state ``to`` (checked against :data:`TRANSITIONS`;
+        staying in the same state is allowed and only records ``mig``/``details``)."""
+        if to not in STATES or to == "releasing":
+            raise LedgerError(f"state {to!r}: accepted: reserved, allocated, running (releasing: begin_release)")
 
         def tx(db: sqlite3.Connection) -> Reservation:
+            _check_deadline(deadline, f"{to} for {owner}")
             existing = self._existing(db, owner)
             if existing is None:
                 raise LedgerError(f"no reservation for {owner}")
+            if to != existing.state and to not in TRANSITIONS[existing.state]:
+                raise IllegalTransition(f"{owner}: {existing.state} -> {to} is not allowed; from "
+                                        f"{existing.state}: {', '.join(sorted(TRANSITIONS[existing.state])) or 'none'}")
             new_mig = {**existing.mig, **(mig or {})}
             new_details = {**existing.details, **(details or {})}
             db.execute("UPDATE reservations SET state=?, mig=?, details=? WHERE owner=?",
-                       (state or existing.state, json.dumps(new_mig), json.dumps(new_details), owner))
+                       (to, json.dumps(new_mig), json.dumps(new_details), owner))
             return self._existing(db, owner)
 
         return self._write(tx)
+
+    def update(self, owner: str, *, mig: dict | None = None, details: dict | None = None) -> Reservation:
+        """Record progress on a reservation (MIG instances made, details), state unchanged."""
+        existing = self.get(owner)
+        if existing is None:
+            raise LedgerError(f"no reservation for {owner}")
+        return self.transition(owner, existing.state, mig=mig, details=details) \
+            if existing.state != "releasing" else existing
 
     def get(self, owner: str) -> Reservation | None:
         with self._lock:
@@ -292,17 +451,22 @@ class Ledger:
         with self._lock:
             return [_row(r) for r in self._db.execute("SELECT * FROM reservations ORDER BY created")]
 
-    def reconcile(self, alive: Callable[[Reservation], bool]) -> list[Reservation]:
-        """Release every reservation whose owner ``alive`` says is gone.
-
-        Returns what was released, so the caller can destroy MIG instances and
-        directories that belonged to it. ``alive`` is asked outside the write
-        transaction; each release is its own idempotent transaction.
-        """
-        gone = [r for r in self.list() if not alive(r)]
+    def stale(self, alive: Callable[[Reservation], bool], claimant: str) -> list[Reservation]:
+        """The reservations whose owner ``alive`` says is gone (asked outside any
+        transaction), plus those left ``releasing`` by ``claimant`` itself (a
+        teardown that failed) or by a claimant that died: what a reconciler
+        must release."""
         out = []
-        for r in gone:
-            released = self.release(r.owner)
-            if released is not None:
-                out.append(released)
+        for r in self.list():
+            if r.state == "releasing":
+                claim = self._claim(r.owner)
+                if claim is None or claim == claimant or not claimant_alive(claim):
+                    out.append(r)
+            elif not alive(r):
+                out.append(r)
         return out
+
+    def _claim(self, owner: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT claim FROM reservations WHERE owner=?", (owner,)).fetchone()
+            return row[0] if row else None

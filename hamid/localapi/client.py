@@ -72,6 +72,9 @@ class LocalClient:
     def __exit__(self, *exc):
         self.close()
 
+    def call(self, method: str, path: str, json_body: Any = None, *, params: dict | None = None) -> Any:
+        return self._call(method, path, params=params, json_body=json_body)
+
     def _call(self, method: str, path: str, *, params: dict | None = None, json_body: Any = None) -> Any:
         if not self.socket.exists():
             raise DaemonUnavailable(f"no daemon socket at {self.socket}")
@@ -85,13 +88,16 @@ class LocalClient:
         except (ConnectionError, FileNotFoundError, socket.timeout) as e:
             raise DaemonUnavailable(f"no daemon answers at {self.socket}: {e}") from None
         except ValueError as e:
-            raise HamidError(f"the daemon at {self.socket} answered badly: {e}") from None
+            # it died (or was killed) while answering: as good as no daemon at all
+            raise DaemonUnavailable(f"the daemon at {self.socket} stopped while answering: {e}") from None
         try:
             doc = json.loads(raw)
         except ValueError:
             raise HamidError(f"daemon answered {status} with a non-JSON body") from None
         if status == 409:
             raise Conflict(doc.get("error", "conflict"), doc.get("reasons", ()))
+        if status == 410:  # it got to the request after our deadline: it committed nothing
+            raise DaemonUnavailable(f"the daemon at {self.socket} answered too late: {doc.get('error')}")
         if status >= 400:
             raise HamidError(doc.get("error", f"daemon answered {status}"))
         return doc
@@ -106,16 +112,19 @@ class LocalClient:
     def reservations(self) -> list[dict]:
         return self._call("GET", "/v1/reservations")
 
-    def reserve(self, request: dict, kind: str, details: dict | None = None) -> dict:
-        return self._call("POST", "/v1/reservations",
-                          json_body={"kind": kind, "request": request, "details": details or {}})
+    def reserve(self, request: dict, kind: str, details: dict | None = None, *, owner: dict | None = None,
+                deadline: float | None = None) -> dict:
+        body = {"kind": kind, "request": request, "details": details or {}, "deadline": deadline}
+        if owner is not None:
+            body["owner"] = owner
+        return self._call("POST", "/v1/reservations", json_body=body)
 
-    def commit(self, owner: str, decision: dict, kind: str, request: dict | None = None) -> dict:
+    def commit(self, owner: str | dict, decision: dict, kind: str, request: dict | None = None) -> dict:
         return self._call("POST", "/v1/reservations/commit",
                           json_body={"kind": kind, "owner": owner, "decision": decision, "request": request or {}})
 
-    def update(self, owner: str, **fields) -> dict:
-        return self._call("PATCH", "/v1/reservations", params={"owner": owner}, json_body=fields)
+    def set_state(self, owner: str, state: str) -> dict:
+        return self._call("PATCH", "/v1/reservations", params={"owner": owner}, json_body={"state": state})
 
     def release(self, owner: str) -> dict:
         return self._call("DELETE", "/v1/reservations", params={"owner": owner})

@@ -1,7 +1,11 @@
-"""The ASGI app behind the unix socket (served by hypercorn on trio).
+"""The local API: the node service behind a root-only unix socket.
 
-Ledger calls block on SQLite, so each runs in a worker thread; the trio loop
-never waits on the disk.
+An ASGI app (starlette, served by hypercorn on trio) for the CLI and the
+Docker runtime. Each route is a thin door into
+:class:`hamid.node.service.NodeService`; request bodies are capped at
+``MAX_BODY`` bytes. The Docker runtime makes one call per container create
+(``POST /v1/containers``): the daemon parses the container's ``HAMI_*``
+variables, admits it and answers with the container's edits.
 """
 
 from __future__ import annotations
@@ -9,22 +13,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import anyio.to_thread
+import trio
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..errors import HamidError
-from ..ledger import Ledger, LedgerConflict
-from ..ledger.report import status_document
+from ..ledger import Abandoned, LedgerConflict
 from ..logs import get_logger
+from ..node.identity import KINDS, Owner
+from ..node.service import NodeService
 from ..placement import Decision
-from ..request.model import Request
+from ..request import parse_docker_env
+from ..request.model import Defaults, Request
 
 log = get_logger("localapi")
 
-KINDS = ("docker", "pod")
+MAX_BODY = 256 * 1024  # a container's whole environment fits many times over
+
+
+class _TooLarge(HamidError):
+    pass
 
 
 def _error(status: int, message: str, reasons=()) -> JSONResponse:
@@ -32,9 +42,19 @@ def _error(status: int, message: str, reasons=()) -> JSONResponse:
 
 
 async def _body(req: HttpRequest) -> dict[str, Any]:
+    length = req.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+        raise _TooLarge(f"request body over {MAX_BODY} bytes")
+    buf = bytearray()
+    async for chunk in req.stream():
+        buf += chunk
+        if len(buf) > MAX_BODY:
+            raise _TooLarge(f"request body over {MAX_BODY} bytes")
+    import json
+
     try:
-        body = await req.json()
-    except Exception:
+        body = json.loads(buf)
+    except ValueError:
         raise HamidError("request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise HamidError("request body must be a JSON object")
@@ -48,100 +68,140 @@ def _kind(body: dict) -> str:
     return kind
 
 
-def build_app(ledger: Ledger, backend_label: str, node_policy: str,
-              on_commit: Callable[[str], None] | None = None,
-              cluster: Callable[[], dict] | None = None,
-              before_reserve: Callable[[], object] | None = None) -> Starlette:
-    """``on_commit(result)`` is told "ok" or "conflict" for each commit (metrics);
-    ``before_reserve()`` runs (in a thread) before each placement, so releases
-    that are already due are finished first."""
-    note = on_commit or (lambda _r: None)
-    prepare = before_reserve or (lambda: None)
+def _deadline(body: dict) -> float | None:
+    d = body.get("deadline")
+    if d is None:
+        return None
+    if isinstance(d, bool) or not isinstance(d, (int, float)):
+        raise HamidError(f"deadline: expected seconds since the epoch, got {d!r}")
+    return float(d)
 
-    async def run(fn, *args, **kw):
-        return await anyio.to_thread.run_sync(lambda: fn(*args, **kw))
 
-    def guarded(handler):
-        async def wrapped(req: HttpRequest):
+def _user(body: dict) -> tuple[int, int]:
+    u = body.get("user", [0, 0])
+    if (not isinstance(u, list) or len(u) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in u)):
+        raise HamidError(f"user: expected [uid, gid], got {u!r}")
+    return u[0], u[1]
+
+
+class LocalApiFace:
+    """Serves the app on ``socket_path`` (mode 0600) until cancelled."""
+
+    name = "localapi"
+
+    def __init__(self, node: NodeService, socket_path: str, *, defaults: Defaults,
+                 cluster: Callable[[], dict] | None = None) -> None:
+        self.node = node
+        self.socket_path = socket_path
+        self.defaults = defaults
+        self.cluster = cluster
+
+    def app(self) -> Starlette:
+        node = self.node
+
+        def guarded(handler):
+            async def wrapped(req: HttpRequest):
+                try:
+                    return await handler(req)
+                except LedgerConflict as e:
+                    return _error(409, str(e), e.reasons)
+                except Abandoned as e:
+                    return _error(410, str(e))
+                except _TooLarge as e:
+                    return _error(413, str(e))
+                except HamidError as e:
+                    return _error(400, str(e))
+                except Exception as e:  # a bug: say so, in JSON, and log it whole
+                    log.exception("local API handler failed", path=req.url.path)
+                    return _error(500, f"internal error in the daemon: {e!r}")
+            return wrapped
+
+        async def status(req: HttpRequest):
+            return JSONResponse(await node.status())
+
+        async def list_reservations(req: HttpRequest):
+            return JSONResponse([r.to_dict() for r in await node.reservations()])
+
+        async def reserve(req: HttpRequest):
+            body = await _body(req)
+            kind = _kind(body)
+            request = Request.from_dict(body.get("request") or {})
+            owner = Owner.from_dict(body["owner"]) if body.get("owner") else Owner.from_key(request.owner)
+            if owner.kind != kind:
+                raise HamidError(f"owner {owner.key} is not of kind {kind}")
+            got = await node.admit(owner, request, user=_user(body), details=body.get("details") or {},
+                                   deadline=_deadline(body))
+            return JSONResponse(got.reservation.to_dict())
+
+        async def container(req: HttpRequest):
+            body = await _body(req)
+            cid, env = body.get("id"), body.get("env")
+            if not isinstance(cid, str) or not isinstance(env, list) or not all(isinstance(e, str) for e in env):
+                raise HamidError("expected {id: <container id>, env: [NAME=value, ...]}")
+            owner = Owner("docker", cid, name=str(body.get("name") or cid[:12]))
+            request = parse_docker_env(env, cid, self.defaults)
+            if request is None:
+                return JSONResponse({"ours": False})
+            got = await node.admit(owner, request, user=_user(body), details=body.get("details") or {},
+                                   deadline=_deadline(body))
+            return JSONResponse({"ours": True, **got.to_dict()})
+
+        async def commit(req: HttpRequest):
+            body = await _body(req)
+            kind = _kind(body)
+            raw = body.get("owner")
+            owner = Owner.from_dict(raw) if isinstance(raw, dict) else Owner.from_key(str(raw or ""))
+            if owner.kind != kind:
+                raise HamidError(f"owner {owner.key} is not of kind {kind}")
             try:
-                return await handler(req)
-            except LedgerConflict as e:
-                note("conflict")
-                return _error(409, str(e), e.reasons)
-            except HamidError as e:
-                return _error(400, str(e))
-            except Exception as e:  # a bug: say so, in JSON, and log it whole
-                log.exception("local API handler failed", path=req.url.path)
-                return _error(500, f"internal error in the daemon: {e!r}")
-        return wrapped
+                decision = Decision.from_dict(body["decision"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise HamidError(f"decision: malformed ({e!r})") from None
+            res = await node.commit(owner, decision, request=body.get("request") or {},
+                                    details=body.get("details") or {}, deadline=_deadline(body))
+            return JSONResponse(res.to_dict())
 
-    async def status(req: HttpRequest):
-        view = await run(ledger.view)
-        res = await run(ledger.list)
-        return JSONResponse(status_document(view, res, backend_label))
+        async def cluster_view(req: HttpRequest):
+            if self.cluster is None:
+                return _error(404, "gossip is not enabled on this daemon (set gossipListen or --gossip-listen)")
+            return JSONResponse(self.cluster())
 
-    async def list_reservations(req: HttpRequest):
-        return JSONResponse([r.to_dict() for r in await run(ledger.list)])
+        def _owner(req: HttpRequest) -> str:
+            owner = req.query_params.get("owner")
+            if not owner:
+                raise HamidError("query parameter owner is required")
+            return owner
 
-    async def reserve(req: HttpRequest):
-        body = await _body(req)
-        kind = _kind(body)
-        request = Request.from_dict(body.get("request") or {})
-        await run(prepare)
-        res = await run(ledger.reserve, request, kind=kind, node_policy=node_policy,
-                        details=body.get("details") or {})
-        note("ok")
-        log.info("reserved", owner=res.owner, kind=kind,
-                 devices=[d.to_dict() for c in res.decision.containers for d in c.devices])
-        return JSONResponse(res.to_dict())
+        async def set_state(req: HttpRequest):
+            key = _owner(req)
+            body = await _body(req)
+            state = body.get("state")
+            if not isinstance(state, str):
+                raise HamidError("state: expected one of allocated, running")
+            return JSONResponse((await node.set_state(key, state)).to_dict())
 
-    async def commit(req: HttpRequest):
-        body = await _body(req)
-        kind = _kind(body)
-        owner = body.get("owner")
-        if not isinstance(owner, str) or not owner:
-            raise HamidError("owner: a non-empty string is required")
-        try:
-            decision = Decision.from_dict(body["decision"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise HamidError(f"decision: malformed ({e!r})") from None
-        res = await run(ledger.commit, owner, decision, kind=kind, request=body.get("request") or {},
-                        details=body.get("details") or {})
-        note("ok")
-        return JSONResponse(res.to_dict())
+        async def release(req: HttpRequest):
+            res = await node.release(_owner(req))
+            return JSONResponse({"released": res is not None, "reservation": res.to_dict() if res else None})
 
-    async def cluster_view(req: HttpRequest):
-        if cluster is None:
-            return _error(404, "gossip is not enabled on this daemon (set gossipListen or --gossip-listen)")
-        return JSONResponse(cluster())
+        return Starlette(routes=[
+            Route("/v1/status", guarded(status), methods=["GET"]),
+            Route("/v1/cluster", guarded(cluster_view), methods=["GET"]),
+            Route("/v1/reservations", guarded(list_reservations), methods=["GET"]),
+            Route("/v1/reservations", guarded(reserve), methods=["POST"]),
+            Route("/v1/containers", guarded(container), methods=["POST"]),
+            Route("/v1/reservations/commit", guarded(commit), methods=["POST"]),
+            Route("/v1/reservations", guarded(set_state), methods=["PATCH"]),
+            Route("/v1/reservations", guarded(release), methods=["DELETE"]),
+        ])
 
-    def _owner(req: HttpRequest) -> str:
-        owner = req.query_params.get("owner")
-        if not owner:
-            raise HamidError("query parameter owner is required")
-        return owner
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        import os
 
-    async def update(req: HttpRequest):
-        owner = _owner(req)
-        body = await _body(req)
-        res = await run(ledger.update, owner, state=body.get("state"), mig=body.get("mig"),
-                        details=body.get("details"))
-        return JSONResponse(res.to_dict())
+        from ..serving import serve_asgi
 
-    async def release(req: HttpRequest):
-        owner = _owner(req)
-        res = await run(ledger.release, owner)
-        if res is not None:
-            log.info("released", owner=owner)
-        return JSONResponse({"released": res is not None, "reservation": res.to_dict() if res else None})
-
-    routes = [
-        Route("/v1/status", guarded(status), methods=["GET"]),
-        Route("/v1/cluster", guarded(cluster_view), methods=["GET"]),
-        Route("/v1/reservations", guarded(list_reservations), methods=["GET"]),
-        Route("/v1/reservations", guarded(reserve), methods=["POST"]),
-        Route("/v1/reservations/commit", guarded(commit), methods=["POST"]),
-        Route("/v1/reservations", guarded(update), methods=["PATCH"]),
-        Route("/v1/reservations", guarded(release), methods=["DELETE"]),
-    ]
-    return Starlette(routes=routes)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_asgi, self.app(), f"unix:{self.socket_path}")
+            os.chmod(self.socket_path, 0o600)
+            task_status.started()

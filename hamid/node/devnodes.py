@@ -1,5 +1,10 @@
 """GPU device nodes and MIG capability nodes, as the host has them.
 
+Read once by the daemon at start-up (the GPUs' own nodes and the control
+nodes, recorded in the node's facts) and at MIG admission (the capability
+nodes of a new instance, recorded on the reservation), so that ``realize``
+never touches the host.
+
 Device numbers are read from the host's nodes (``stat``), never guessed. The
 roots are configurable so a test node can point them at a directory of its own
 nodes: ``dev_root`` (``/dev``) and ``caps_root``
@@ -10,28 +15,15 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 
 from ..errors import HamidError
+from .edits import DeviceNode as Node
 
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 
 
 class DeviceNodeError(HamidError):
     pass
-
-
-@dataclass(frozen=True)
-class Node:
-    path: str  # in the container
-    host_path: str
-    major: int
-    minor: int
-    mode: int
-
-    def spec_entry(self) -> dict:
-        return {"path": self.path, "type": "c", "major": self.major, "minor": self.minor,
-                "fileMode": self.mode, "uid": 0, "gid": 0}
 
 
 def _node(host_path: str, container_path: str) -> Node | None:
@@ -41,25 +33,17 @@ def _node(host_path: str, container_path: str) -> Node | None:
         return None
     if not stat.S_ISCHR(st.st_mode):
         raise DeviceNodeError(f"{host_path} is not a character device")
-    return Node(container_path, host_path, os.major(st.st_rdev), os.minor(st.st_rdev), stat.S_IMODE(st.st_mode))
+    return Node(container_path, host_path, os.major(st.st_rdev), os.minor(st.st_rdev), file_mode=stat.S_IMODE(st.st_mode))
 
 
-def gpu_nodes(dev_root: str, minors: list[int], required: bool) -> list[Node]:
-    """The GPUs' own nodes plus the control nodes that exist on the host."""
-    out = []
-    for m in minors:
-        n = _node(os.path.join(dev_root, f"nvidia{m}"), f"/dev/nvidia{m}")
-        if n is None:
-            if required:
-                raise DeviceNodeError(f"{dev_root}/nvidia{m} does not exist: is the NVIDIA driver loaded?")
-            continue
-        out.append(n)
-    if out or required:
-        for name in CONTROL_NODES:
-            n = _node(os.path.join(dev_root, name), f"/dev/{name}")
-            if n is not None:
-                out.append(n)
-    return out
+def gpu_node(dev_root: str, minor: int) -> Node | None:
+    """A GPU's own node (``/dev/nvidia<minor>``), or None where the host has none."""
+    return _node(os.path.join(dev_root, f"nvidia{minor}"), f"/dev/nvidia{minor}")
+
+
+def control_nodes(dev_root: str) -> list[Node]:
+    """The driver's control nodes that exist on the host (``nvidiactl``, ``nvidia-uvm``...)."""
+    return [n for name in CONTROL_NODES if (n := _node(os.path.join(dev_root, name), f"/dev/{name}")) is not None]
 
 
 def _access_minor(path: str) -> int:
@@ -89,7 +73,7 @@ def mig_cap_nodes(dev_root: str, caps_root: str, gpu_minor: int, gi: int, ci: in
         n = _node(host, f"/dev/nvidia-caps/nvidia-cap{minor}")
         if n is None:
             major = _caps_major()
-            n = Node(f"/dev/nvidia-caps/nvidia-cap{minor}", host, major, minor, 0o444)
+            n = Node(f"/dev/nvidia-caps/nvidia-cap{minor}", host, major, minor, file_mode=0o444)
         out.append(n)
     return out
 

@@ -3,23 +3,22 @@
 The poststop hook must be fast and must not fail (runc does not retry it,
 runc #4363), so it only creates an empty file ``released/<container id>`` in
 the state directory (the sh launcher does that without starting Python).
-Whoever touches the ledger next drains the markers before anything else: the
-daemon (at once, on a short poll, and before every reservation), or the
-runtime itself when no daemon runs. Draining releases the reservation,
-destroys the MIG instances made for it and removes the container's region
-directory, then deletes the marker; every step is idempotent, so a crash
-midway is finished by the next drain.
+Whoever touches the ledger next drains the markers before anything else
+(:meth:`hamid.node.core.NodeCore.drain_released`): the daemon's Docker face
+as a marker appears, and every admission, in the daemon or in the runtime
+itself when no daemon runs. Draining releases the reservation (MIG instances
+destroyed and directories removed before the row goes), then deletes the
+marker; every step is idempotent, so a crash midway is finished by the next
+drain. The markers are named by container id; only Docker writes them.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
-from collections.abc import Callable
 
 from ..errors import HamidError
-from .layout import CONTAINERS_DIR, RELEASED_DIR
+from .layout import RELEASED_DIR
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -45,18 +44,9 @@ def pending(state_dir: str) -> list[str]:
     return sorted(n for n in names if _ID.match(n))
 
 
-def drain(state_dir: str, release: Callable[[str], dict | None],
-          destroy_mig: Callable[[dict], object]) -> list[str]:
-    """Finish every pending release; returns the container ids done."""
-    done = []
-    for cid in pending(state_dir):
-        res = release(f"docker:{cid}")
-        if res is not None:
-            destroy_mig(res)
-        shutil.rmtree(os.path.join(state_dir, CONTAINERS_DIR, cid), ignore_errors=True)
-        try:
-            os.unlink(os.path.join(state_dir, RELEASED_DIR, cid))
-        except FileNotFoundError:
-            pass
-        done.append(cid)
-    return done
+def clear(state_dir: str, cid: str) -> None:
+    """Remove a marker once its release is done (already gone is fine)."""
+    try:
+        os.unlink(os.path.join(state_dir, RELEASED_DIR, check_id(cid)))
+    except FileNotFoundError:
+        pass

@@ -12,7 +12,7 @@ import sys
 
 from ..errors import HamidError
 from .argv import Invocation
-from .released import mark
+from ..node.released import mark
 
 
 def _container_id(inv: Invocation) -> str:

@@ -1,8 +1,10 @@
 """Edits to an OCI ``config.json``: env, mounts, device nodes, hooks.
 
-Edits replace what they name (an env variable set twice keeps ours), and the
-file is rewritten atomically (temporary name in the bundle, fsync, rename),
-so runc never reads half a spec.
+:func:`apply_edits` writes a container's CDI-shaped edits (from
+:func:`hamid.node.realize.realize`) into the spec. Edits replace what they
+name (an env variable set twice keeps ours), and the file is rewritten
+atomically (temporary name in the bundle, fsync, rename), so runc never reads
+half a spec.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 from pathlib import Path
 
 from ..errors import HamidError
-from .devnodes import Node
+from ..node.edits import ContainerEdits, DeviceNode
 
 
 class SpecError(HamidError):
@@ -61,14 +63,29 @@ def add_mount(spec: dict, destination: str, source: str, readonly: bool) -> None
     spec["mounts"] = mounts
 
 
-def add_devices(spec: dict, nodes: list[Node]) -> None:
+def add_devices(spec: dict, nodes: list[DeviceNode]) -> None:
     linux = spec.setdefault("linux", {})
     devices = [d for d in linux.get("devices") or [] if d.get("path") not in {n.path for n in nodes}]
-    devices.extend(n.spec_entry() for n in nodes)
+    devices.extend({"path": n.path, "type": n.type, "major": n.major, "minor": n.minor,
+                    "fileMode": n.file_mode, "uid": n.uid, "gid": n.gid} for n in nodes)
     linux["devices"] = devices
     rules = linux.setdefault("resources", {}).setdefault("devices", [])
     for n in nodes:
-        rules.append({"allow": True, "type": "c", "major": n.major, "minor": n.minor, "access": "rwm"})
+        rules.append({"allow": True, "type": n.type, "major": n.major, "minor": n.minor, "access": n.permissions})
+
+
+def apply_edits(spec: dict, edits: ContainerEdits) -> None:
+    """Write ``edits`` (env, mounts, device nodes with their cgroup rules, hooks) into ``spec``."""
+    set_env(spec, edits.env_map())
+    for m in edits.mounts:
+        add_mount(spec, m.container_path, m.host_path, readonly=m.readonly)
+    add_devices(spec, list(edits.device_nodes))
+    for h in edits.hooks:
+        hooks = spec.setdefault("hooks", {})
+        entry = {"path": h.path, "args": list(h.args)}
+        if h.timeout is not None:
+            entry["timeout"] = h.timeout
+        hooks.setdefault(h.hook_name, []).append(entry)
 
 
 def add_poststop(spec: dict, path: str, args: list[str]) -> None:

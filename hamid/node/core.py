@@ -1,0 +1,235 @@
+"""The node's authority, as plain blocking calls: admit, commit, release, reconcile.
+
+:class:`NodeCore` is the one place that turns a request into a reservation
+and a reservation into what a container gets, and back. The daemon runs it
+in worker threads behind :class:`hamid.node.service.NodeService`; the Docker
+runtime runs the very same code in its own process when no daemon answers.
+The ledger's transactions make the two equivalent: a reservation is re-checked
+against the ledger's own state wherever it is committed.
+
+Admission (``admit``): finish pending releases first, reserve (idempotent per
+owner, refused once the caller's deadline has passed), make MIG instances,
+make each container's region directory and limits file, move the row to
+``allocated`` (again under the deadline), then ``realize``. A failure at any
+step releases what this call reserved. Release: claim the row
+(``releasing``), destroy its MIG instances, remove its directories and
+limits files, and only then delete the row.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..devices import DeviceBackend
+from ..errors import HamidError
+from ..ledger import Ledger, Reservation, claimant_id
+from ..ledger.report import status_document
+from ..logs import get_logger
+from ..request.model import Request
+from . import layout, mig, released
+from .edits import ContainerEdits
+from .facts import NodeFacts
+from .identity import Owner
+from .realize import realize, slot_name
+
+log = get_logger("node")
+
+Liveness = Callable[[Reservation], bool]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A reservation and what each of its containers gets."""
+
+    reservation: Reservation
+    edits: dict[str, ContainerEdits]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reservation": self.reservation.to_dict(),
+                "edits": {name: e.to_cdi() for name, e in self.edits.items()}}
+
+
+def _safe_dir(path: str, mode: int) -> None:
+    """Make ``path`` (a directory of ours) without following a link at it."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        st = os.lstat(path)
+        import stat as st_mod
+
+        if not st_mod.S_ISDIR(st.st_mode):
+            raise HamidError(f"{path} exists and is not a directory; remove it") from None
+
+
+class NodeCore:
+    def __init__(self, ledger: Ledger, facts: NodeFacts, backend: Callable[[], DeviceBackend]) -> None:
+        self.ledger = ledger
+        self.facts = facts
+        self.state_dir = Path(facts.state_dir)
+        self._open_backend = backend
+        self._backend: DeviceBackend | None = None
+        self.claimant = claimant_id()
+
+    @property
+    def backend(self) -> DeviceBackend:
+        if self._backend is None:
+            self._backend = self._open_backend()
+        return self._backend
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+    # --- admission -----------------------------------------------------------
+
+    def admit(self, owner: Owner, request: Request, *, user: tuple[int, int] = (0, 0),
+              details: Mapping[str, Any] | None = None, deadline: float | None = None) -> Admitted:
+        """Reserve ``request`` for ``owner`` and prepare every container of it."""
+        self.drain_released()
+        before = self.ledger.get(owner.key)
+        res = self.ledger.reserve(request, owner=owner, node_policy=self.facts.node_policy,
+                                  details=dict(details or {}), deadline=deadline)
+        if res.state == "releasing":
+            raise HamidError(f"{owner} is being released; try again once it is gone")
+        try:
+            res = self._prepare(res, user, deadline)
+        except BaseException:
+            if before is None:  # ours alone to undo
+                try:
+                    self.release(owner.key)
+                except Exception as e:  # keep the first error; the reconciler retries the release
+                    log.error("rollback of a failed admission failed", owner=owner.key, error=str(e))
+            raise
+        return Admitted(res, {c.name: realize(res, self.facts, c.name) for c in res.decision.containers})
+
+    def _prepare(self, res: Reservation, user: tuple[int, int], deadline: float | None) -> Reservation:
+        if res.state != "reserved":
+            return res  # prepared by an earlier call for the same owner
+        if mig.wanted(res):
+            mig.create_instances(self.backend, res, self.facts,
+                                 lambda entry: self.ledger.update(res.owner, mig=entry))
+            res = self.ledger.get(res.owner) or res
+        for c in res.decision.containers:
+            if c.devices and not any(d.mig_profile for d in c.devices):
+                self._container_files(res, c.name, user)
+        return self.ledger.transition(res.owner, "allocated", deadline=deadline)
+
+    def _container_files(self, res: Reservation, container: str, user: tuple[int, int]) -> None:
+        """The region directory (the container's user's) and the limits file (root's, read-only)."""
+        from ..shimlimits import ContainerLimits, DeviceLimits, write_limits_file
+
+        slot = slot_name(res, container)
+        for d in (layout.CONTAINERS_DIR, layout.LIMITS_DIR):
+            _safe_dir(str(self.state_dir / d), 0o700)
+        rdir = layout.region_dir(self.state_dir, slot)
+        _safe_dir(rdir, 0o700)
+        fd = os.open(rdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fchown(fd, *user)
+        finally:
+            os.close(fd)
+        c = next(x for x in res.decision.containers if x.name == container)
+        slots = (res.details.get("slots") or {}).get(container, {})
+        prio = None
+        for rc in res.request.get("containers") or ():
+            if rc.get("name") == container and rc.get("gpu"):
+                prio = rc["gpu"].get("priority")
+        limits = ContainerLimits(
+            devices=tuple(DeviceLimits(uuid=d.uuid, memory_bytes=d.mem_mib << 20,
+                                       sm_percent=d.cores if 0 < d.cores < 100 else 0,
+                                       slots=tuple(tuple(s) for s in slots.get(d.uuid, ())) if 0 < d.cores < 100
+                                       else ())
+                          for d in c.devices),
+            region_path=layout.REGION_FILE_IN_CONTAINER, priority=prio)
+        write_limits_file(layout.limits_file(self.state_dir, slot), limits)
+
+    def realize(self, key: str, container: str | None = None) -> ContainerEdits:
+        res = self.ledger.get(key)
+        if res is None:
+            raise HamidError(f"no reservation for {key}")
+        return realize(res, self.facts, container)
+
+    # --- decisions proposed elsewhere -----------------------------------------
+
+    def commit(self, owner: Owner, decision, *, request: dict | None = None, details: dict | None = None,
+               deadline: float | None = None) -> Reservation:
+        return self.ledger.commit(owner, decision, request=request, details=details, deadline=deadline)
+
+    def set_state(self, key: str, state: str) -> Reservation:
+        return self.ledger.transition(key, state)
+
+    # --- release -------------------------------------------------------------
+
+    def release(self, key: str) -> Reservation | None:
+        """Tear down and forget ``key``'s reservation. Idempotent; None when
+        there was none. Raises (leaving the row ``releasing``, its GPUs still
+        booked) if a MIG instance cannot be destroyed; the reconciler retries."""
+        res, mine = self.ledger.begin_release(key, self.claimant)
+        if res is None:
+            return None
+        if not mine:
+            log.info("release already in progress elsewhere", owner=key)
+            return res
+        if mig.wanted(res):
+            mig.destroy_instances(self.backend, res)
+        for c in res.decision.containers:
+            self._remove_container_files(slot_name(res, c.name))
+        self.ledger.finish_release(key, self.claimant)
+        return res
+
+    def _remove_container_files(self, slot: str) -> None:
+        shutil.rmtree(layout.region_dir(self.state_dir, slot), ignore_errors=True)
+        try:
+            os.unlink(layout.limits_file(self.state_dir, slot))
+        except FileNotFoundError:
+            pass
+
+    def drain_released(self) -> list[str]:
+        """Finish the releases that poststop hooks left as markers."""
+        done = []
+        for cid in released.pending(str(self.state_dir)):
+            res = self.release(f"docker:{cid}")
+            self._remove_container_files(cid)
+            released.clear(str(self.state_dir), cid)
+            if res is not None:
+                log.info("released", owner=f"docker:{cid}", by="poststop")
+            done.append(cid)
+        return done
+
+    def reconcile(self, liveness: Mapping[str, Liveness]) -> list[Reservation]:
+        """Release what ``liveness`` (per owner kind) proves gone, and finish
+        releases left halfway. Kinds with no check are left alone: hamid never
+        releases what it cannot prove is gone; a failing check keeps the row."""
+
+        def alive(r: Reservation) -> bool:
+            check = liveness.get(r.kind)
+            if check is None:
+                return True
+            try:
+                return check(r)
+            except Exception as e:
+                log.warning("liveness check failed; keeping reservation", owner=r.owner, error=str(e))
+                return True
+
+        out = []
+        for r in self.ledger.stale(alive, self.claimant):
+            try:
+                if self.release(r.owner) is not None:
+                    out.append(r)
+                    log.info("released stale reservation", owner=r.owner, kind=r.kind, name=r.name)
+            except Exception as e:
+                log.error("release failed; will retry", owner=r.owner, error=str(e))
+        return out
+
+    # --- reading ---------------------------------------------------------------
+
+    def status(self, backend_label: str) -> dict[str, Any]:
+        pending = set(released.pending(str(self.state_dir)))
+        rows = [r for r in self.ledger.list() if not (r.kind == "docker" and r.uid in pending)]
+        return status_document(self.ledger.view(), rows, backend_label)

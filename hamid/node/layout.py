@@ -1,0 +1,49 @@
+"""Where the node keeps things: in the state directory and in a container.
+
+The state directory (``/var/lib/hamid`` by default, mode 0700) holds the
+ledger, the facts the daemon found at start-up, the installed shim, and one
+entry per GPU container in each of ``containers/`` (its shared-region
+directory, owned by the container's user so its processes can share the
+region file) and ``limits/`` (its limits file, owned by root and mounted
+read-only, so no process in the container can change it). ``released/``
+holds release requests from poststop hooks that could not reach the daemon.
+
+A container's *slot* names its entries: a Docker container's id, or
+``<pod uid>_<container name>`` for a container of a pod.
+"""
+
+from __future__ import annotations
+
+import os
+
+LEDGER_NAME = "ledger.db"
+LOCK_NAME = "hamid.lock"
+FACTS_NAME = "node.json"
+SOCKET_NAME = "hamid.sock"
+CONTAINERS_DIR = "containers"
+LIMITS_DIR = "limits"
+RELEASED_DIR = "released"
+SHIM_DIR = "shim"
+
+SHIM_IN_CONTAINER = "/usr/local/vgpu/libvgpu.so"
+LIMITS_IN_CONTAINER = "/usr/local/vgpu/hamid.limits"
+PRELOAD_IN_CONTAINER = "/etc/ld.so.preload"
+REGION_DIR_IN_CONTAINER = "/run/hamid"
+REGION_FILE_IN_CONTAINER = REGION_DIR_IN_CONTAINER + "/vgpu.cache"
+
+# Every path hamid mounts over inside a container: a runtime refuses a
+# container whose rootfs has a symbolic link on any of them.
+MOUNTED_IN_CONTAINER = (SHIM_IN_CONTAINER, LIMITS_IN_CONTAINER, PRELOAD_IN_CONTAINER, REGION_DIR_IN_CONTAINER)
+
+
+def slot(owner_kind: str, uid: str, container: str) -> str:
+    """The name of a container's entries under ``containers/`` and ``limits/``."""
+    return uid if owner_kind == "docker" else f"{uid}_{container}"
+
+
+def region_dir(state_dir: str | os.PathLike, slot_name: str) -> str:
+    return os.path.join(state_dir, CONTAINERS_DIR, slot_name)
+
+
+def limits_file(state_dir: str | os.PathLike, slot_name: str) -> str:
+    return os.path.join(state_dir, LIMITS_DIR, slot_name)

@@ -1,0 +1,130 @@
+"""``realize``: from a reservation to what one container gets. A pure function.
+
+Every face delivers the same edits: the Docker runtime writes them into the
+bundle's ``config.json``, the device plugin answers ``Allocate`` with them.
+The inputs are the reservation (the committed decision, the time slots the
+ledger gave, the MIG instances made for it with their capability nodes) and
+the node's facts (device nodes, the shim's installed files, the state
+directory); nothing here reads the host, so two faces can never disagree
+about what a reservation means.
+
+A shim share (hami-core mode) gets: the reserved GPUs' device nodes and the
+driver's control nodes; ``NVIDIA_VISIBLE_DEVICES`` with their UUIDs (so an
+installed NVIDIA toolkit still injects the driver); the shim and
+``/etc/ld.so.preload`` read-only; its limits file read-only (the shim's only
+source of limits when present); its own region directory; and HAMi-core's
+variables (``CUDA_DEVICE_MEMORY_LIMIT_<i>``, ``CUDA_DEVICE_SM_LIMIT[_<i>]``,
+``CUDA_DEVICE_MEMORY_SHARED_CACHE``) for tools that read them. A MIG share
+gets the parent GPU's node, the instance's two capability nodes and
+``NVIDIA_VISIBLE_DEVICES=MIG-<uuid>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import HamidError
+from ..ledger import Reservation
+from ..placement.result import ContainerAssignment
+from . import layout
+from .edits import ContainerEdits, DeviceNode, Mount
+from .facts import NodeFacts
+
+RO = ("rbind", "nosuid", "nodev", "ro")
+RW = ("rbind", "nosuid", "nodev", "rw")
+
+
+class RealizeError(HamidError):
+    """A reservation cannot be turned into container edits on this node."""
+
+
+def container_of(res: Reservation, container: str | None) -> ContainerAssignment:
+    """The named container's assignment (the only one when ``container`` is None)."""
+    conts = res.decision.containers
+    if container is None:
+        if len(conts) != 1:
+            raise RealizeError(f"{res.owner} has {len(conts)} containers; name one")
+        return conts[0]
+    for c in conts:
+        if c.name == container:
+            return c
+    names = ", ".join(c.name for c in conts) or "none"
+    raise RealizeError(f"{res.owner} has no container {container!r} (it has: {names})")
+
+
+def _priority(res: Reservation, container: str) -> int | None:
+    for c in (res.request or {}).get("containers") or ():
+        if c.get("name") == container and c.get("gpu"):
+            return c["gpu"].get("priority")
+    return None
+
+
+def _gpu_node(facts: NodeFacts, uuid: str) -> DeviceNode | None:
+    node = facts.gpu_nodes.get(uuid)
+    if node is None and facts.real:
+        raise RealizeError(f"GPU {uuid} has no device node under {facts.dev_root}: is the NVIDIA driver loaded?")
+    return node
+
+
+def _with_control(facts: NodeFacts, nodes: list[DeviceNode]) -> list[DeviceNode]:
+    # Control nodes come with GPU nodes (a simulated node without any has none).
+    return nodes + list(facts.control_nodes) if (nodes or facts.real) else nodes
+
+
+def slot_name(res: Reservation, container: str) -> str:
+    kind, _, uid = res.owner.partition(":")
+    return layout.slot(kind, uid, container)
+
+
+def realize(res: Reservation, facts: NodeFacts, container: str | None = None) -> ContainerEdits:
+    """The edits for ``container`` of ``res`` (its only container when None)."""
+    c = container_of(res, container)
+    env: dict[str, str] = {}
+    nodes: list[DeviceNode] = []
+    mounts: list[Mount] = []
+    if any(d.mig_profile for d in c.devices):
+        visible = []
+        for d in c.devices:
+            inst: dict[str, Any] | None = (res.mig or {}).get(d.uuid)
+            if not inst or not inst.get("uuid"):
+                raise RealizeError(f"{res.owner}: no MIG instance recorded on GPU {d.uuid} yet")
+            visible.append(inst["uuid"])
+            gpu = _gpu_node(facts, d.uuid)
+            if gpu is not None:
+                nodes.append(gpu)
+            nodes += [DeviceNode.from_cdi(n) for n in inst.get("caps") or ()]
+        # the parent's node first, then the control nodes, then the capabilities (as runc expects them)
+        gpu_nodes = [n for n in nodes if not n.path.startswith("/dev/nvidia-caps/")]
+        caps = [n for n in nodes if n.path.startswith("/dev/nvidia-caps/")]
+        nodes = _with_control(facts, gpu_nodes) + caps
+    else:
+        if not facts.shim_library or not facts.shim_preload:
+            raise RealizeError("the shim is not installed on this node (the daemon found no libvgpu.so to "
+                               "install); memory and compute limits cannot be enforced, so the container is refused")
+        slots = (res.details.get("slots") or {}).get(c.name, {})
+        for i, d in enumerate(c.devices):
+            env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.mem_mib}m"
+            if 0 < d.cores < 100:
+                env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(d.cores)
+                if d.uuid in slots:
+                    # the GPU time slots the ledger gave this share (hamid/placement/timeslots.py)
+                    env[f"HAMID_SM_SLOTS_{i}"] = ",".join(f"{a}-{b}" for a, b in slots[d.uuid])
+        if c.devices and 0 < c.devices[0].cores < 100:
+            env["CUDA_DEVICE_SM_LIMIT"] = str(c.devices[0].cores)
+        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = layout.REGION_FILE_IN_CONTAINER
+        prio = _priority(res, c.name)
+        if prio is not None:
+            env["CUDA_TASK_PRIORITY"] = str(prio)
+        nodes = _with_control(facts, [n for d in c.devices if (n := _gpu_node(facts, d.uuid)) is not None])
+        visible = [d.uuid for d in c.devices]
+        slot = slot_name(res, c.name)
+        mounts = [
+            Mount(facts.shim_library, layout.SHIM_IN_CONTAINER, RO),
+            Mount(facts.shim_preload, layout.PRELOAD_IN_CONTAINER, RO),
+            Mount(layout.region_dir(facts.state_dir, slot), layout.REGION_DIR_IN_CONTAINER, RW),
+            Mount(layout.limits_file(facts.state_dir, slot), layout.LIMITS_IN_CONTAINER, RO),
+        ]
+    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(visible)
+    env["HAMI_RESERVATION"] = res.owner
+    return ContainerEdits(env=tuple(f"{k}={v}" for k, v in env.items()), device_nodes=tuple(nodes),
+                          mounts=tuple(mounts))

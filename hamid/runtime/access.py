@@ -1,0 +1,100 @@
+"""The node as the runtime reaches it: the daemon if it answers, else the node core itself.
+
+One call per container create: ``POST /v1/containers`` with the container's
+``HAMI_*`` variables; the daemon admits it and answers with the container's
+edits. The call carries a deadline: a daemon that only gets to the request
+after the runtime stopped waiting (stopped, swamped) commits nothing for it.
+When no daemon answers (no socket, refused, timed out, or it died while
+answering), the runtime admits the container with the very same
+:class:`hamid.node.core.NodeCore` over the ledger file; the ledger's
+transactions make the two equivalent, and the owner's key (the container id)
+makes a retry find what an interrupted daemon already committed.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import HamidError
+from ..localapi.client import Conflict, DaemonUnavailable, LocalClient
+from ..node.layout import LEDGER_NAME
+
+# How long the runtime waits for the daemon, and the deadline it gives it:
+# the daemon must have committed (or given up) well before the runtime stops
+# waiting, so an answer in flight is never lost to a timeout.
+DAEMON_TIMEOUT_S = 30.0
+DEADLINE_S = 25.0
+
+ENV_NAMES = ("HAMI_VISIBLE_DEVICES=", "HAMI_VGPU_SPEC=")
+
+
+class NodeAccess:
+    def __init__(self, state_dir: str | Path, *, timeout_s: float = DAEMON_TIMEOUT_S) -> None:
+        self.state_dir = Path(state_dir)
+        self._timeout = timeout_s
+        self._core = None
+
+    def _local(self):
+        """No daemon: the node core over the ledger file (the slow path)."""
+        if self._core is None:
+            from ..devices import open_backend
+            from ..ledger import Ledger
+            from ..node.core import NodeCore
+            from ..node.facts import read_facts
+
+            path = self.state_dir / LEDGER_NAME
+            if not path.exists():
+                raise HamidError(f"no hamid ledger at {path}: start the daemon once (hamid run --state-dir "
+                                 f"{self.state_dir}), or pass this runtime --state-dir")
+            facts = read_facts(self.state_dir)
+            b = facts.backend
+
+            def backend():
+                return open_backend(simulate=b.get("simulate") if b["kind"] == "simulated" else None,
+                                    node_name=facts.node, mig_enabled=b.get("mig_enabled", False),
+                                    state_dir=self.state_dir)
+
+            self._core = NodeCore(Ledger(path), facts, backend)
+        return self._core
+
+    def admit_container(self, cid: str, env: list[str], user: tuple[int, int], details: dict[str, Any]) -> dict:
+        """``{"ours": False}``, or ``{"ours": True, "reservation": ..., "edits": {container: cdi edits}}``."""
+        ours = [e for e in env if e.startswith(ENV_NAMES)]
+        deadline = time.time() + min(DEADLINE_S, self._timeout * 5 / 6)
+        body = {"id": cid, "env": ours, "user": list(user), "details": details, "deadline": deadline}
+        try:
+            return LocalClient(self.state_dir, timeout=self._timeout).call("POST", "/v1/containers", body)
+        except Conflict as e:
+            raise HamidError(f"no room for this container: {e}") from None
+        except DaemonUnavailable:
+            pass
+        return self._admit_locally(cid, ours, user, details)
+
+    def _admit_locally(self, cid: str, env: list[str], user: tuple[int, int], details: dict[str, Any]) -> dict:
+        from ..ledger import LedgerConflict
+        from ..node.identity import Owner
+        from ..request import parse_docker_env
+        from ..request.model import Defaults
+
+        core = self._local()
+        request = parse_docker_env(env, cid, Defaults(**core.facts.defaults) if core.facts.defaults else Defaults())
+        if request is None:
+            return {"ours": False}
+        try:
+            got = core.admit(Owner("docker", cid, name=cid[:12]), request, user=user, details=details)
+        except LedgerConflict as e:
+            raise HamidError(f"no room for this container: {e}") from None
+        return {"ours": True, **got.to_dict()}
+
+    def release(self, key: str) -> None:
+        try:
+            LocalClient(self.state_dir, timeout=self._timeout).release(key)
+        except DaemonUnavailable:
+            self._local().release(key)
+
+    def close(self) -> None:
+        if self._core is not None:
+            self._core.close()
+            self._core.ledger.close()

@@ -1,0 +1,34 @@
+"""Serving an ASGI app with hypercorn on trio: the one helper every face uses.
+
+``serve_asgi(app, bind)`` binds (``HOST:PORT`` or ``unix:PATH``), calls
+``task_status.started(bound addresses)`` once listening and serves until
+cancelled. An address that cannot be bound is a :class:`HamidError` naming
+it, not a traceback.
+"""
+
+from __future__ import annotations
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+
+from .errors import HamidError
+
+
+class ListenError(HamidError):
+    """An address could not be bound (in use, not ours, malformed)."""
+
+
+async def serve_asgi(app, bind: str, *, what: str = "", task_status=trio.TASK_STATUS_IGNORED) -> None:
+    cfg = HyperConfig()
+    cfg.bind = [bind]
+    cfg.accesslog = None
+    cfg.errorlog = None
+    cfg.graceful_timeout = 1.0
+    async with trio.open_nursery() as nursery:
+        try:
+            binds = await nursery.start(lambda task_status: serve(app, cfg, task_status=task_status))
+        except OSError as e:
+            label = f"{what} " if what else ""
+            raise ListenError(f"cannot listen on {label}{bind}: {e.strerror or e}") from None
+        task_status.started(binds)
