@@ -1,9 +1,8 @@
-"""Peers for the peer API tests: each a real ledger behind a small node service.
+"""Peers for the peer API tests: each the real node service over its own ledger.
 
-``LedgerNode`` stands in for ``hamid.node.service.NodeService`` (the same
-three async methods over a real :class:`hamid.ledger.Ledger`, each in a worker
-thread) until the daemon serves the real one; the peer API sees only those
-methods.
+``LedgerNode`` is a :class:`hamid.node.service.NodeService` (the object the
+daemon hands its faces) over a real :class:`hamid.ledger.Ledger` on simulated
+GPUs, plus a few helpers the tests use to propose and to look.
 """
 
 from __future__ import annotations
@@ -16,10 +15,13 @@ import trio
 
 from simnodes import node_view
 
+from hamid.devices.simulated import SimulatedBackend, parse_simulate_spec
 from hamid.gossip.keyring import Keyring
 from hamid.ledger import Ledger
-from hamid.ledger.report import status_document
+from hamid.node.core import NodeCore
+from hamid.node.facts import NodeFacts
 from hamid.node.identity import Owner
+from hamid.node.service import NodeService
 from hamid.peer import PeerFace
 from hamid.placement import place
 from hamid.request import parse_docker_env
@@ -35,23 +37,16 @@ def new_keyring(tmp_path, name: str = "keys", *keys: bytes) -> Keyring:
     return Keyring.load(path)
 
 
-class LedgerNode:
+class LedgerNode(NodeService):
     def __init__(self, tmp_path, name: str, spec: str = "T4:2") -> None:
-        self.name = name
-        self.ledger = Ledger(tmp_path / f"{name}.db")
+        state = tmp_path / name
+        state.mkdir(mode=0o700)
+        self.ledger = Ledger(state / "ledger.db")
         self.ledger.set_inventory(name, node_view(name, spec).gpus)
-
-    async def commit(self, owner: Owner, decision, *, request=None, details=None):
-        return await trio.to_thread.run_sync(lambda: self.ledger.commit(
-            owner.key, decision, kind=owner.kind, request=request or {}, details=details or {}))
-
-    async def release(self, key: str):
-        return await trio.to_thread.run_sync(self.ledger.release, key)
-
-    async def status(self) -> dict:
-        view = await trio.to_thread.run_sync(self.ledger.view)
-        res = await trio.to_thread.run_sync(self.ledger.list)
-        return status_document(view, res, "simulated")
+        backend = SimulatedBackend(parse_simulate_spec(spec), name)
+        facts = NodeFacts(node=name, state_dir=str(state),
+                          backend={"kind": "simulated", "simulate": spec, "mig_enabled": False})
+        super().__init__(NodeCore(self.ledger, facts, lambda: backend), "simulated")
 
     def propose(self, uid: str, spec: str = "mem=4g"):
         """(owner, decision) as a leader would choose it from this node's current view."""

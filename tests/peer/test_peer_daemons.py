@@ -28,7 +28,6 @@ from hamid.placement import place
 from hamid.request import parse_docker_env
 
 HAMID = [sys.executable, "-m", "hamid.cli.main"]
-pytestmark = pytest.mark.slow
 
 
 def free_port() -> int:
