@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--config", help="with --live: node settings (defaults, policies) and stateDir from this file")
     pl.add_argument("--workload", required=True, help="multi-document YAML of Pods and Docker entries")
     pl.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    pl.add_argument("--scores", action="store_true",
+                    help="table output: each node's score and each GPU's score for every item")
 
     sub.add_parser("version", help="print the version")
     return p
@@ -162,11 +164,12 @@ def _cmd_plan(args) -> int:
     from . import plan
 
     nodes = _live_nodes(args) if args.live else plan.load_cluster(args.cluster)
-    results = plan.plan(nodes, plan.load_workload(args.workload))
+    results = plan.plan(nodes, plan.load_workload(args.workload),
+                        source="the live view" if args.live else f"the cluster file {args.cluster}")
     if args.output == "json":
         print(json.dumps(results, indent=2))
     else:
-        print(plan.render(results))
+        print(plan.render(results, scores=args.scores))
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -8,6 +8,13 @@ Cluster file (YAML)::
       - name: node-a
         gpus: H100-80GB-HBM3:2,T4      # catalog models, as --simulate takes them
         config: {operatingMode: mig}   # optional per-node overrides
+        unhealthy: [1]                 # optional: GPUs (index or UUID) that report unhealthy
+        annotations:                   # optional: node annotations hamid reads
+          hami.io/device-cordon: GPU-...   # GPUs that take no new tenants
+
+The top-level ``config`` also takes the resource names
+(``resourceCountName``...) pods are parsed with. Link scores between GPUs
+come from the catalog (NVLink boards) and the simulated NUMA nodes.
 
 Workload file: multi-document YAML of Kubernetes Pods (``kind: Pod``) and
 Docker entries::
@@ -17,11 +24,16 @@ Docker entries::
     node: node-a           # optional: a Docker container runs on one host
     env: {HAMI_VISIBLE_DEVICES: "0", HAMI_VGPU_SPEC: "mem=4g,cores=30"}
 
-Items are placed in order; each sees the ones before it.
+Items are placed in order; each sees the ones before it. ``-o json`` prints,
+per item, every node considered with each GPU's capacity and use before the
+item (memory, cores, share slots, model and HAMi type, health, cordon,
+exclusivity, MIG instances) and its score for the item, so that a decision
+can be checked against the printed numbers alone.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +42,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import NodeSettings
 from ..config.load import ConfigError
+from ..config.schema import ResourceNameSettings
 from ..node.capacity import capacity_views
 from ..devices.simulated import SimulatedBackend, parse_simulate_spec
 from ..devices.errors import DeviceError
 from ..errors import HamidError
 from ..placement import Decision, NodeView, place
+from ..placement.engine import gpu_scores
 from ..placement.result import NoFit
 from ..placement.usage import with_usage
+from ..placement.view import MODE_MIG, GpuView, restrict_mig_profiles
 from ..request import Defaults, RequestError, parse_docker_env, parse_pod
+from ..request.kube import ANN_DEVICE_CORDON, parse_device_cordon
+from ..request.model import ResourceNames
 
 
 class _Node(BaseModel):
@@ -45,6 +62,8 @@ class _Node(BaseModel):
     name: str = Field(min_length=1)
     gpus: str
     config: dict[str, Any] = {}
+    unhealthy: list[int | str] = []
+    annotations: dict[str, str] = {}
 
 
 class _Cluster(BaseModel):
@@ -54,10 +73,11 @@ class _Cluster(BaseModel):
 
 
 class PlanNode:
-    def __init__(self, name: str, settings: NodeSettings, capacity) -> None:
+    def __init__(self, name: str, settings: NodeSettings, capacity, names: ResourceNames = ResourceNames()) -> None:
         self.name = name
         self.settings = settings
         self.capacity = capacity
+        self.names = names
         self.decisions: list[Decision] = []
 
     def view(self) -> NodeView:
@@ -84,19 +104,41 @@ def load_cluster(path: str | Path) -> list[PlanNode]:
     except ValidationError as e:
         msgs = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
         raise HamidError(f"{path}: {msgs}; expected 'nodes: [{{name, gpus: MODEL[:COUNT],..., config}}]'") from None
+    base = dict(cluster.config)
+    name_keys = {k: base.pop(k) for k in list(base) if k in ResourceNameSettings.model_fields}
+    try:
+        rn = ResourceNameSettings.model_validate(name_keys)
+    except ValidationError as e:
+        msgs = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'config'}={x.get('input')!r}: {x['msg']}"
+                         for x in e.errors())
+        raise ConfigError(f"{path}: config: {msgs}") from None
+    res_names = ResourceNames.from_settings(rn)
     nodes = []
     names = set()
     for i, n in enumerate(cluster.nodes):
+        where = f"{path}: nodes[{i}] ({n.name})"
         if n.name in names:
             raise HamidError(f"{path}: nodes[{i}].name {n.name!r} appears twice")
         names.add(n.name)
-        settings = _settings(cluster.config, n.config, f"{path}: nodes[{i}] ({n.name}).config")
+        settings = _settings(base, n.config, f"{where}.config")
         try:
             models = parse_simulate_spec(n.gpus)
+            backend = SimulatedBackend(models, n.name, mig_enabled=settings.operatingMode == "mig",
+                                       unhealthy=n.unhealthy)
         except DeviceError as e:
-            raise HamidError(f"{path}: nodes[{i}] ({n.name}).gpus: {e}") from None
-        backend = SimulatedBackend(models, n.name, mig_enabled=settings.operatingMode == "mig")
-        nodes.append(PlanNode(n.name, settings, capacity_views(backend.gpus(), settings)))
+            raise HamidError(f"{where}: {e}") from None
+        try:
+            cordon = parse_device_cordon(n.annotations.get(ANN_DEVICE_CORDON))
+        except RequestError as e:
+            raise HamidError(f"{where}.annotations: {e}") from None
+        caps = [restrict_mig_profiles(g, settings.migProfileAllowlist) for g in
+                capacity_views(backend.gpus(), settings)]
+        unknown = sorted(cordon - {g.uuid for g in caps})
+        if unknown:
+            raise HamidError(f"{where}.annotations: {ANN_DEVICE_CORDON} names {unknown[0]}, which is not a GPU "
+                             f"of this node (its GPUs: {', '.join(g.uuid for g in caps)})")
+        caps = [replace(g, cordoned=True) if g.uuid in cordon else g for g in caps]
+        nodes.append(PlanNode(n.name, settings, caps, res_names))
     return nodes
 
 
@@ -113,7 +155,37 @@ def load_workload(path: str | Path) -> list[dict]:
     return docs
 
 
-def plan(nodes: list[PlanNode], workload: list[dict]) -> list[dict]:
+def _defaults(node) -> Defaults:
+    d = Defaults.from_settings(node.settings)
+    names = getattr(node, "names", None)
+    return replace(d, names=names) if names is not None else d
+
+
+def gpu_doc(g: GpuView, score) -> dict:
+    """One GPU's capacity and use as ``hamid plan -o json`` prints it."""
+    d = {"uuid": g.uuid, "index": g.index, "model": g.name, "type": g.hami_type, "mode": g.mode, "numa": g.numa,
+         "healthy": g.healthy, "cordoned": g.cordoned, "filtered": g.filtered, "memory_mib": g.mem_total,
+         "memory_used_mib": g.mem_used, "cores": g.cores_total, "cores_used": g.cores_used,
+         "split_count": g.slots_total, "shares_used": g.slots_used, "exclusive": g.exclusive}
+    if g.mode == MODE_MIG or g.mig_used:
+        d["mig_profiles"] = {p.name: {"memory_mib": p.memory_mib, "max": p.max_instances, "slices": p.slices,
+                                      "placements": [[pl.start, pl.size] for pl in p.placements]}
+                             for p in g.mig_profiles}
+        d["compute_slices"] = g.compute_slices
+        d["mig_used"] = [{"profile": m.profile, "start": m.placement.start, "size": m.placement.size}
+                         for m in g.mig_used]
+    if g.links:
+        d["links"] = {u: v for u, v in g.links}
+    if isinstance(score, str):
+        d["score"], d["unfit"] = None, score
+    else:
+        d["score"] = score
+    return d
+
+
+def plan(nodes: list, workload: list[dict], source: str = "the cluster file") -> list[dict]:
+    """Place each workload item in order; ``source`` names where ``nodes``
+    came from in messages (the cluster file, or the live view)."""
     by_name = {n.name: n for n in nodes}
     node_policy = nodes[0].settings.nodeSchedulerPolicy if nodes else "binpack"
     out = []
@@ -121,8 +193,7 @@ def plan(nodes: list[PlanNode], workload: list[dict]) -> list[dict]:
         item: dict[str, Any] = {"item": i + 1, "kind": doc["kind"]}
         try:
             if doc["kind"] == "Pod":
-                defaults = Defaults.from_settings(nodes[0].settings)
-                req = parse_pod(doc, defaults)
+                req = parse_pod(doc, _defaults(nodes[0]))
                 item["name"] = req.owner.removeprefix("pod:")
                 candidates = nodes
             else:
@@ -130,30 +201,47 @@ def plan(nodes: list[PlanNode], workload: list[dict]) -> list[dict]:
                 item["name"] = name
                 target = doc.get("node")
                 if target is not None and target not in by_name:
-                    raise RequestError(f"node {target!r} is not in the cluster file")
+                    raise RequestError(f"node {target!r} is not in {source} (its nodes: {', '.join(by_name)})")
                 candidates = [by_name[target]] if target else nodes
                 env = doc.get("env") or {}
                 if not isinstance(env, dict):
                     raise RequestError("env: expected a mapping of variable to value")
-                req = parse_docker_env(env, name, Defaults.from_settings(candidates[0].settings))
+                req = parse_docker_env(env, name, _defaults(candidates[0]))
                 if req is None:
                     raise RequestError("neither HAMI_VISIBLE_DEVICES nor HAMI_VGPU_SPEC is set")
         except RequestError as e:
             item["error"] = str(e)
             out.append(item)
             continue
-        got = place(req, [n.view() for n in candidates], node_policy)
+        views = [n.view() for n in candidates]
+        got = place(req, views, node_policy)
         if isinstance(got, NoFit):
             item["error"] = "does not fit"
             item["reasons"] = {k: list(v) for k, v in got.reasons.items()}
         else:
             by_name[got.node].decisions.append(got)
             item.update(got.to_dict())
+        item["nodes"] = {}
+        for v in views:
+            scores = gpu_scores(req, v)
+            item["nodes"][v.name] = {"score": round(v.usage_score, 4), "gpu_policy": req.gpu_policy or v.gpu_policy,
+                                     "gpus": [gpu_doc(g, scores.get(g.uuid)) for g in v.gpus]}
         out.append(item)
     return out
 
 
-def render(results: list[dict]) -> str:
+def _score_lines(r: dict) -> list[str]:
+    lines = []
+    for node, nd in r.get("nodes", {}).items():
+        cells = [f"GPU {g['index']} {g['score']:.2f}" if g["score"] is not None else f"GPU {g['index']} -"
+                 for g in nd["gpus"]]
+        lines.append(f"     scores {node} (node {nd['score']:.2f}, {nd['gpu_policy']}): " + ", ".join(cells))
+    return lines
+
+
+def render(results: list[dict], scores: bool = False) -> str:
+    """The table; with ``scores``, each node's score and each GPU's score for
+    the item (``-``: the GPU cannot take it; ``-o json`` says why)."""
     lines = []
     for r in results:
         head = f"{r['item']}. {r['kind']} {r.get('name', '?')}"
@@ -162,6 +250,8 @@ def render(results: list[dict]) -> str:
             for node, why in r.get("reasons", {}).items():
                 for w in why:
                     lines.append(f"     {node}: {w}")
+            if scores:
+                lines.extend(_score_lines(r))
             continue
         lines.append(f"{head} -> node {r['node']}")
         for c in r["containers"]:
@@ -175,4 +265,6 @@ def render(results: list[dict]) -> str:
                     share = f"{d['mem_mib']} MiB, {d['cores']}% cores"
                 tag = " (init)" if c["init"] else ""
                 lines.append(f"     {c['name']}{tag}: GPU {d['index']} {d['uuid']}  {share}")
+        if scores:
+            lines.extend(_score_lines(r))
     return "\n".join(lines)

@@ -64,6 +64,12 @@ class GpuView:
         form HAMi up to v2.7 registered for every card."""
         return hami_type_names(self.name)
 
+    @property
+    def hami_type(self) -> str:
+        """The type HAMi (v2.8 on) registers: the name, ``NVIDIA-`` prefixed
+        when it lacks "NVIDIA" (``NVIDIA-Tesla T4``)."""
+        return self.name if "NVIDIA" in self.name.upper() else "NVIDIA-" + self.name
+
     def profile(self, name: str) -> MigProfile | None:
         for p in self.mig_profiles:
             if p.name == name:
