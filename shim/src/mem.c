@@ -151,13 +151,31 @@ static CUcontext current_ctx(void)
 /* ---- sizes ---- */
 
 #define MIB (1024ull * 1024ull)
-static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+#define SIZE_OVERFLOW UINT64_MAX /* an estimate that does not fit 64 bits: never admitted under a limit */
 
-/* What the driver really takes: 2 MiB pages for large blocks, 512 B granules for small ones. */
+/* What the driver really takes: 2 MiB pages for large blocks, 512 B granules for small ones. Overflow-checked. */
 static uint64_t charge_size(uint64_t bytes)
 {
-    return bytes >= MIB ? round_up(bytes, 2 * MIB) : round_up(bytes ? bytes : 1, 512);
+    uint64_t a = bytes >= MIB ? 2 * MIB : 512;
+    if (!bytes) bytes = 1;
+    if (bytes > SIZE_OVERFLOW - (a - 1)) return SIZE_OVERFLOW;
+    return (bytes + a - 1) / a * a;
 }
+
+/* a * b * ..., SIZE_OVERFLOW when it does not fit. */
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? SIZE_OVERFLOW : r;
+}
+
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? SIZE_OVERFLOW : r;
+}
+
+static uint64_t dim(uint64_t v) { return v ? v : 1; }
 
 static unsigned format_bytes(int fmt)
 {
@@ -265,6 +283,25 @@ static int reserve(const struct where *w, uint64_t bytes)
     return acct_reserve(w->rdev, bytes, 0);
 }
 
+/*
+ * The driver's real size is known only once it allocated: every byte of it
+ * is admitted. An excess over the estimate goes through admission like any
+ * allocation (-1: it does not fit, the estimate is returned and the caller
+ * frees the allocation and refuses); a shortfall is given back.
+ */
+static int settle(const struct where *w, uint64_t guess, uint64_t real)
+{
+    /* no reconcile here: NVML already shows the whole allocation, its record does not exist yet */
+    if (real > guess && acct_reserve(w->rdev, real - guess, 0) != 0) {
+        acct_release(w->rdev, guess);
+        LOG_INFO("device %d: the driver took %llu B where %llu B were estimated; over the limit, refused", w->rdev,
+                 (unsigned long long)real, (unsigned long long)guess);
+        return -1;
+    }
+    if (real < guess) acct_release(w->rdev, guess - real);
+    return 0;
+}
+
 /* ---- allocators ---- */
 
 /* ctx: the context whose end frees it; NULL for VMM handles and pool blocks (the device's end only) */
@@ -313,13 +350,17 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     struct where w;
     if (!dptr || !pitch || !width || !height || locate_current(&w) != 0)
         return g_cu.cuMemAllocPitch_v2(dptr, pitch, width, height, esz);
-    uint64_t guess = charge_size(round_up(width, 512) * (uint64_t)height);
+    uint64_t row = width > SIZE_OVERFLOW - 511 ? SIZE_OVERFLOW : (width + 511) / 512 * 512;
+    uint64_t guess = charge_size(mul_sat(row, height));
     if (reserve(&w, guess) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = g_cu.cuMemAllocPitch_v2(dptr, pitch, width, height, esz);
     if (r != CUDA_SUCCESS) return after_alloc(r, K_PTR, 0, &w, guess);
-    uint64_t real = charge_size((uint64_t)*pitch * height);
-    if (real > guess) acct_reserve(w.rdev, real - guess, 1);
-    else if (real < guess) acct_release(w.rdev, guess - real);
+    uint64_t real = charge_size(mul_sat(*pitch, height));
+    if (settle(&w, guess, real) != 0) { /* the driver's pitch took more than fits: undone */
+        g_cu.cuMemFree_v2(*dptr);
+        *dptr = 0;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return after_alloc(r, K_PTR, *dptr, &w, real);
 }
 
@@ -436,7 +477,7 @@ static CUresult array_common(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d2, const
     uint64_t wd = d2 ? d2->Width : d3->Width, ht = d2 ? d2->Height : d3->Height, dp = d2 ? 1 : d3->Depth;
     unsigned ch = d2 ? d2->NumChannels : d3->NumChannels;
     int fmt = d2 ? d2->Format : d3->Format;
-    uint64_t guess = charge_size(wd * (ht ? ht : 1) * (dp ? dp : 1) * format_bytes(fmt) * (ch ? ch : 1));
+    uint64_t guess = charge_size(mul_sat(mul_sat(mul_sat(dim(wd), dim(ht)), dim(dp)), (uint64_t)format_bytes(fmt) * dim(ch)));
     if (reserve(&w, guess) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     r = CALL();
 #undef CALL
@@ -447,8 +488,11 @@ static CUresult array_common(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d2, const
     if (g_cu.cuArrayGetMemoryRequirements && g_cu.cuArrayGetMemoryRequirements(&req, *ph, w.ord) == CUDA_SUCCESS &&
         req.size)
         real = charge_size(req.size);
-    if (real > guess) acct_reserve(w.rdev, real - guess, 1);
-    else if (real < guess) acct_release(w.rdev, guess - real);
+    if (settle(&w, guess, real) != 0) {
+        g_cu.cuArrayDestroy(*ph);
+        *ph = NULL;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return after_alloc(r, K_ARRAY, (uint64_t)(uintptr_t)*ph, &w, real);
 }
 
@@ -476,9 +520,13 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_
     REAL(cuMipmappedArrayCreate);
     struct where w;
     if (!ph || !d || locate_current(&w) != 0) return g_cu.cuMipmappedArrayCreate(ph, d, levels);
-    uint64_t base = d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * format_bytes(d->Format) *
-                    (d->NumChannels ? d->NumChannels : 1);
-    uint64_t guess = charge_size(base + base / 3); /* all levels of a 2D chain: < 4/3 of the base */
+    /* Every level of the chain, summed: a 1-D chain is nearly twice its base, a 2-D one 4/3, a 3-D one 8/7. */
+    uint64_t elem = (uint64_t)format_bytes(d->Format) * dim(d->NumChannels), sum = 0;
+    for (unsigned l = 0; l < (levels ? levels : 1) && l < 64; l++) {
+        uint64_t lw = dim(d->Width >> l), lh = d->Height ? dim(d->Height >> l) : 1, ld = d->Depth ? dim(d->Depth >> l) : 1;
+        sum = add_sat(sum, mul_sat(mul_sat(mul_sat(lw, lh), ld), elem));
+    }
+    uint64_t guess = charge_size(sum);
     if (reserve(&w, guess) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = g_cu.cuMipmappedArrayCreate(ph, d, levels);
     if (r != CUDA_SUCCESS) return after_alloc(r, K_MIPMAP, 0, &w, guess);
@@ -488,8 +536,11 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_
     if (g_cu.cuMipmappedArrayGetMemoryRequirements &&
         g_cu.cuMipmappedArrayGetMemoryRequirements(&req, *ph, w.ord) == CUDA_SUCCESS && req.size)
         real = charge_size(req.size);
-    if (real > guess) acct_reserve(w.rdev, real - guess, 1);
-    else if (real < guess) acct_release(w.rdev, guess - real);
+    if (settle(&w, guess, real) != 0) {
+        g_cu.cuMipmappedArrayDestroy(*ph);
+        *ph = NULL;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return after_alloc(r, K_MIPMAP, (uint64_t)(uintptr_t)*ph, &w, real);
 }
 

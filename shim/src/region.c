@@ -391,6 +391,10 @@ HIDDEN int acct_reserve(int rdev, uint64_t bytes, int force)
     struct hamid_device *d = &g_region->devices[rdev];
     int locked = region_lock();
     uint64_t lim = d->limit_bytes, used = ld(&d->used_bytes);
+    if (bytes > UINT64_MAX - used) { /* an estimate that overflowed: nothing that size exists */
+        region_unlock(locked);
+        return -1;
+    }
     if (!force && lim && (bytes > lim || used + bytes > lim)) {
         if (reclaim_dead_locked() == 0 || (used = ld(&d->used_bytes)) + bytes > lim) {
             d->oom_count++;

@@ -92,6 +92,25 @@ def test_every_allocator_counts_and_frees(shim, kind):
     assert GiB - f2 == CTX, kind
 
 
+@pytest.mark.parametrize("kind,env", [("pitch", {"FAKE_PITCH_ALIGN": str(MiB)}), ("array", {"FAKE_ARRAY_PAD_PCT": "100"}),
+                                      ("array3d", {"FAKE_ARRAY_PAD_PCT": "100"}), ("mipmap1d", {})])
+def test_an_allocation_larger_than_estimated_is_refused_at_the_limit(shim, kind, env):
+    """Every byte is admitted: when the driver's real size (a pitch aligned to 1 MiB rows, an array padded to twice
+    its texels, a 1-D mip chain of nearly twice its base) exceeds what was estimated and does not fit, the
+    allocation is freed again and refused; nothing stays charged, on the host either. 600 MiB estimated, about
+    1.2 GiB real, under a 1 GiB limit."""
+    p = shim.spawn("procaddr", "init", f"alloc:{kind}:600m", "meminfo", "wait", CUDA_DEVICE_MEMORY_LIMIT="1g", **env)
+    lines = wait_ready(p)
+    host = {int(ln[1]): int(ln[2]) for ln in shim.run("dlsym", "nvmlprocs", preload=False).find("proc")}
+    inside = used(shim)
+    finish(p)
+    assert f"alloc {kind} 600m 2" in lines, lines
+    assert inside == CTX and host[p.pid] == CTX, (inside, host)
+    r = shim.run("procaddr", "init", f"alloc:{kind}:300m", "meminfo", CUDA_DEVICE_MEMORY_LIMIT="2g", **env)
+    free, total = (int(x) for x in r.one("meminfo")[2:4])
+    assert r.one("alloc")[3] == "0" and total - free - CTX >= 580 * MiB, r  # what fits is charged in full
+
+
 def test_accounting_matches_the_host_view(shim):
     """The container's figure against the (fake) host's, with VMM, pools and arrays mixed."""
     p = shim.spawn("procaddr", "init", "alloc:mem:300m", "alloc:vmm:256m", "alloc:pool:100m", "alloc:async:64m",

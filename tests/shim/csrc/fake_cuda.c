@@ -222,7 +222,10 @@ API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t 
 {
     (void)e;
     if (!p || !pitch) return CUDA_ERROR_INVALID_VALUE;
-    *pitch = (w + 511) / 512 * 512;
+    /* FAKE_PITCH_ALIGN: the row alignment this "GPU" needs (default 512; real ones differ by texture unit) */
+    const char *a = getenv("FAKE_PITCH_ALIGN");
+    uint64_t al = a && *a ? strtoull(a, NULL, 10) : 512;
+    *pitch = (w + al - 1) / al * al;
     return fake_alloc(1, *pitch * h, p, -1);
 }
 API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s) { (void)s; return fake_alloc(1, b, p, -1); }
@@ -239,17 +242,23 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t b, const CUmemA
 }
 API CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return fake_free(2, h); }
 static unsigned fmt_bytes(int f) { return f == 1 || f == 8 ? 1 : f == 2 || f == 9 || f == 0x10 ? 2 : 4; }
+/* FAKE_ARRAY_PAD_PCT: an array takes that much more than its texels (tiling, alignment) */
+static uint64_t array_bytes(uint64_t texels)
+{
+    const char *v = getenv("FAKE_ARRAY_PAD_PCT");
+    return texels + (v && *v ? texels * strtoull(v, NULL, 10) / 100 : 0);
+}
 API CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
 {
     unsigned long long x;
-    CUresult r = fake_alloc(3, d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels, &x, -1);
+    CUresult r = fake_alloc(3, array_bytes(d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels), &x, -1);
     if (r == CUDA_SUCCESS) *a = (CUarray)(uintptr_t)x;
     return r;
 }
 API CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
 {
     unsigned long long x;
-    CUresult r = fake_alloc(3, d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * fmt_bytes(d->Format) * d->NumChannels, &x, -1);
+    CUresult r = fake_alloc(3, array_bytes(d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * fmt_bytes(d->Format) * d->NumChannels), &x, -1);
     if (r == CUDA_SUCCESS) *a = (CUarray)(uintptr_t)x;
     return r;
 }
@@ -270,11 +279,30 @@ API CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *m, CUa
 }
 API CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
 {
-    (void)levels;
-    uint64_t base = d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels; unsigned long long x;
-    CUresult r = fake_alloc(4, base + base / 3, &x, -1);
+    /* every level of the chain: a 1-D chain takes nearly twice its base */
+    uint64_t sum = 0;
+    for (unsigned l = 0; l < (levels ? levels : 1); l++) {
+        uint64_t w = d->Width >> l, h = d->Height ? d->Height >> l : 1, z = d->Depth ? d->Depth >> l : 1;
+        sum += (w ? w : 1) * (h ? h : 1) * (z ? z : 1) * fmt_bytes(d->Format) * d->NumChannels;
+    }
+    unsigned long long x;
+    CUresult r = fake_alloc(4, sum, &x, -1);
     if (r == CUDA_SUCCESS) *m = (CUmipmappedArray)(uintptr_t)x;
     return r;
+}
+API CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *m, CUmipmappedArray a, CUdevice d)
+{
+    (void)d;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < 65536; i++)
+        if (g_allocs[i].key == (uint64_t)(uintptr_t)a && g_allocs[i].kind == 4) {
+            m->size = g_allocs[i].charged;
+            m->alignment = 2u << 20;
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_INVALID_VALUE;
 }
 API CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) { return fake_free(4, (uint64_t)(uintptr_t)m); }
 API CUresult cuMemGetInfo_v2(size_t *f, size_t *t)

@@ -211,6 +211,11 @@ static CUresult do_alloc(const char *kind, uint64_t size, uint64_t *out)
         CUmipmappedArray m = NULL;
         r = api.cuMipmappedArrayCreate(&m, &d, 4);
         p = (uint64_t)(uintptr_t)m;
+    } else if (!strcmp(kind, "mipmap1d")) { /* a 1-D chain of 12 levels: nearly twice its base */
+        CUDA_ARRAY3D_DESCRIPTOR d = {size / 4, 0, 0, 0x20, 1, 0};
+        CUmipmappedArray m = NULL;
+        r = api.cuMipmappedArrayCreate(&m, &d, 12);
+        p = (uint64_t)(uintptr_t)m;
     } else { printf("error kind %s\n", kind); exit(3); }
     *out = p;
     return r;
@@ -221,7 +226,7 @@ static CUresult do_free(struct handle *h)
     const char *k = h->kind;
     if (!strcmp(k, "vmm")) return api.cuMemRelease(h->v);
     if (!strcmp(k, "array") || !strcmp(k, "array3d")) return api.cuArrayDestroy((CUarray)(uintptr_t)h->v);
-    if (!strcmp(k, "mipmap")) return api.cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)h->v);
+    if (!strcmp(k, "mipmap") || !strcmp(k, "mipmap1d")) return api.cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)h->v);
     if (!strcmp(k, "async") || !strcmp(k, "pool")) return api.cuMemFreeAsync(h->v, g_stream);
     return api.cuMemFree_v2(h->v);
 }
