@@ -204,9 +204,14 @@ def build_faces(d: Daemon):
         keyring = _keyring(c)
         if keyring is None:
             log.warning("gossip without a key: frames are neither encrypted nor authenticated (gossipKeyFile)")
+        peer_address = None
+        if c.peerListen:
+            from ..peer.server import advertised
+
+            peer_address = advertised(c.peerListen, c.peerAdvertise)
         gossip = GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=tuple(c.gossipJoin),
                                advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
-                               read_stamp=d.ledger.change_stamp)
+                               read_stamp=d.ledger.change_stamp, peer_address=peer_address)
         d.service.subscribe(lambda event, key: gossip.poke() if event != "conflict" else None)
     faces.append(LocalApiFace(d.service, str(d.state_dir / SOCKET_NAME),
                               defaults=Defaults.from_settings(d.settings),
@@ -215,10 +220,10 @@ def build_faces(d: Daemon):
                             start_grace=c.dockerStartGrace))
     if gossip is not None:
         faces.append(gossip)
-    if getattr(c, "peerListen", None):
+    if c.peerListen:
         from ..peer.server import PeerFace
 
-        faces.append(PeerFace(d.service, _keyring(c), c.peerListen, insecure=getattr(c, "peerInsecure", False)))
+        faces.append(PeerFace.from_config(d.service, c, _keyring(c)))
     for f in faces:
         col = collector_of(f)
         if col is not None:
