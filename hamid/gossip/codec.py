@@ -9,6 +9,12 @@ in this order, and the first failure names the reason it is dropped:
 when we have keys, or sealed when we have none), ``decode`` (not CBOR),
 ``version`` (not a version we speak), ``schema`` (a missing or ill-typed
 field, an unknown type). This module does no I/O.
+
+Decoding relies on cbor2's ``max_depth`` (added in cbor2 5.9.0): with an
+older cbor2 every ``loads`` raised TypeError, which the decoder counted as
+"not CBOR", so every frame was dropped in silence. ``check_cbor2`` probes the
+installed cbor2 once, and a Codec refuses to exist without a working depth
+limit, so the daemon stops at start-up with a line saying what to install.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 import cbor2
 
+from ..errors import HamidError
 from .capacity import doc_problem
 from .keyring import PLAIN, Keyring
 
@@ -27,6 +34,30 @@ U63 = 1 << 63
 # member states as carried in push/pull entries
 ALIVE, SUSPECT, DEAD, LEFT = 0, 1, 2, 3
 STATE_NAMES = {ALIVE: "alive", SUSPECT: "suspect", DEAD: "dead", LEFT: "left"}
+
+
+CBOR2_MIN = "5.9.0"  # the first cbor2 with loads(..., max_depth=); pyproject.toml pins the same
+
+
+def check_cbor2() -> None:
+    """Raise HamidError unless the installed cbor2 enforces ``max_depth``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("cbor2")
+    except PackageNotFoundError:
+        installed = "unknown"
+    fix = f"install cbor2>={CBOR2_MIN} (pip install 'cbor2>={CBOR2_MIN}')"
+    try:
+        cbor2.loads(b"\x80", max_depth=2)
+    except TypeError:
+        raise HamidError(f"cbor2 {installed} has no max_depth for loads, which gossip needs to decode "
+                         f"frames safely; {fix}") from None
+    try:
+        cbor2.loads(b"\x81" * 39 + b"\x80", max_depth=2)
+    except cbor2.CBORDecodeError:
+        return
+    raise HamidError(f"cbor2 {installed} accepts 40 nested arrays with max_depth=2 (no depth limit); {fix}")
 
 
 class FrameRejected(Exception):
@@ -120,6 +151,7 @@ class Codec:
     """Encodes and decodes frames with an optional keyring."""
 
     def __init__(self, keyring: Keyring | None, max_frame_bytes: int) -> None:
+        check_cbor2()
         self.keyring = keyring
         self.max_frame_bytes = max_frame_bytes
 
