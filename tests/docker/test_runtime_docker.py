@@ -190,3 +190,92 @@ def test_daemon_killed_and_restarted_midway_ends_with_the_truth(env):
     finally:
         env.start_hamid()
     env.wait_for(lambda: env.reservations() == [] and not env.mig_instances(), what="reconcile after restart")
+
+
+@pytest.fixture(scope="module")
+def cuda_image(env, tmp_path_factory):
+    """An image with the suite's stand-in driver (a fake libcuda/libnvidia-ml, NOT NVIDIA's), the shim's
+    test program and the glibc they need, so the shim the runtime mounts can run inside a container."""
+    import shutil
+    import subprocess
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shim"))
+    from shimharness import build_all
+
+    built = build_all(tmp_path_factory)
+    rootfs = tmp_path_factory.mktemp("cudaimg") / "rootfs"
+    for d in ("bin", "tmp", "proc", "sys", "dev", "etc", "lib/x86_64-linux-gnu"):
+        (rootfs / d).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(shutil.which("busybox"), rootfs / "bin" / "busybox")
+    for a in ("sh", "sleep", "cat", "touch"):
+        os.symlink("busybox", rootfs / "bin" / a)
+    shutil.copy2(built.shimtest, rootfs / "shimtest")
+    for lib in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        shutil.copy2(built.libdir / lib, rootfs / "lib" / "x86_64-linux-gnu" / lib)
+    needed = set()
+    for binary in (built.shimtest, built.shim):
+        out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            path = line.split("=>")[-1].split("(")[0].strip()
+            if path.startswith("/") and "libcuda" not in path and "libnvidia-ml" not in path:
+                needed.add(path)
+    for path in needed:
+        dest = rootfs / path.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath(path), dest)
+    env._import(rootfs, "hamid-test:cuda")
+    return "hamid-test:cuda"
+
+
+def test_docker_exec_processes_get_the_containers_limits_from_its_limits_file(env, cuda_image):
+    """``docker exec`` processes carry none of the CUDA_DEVICE_* variables the runtime put in the spec
+    (Docker keeps its own copy of the environment), and may set their own: the limits file decides."""
+    from hamid.shimregion.reader import read_region
+
+    a = env.docker("run", "-d", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1", "-e", "HAMI_VGPU_SPEC=mem=1g",
+                   cuda_image, "sleep", "120")
+    assert a.returncode == 0, a.stderr
+    cid = a.stdout.strip()
+    try:
+        env_in_exec = env.docker("exec", cid, "sh", "-c", "env").stdout
+        assert "CUDA_DEVICE_MEMORY_LIMIT" not in env_in_exec  # what made exec'd processes unlimited before
+
+        def shimtest(*cmds, extra=()):
+            return env.docker("exec", *extra, cid, "/shimtest", "direct", *cmds)
+
+        r = shimtest("init", "alloc:mem:700m", "alloc:mem:600m")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split("\n")[1:3] == ["alloc mem 700m 0", "alloc mem 600m 2"], r.stdout + r.stderr
+        # lifting the limit from the environment changes nothing while the file is there
+        lifted = shimtest("init", "alloc:mem:1500m", extra=("-e", "CUDA_DEVICE_MEMORY_LIMIT_0=64g",
+                                                            "-e", "CUDA_DEVICE_MEMORY_LIMIT=64g",
+                                                            "-e", "CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/mine"))
+        assert "alloc mem 1500m 2" in lifted.stdout, lifted.stdout + lifted.stderr
+        # a holder's usage lands in the container's region on the host, which the daemon reads
+        holder = subprocess_popen(["docker", "-H", f"unix://{env.sock}", "exec", cid, "/shimtest", "direct",
+                                   "init", "alloc:mem:512m", "waitfile:/tmp/go"])
+        try:
+            region = env.state / "containers" / cid / "vgpu.cache"
+
+            def used():
+                if not region.exists():
+                    return None
+                snap = read_region(region)
+                dev = snap.device(0)
+                return dev if dev and dev.used_bytes >= 512 << 20 else None
+
+            dev = env.wait_for(used, what="the exec'd process's usage in the container's region")
+            assert dev.limit_bytes == 1 << 30
+            second = shimtest("init", "alloc:mem:600m")  # 512m held by a sibling: 600m more does not fit
+            assert "alloc mem 600m 2" in second.stdout, second.stdout + second.stderr
+        finally:
+            env.docker("exec", cid, "touch", "/tmp/go")
+            holder.wait(timeout=30)
+    finally:
+        env.docker("rm", "-f", cid)
+
+
+def subprocess_popen(args):
+    import subprocess
+
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
