@@ -118,3 +118,30 @@ def test_a_file_that_cannot_be_a_config_is_one_line_naming_it(tmp_path, capsys, 
 def test_nesting_the_schema_needs_is_accepted(tmp_path):
     c = load_config(write(tmp_path, "nodeconfig:\n  - name: a\n    filterDevices:\n      uuid: [GPU-1]\n"))
     assert c.nodeconfig[0].filterDevices.uuid == ("GPU-1",)
+
+
+@pytest.mark.parametrize("listen", ["10.0.0.5:7947", "0.0.0.0:7947", "[::]:7947", "node-a.example:7947"])
+def test_gossip_without_a_key_off_loopback_is_refused_in_one_line(tmp_path, listen):
+    p = write(tmp_path, f"gossipListen: '{listen}'\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert f"gossip on {listen} without a key" in msg and str(p) in msg
+    assert "gossipKeyFile" in msg and "gossipInsecure: true" in msg and "--gossip-insecure" in msg
+    # a flag given on the command line is checked the same way
+    with pytest.raises(ConfigError, match="without a key"):
+        load_config(None, {"gossipListen": listen})
+
+
+@pytest.mark.parametrize("cfg", [
+    {"gossipListen": "10.0.0.5:7947", "gossipInsecure": True},
+    {"gossipListen": "10.0.0.5:7947", "gossipKeyFile": "/etc/hamid/keys"},
+    {"gossipListen": "127.0.0.1:7947"},
+    {"gossipListen": "[::1]:7947"},
+    {"gossipListen": "localhost:7947"},
+    {},
+])
+def test_gossip_with_a_key_on_loopback_or_explicitly_insecure_is_accepted(cfg):
+    c = load_config(None, cfg)
+    assert c.gossipInsecure is cfg.get("gossipInsecure", False)

@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--join", metavar="HOST:PORT[,...]", help="seed members to join through (gossipJoin)")
     run.add_argument("--gossip-key-file", metavar="FILE",
                      help="keyring: one base64 AES key (16/24/32 bytes) per line, the first sends (gossipKeyFile)")
+    run.add_argument("--gossip-insecure", action="store_true", default=None,
+                     help="allow gossip without a key off loopback: unencrypted, unauthenticated (gossipInsecure)")
 
     st = sub.add_parser("status", help="this node's GPUs and what is reserved on them")
     st.add_argument("--state-dir", help=f"the daemon's state dir (default {DEFAULT_STATE_DIR})")
@@ -71,6 +73,7 @@ def _cmd_run(args) -> int:
                  "simulate": args.simulate, "logFormat": args.log_format, "logLevel": args.log_level,
                  "gossipListen": args.gossip_listen, "gossipAdvertise": args.gossip_advertise,
                  "gossipKeyFile": args.gossip_key_file,
+                 "gossipInsecure": args.gossip_insecure,
                  "gossipJoin": tuple(a.strip() for a in args.join.split(",") if a.strip()) if args.join else None}
     config = load_config(args.config, overrides)
     logs.configure(config.logFormat, config.logLevel)

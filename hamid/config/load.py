@@ -109,6 +109,9 @@ def _format(err: ValidationError, source: str, data: Any) -> str:
             keys = ", ".join(sorted(model.model_fields))
             lines.append(f"{source}: unknown key {path!r}; accepted keys: {keys}")
             continue
+        if not loc:  # a rule across keys: its message names them
+            lines.append(f"{source}: {e['msg']}")
+            continue
         value = e.get("input")
         hint = _accepted(Config, str(loc[-1])) if loc else ""
         lines.append(f"{source}: {path}={value!r}: {e['msg']}{hint}")

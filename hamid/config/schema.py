@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 _STRICT = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, validate_default=True)
 
@@ -280,7 +281,14 @@ class Config(NodeSettings, ResourceNameSettings):
     """Keyring file: one base64 AES key (16, 24 or 32 bytes) per line; the
     first seals what this node sends, all are tried on what it receives, so
     keys rotate without downtime. Unset: frames are plain CBOR and a node with
-    a key refuses them (a daemon logs a warning: use a key off loopback)."""
+    a key refuses them; off loopback that needs ``gossipInsecure``."""
+
+    gossipInsecure: bool = False
+    """Allow gossip without ``gossipKeyFile`` on an address other than
+    loopback. Off: such a config is refused, since anyone who reaches the port
+    could read the cluster's capacity and inject members and capacity claims
+    that steer placement. Plain gossip on loopback (tests, one host) needs no
+    key and no flag."""
 
     gossipProbeInterval: float = Field(1.0, gt=0, le=60)
     """Seconds between failure-detection probes (memberlist LAN: 1 s). Detection
@@ -413,6 +421,23 @@ class Config(NodeSettings, ResourceNameSettings):
     an answer. A commit is one SQLite transaction (milliseconds); 5 s, as
     gossip's connect timeout, declares a stuck node unreachable quickly enough
     for the leader to place elsewhere."""
+
+    @model_validator(mode="after")
+    def _gossip_key_off_loopback(self):
+        if self.gossipListen and not self.gossipKeyFile and not self.gossipInsecure:
+            from ..peer.address import AddressError, is_loopback, parse_address
+
+            try:
+                host, _ = parse_address(self.gossipListen, "gossipListen")
+            except AddressError:
+                host = self.gossipListen  # not HOST:PORT: the transport names that; never loopback here
+            if not is_loopback(host):
+                raise PydanticCustomError(
+                    "gossip_insecure",
+                    "gossip on {listen} without a key: frames would be neither encrypted nor authenticated; "
+                    "set gossipKeyFile (--gossip-key-file), or accept that with gossipInsecure: true "
+                    "(--gossip-insecure)", {"listen": self.gossipListen})
+        return self
 
     @field_validator("peerListen", "peerAdvertise")
     @classmethod
