@@ -15,9 +15,24 @@
  * launches (until a window of samples is in), and then one launch in 64 or
  * one every 20 ms (at most one a millisecond), are bracketed by two events;
  * the elapsed times feed a sliding, outlier-trimmed mean (see record_sample).
- * Launches made before a shape's first measurement are charged when it
- * arrives. Work per launch: a hash probe, a clock read,
- * one CAS on the shared schedule; with no limit set, one predictable branch.
+ *
+ * The cost table never lets a kernel run free. It is set-associative
+ * (EST_SETS sets of EST_WAYS shapes, least recently used replaced, an entry
+ * with charges still owed replaced last), so colliding shapes keep their
+ * estimates instead of resetting each other. A shape not measured yet is
+ * charged a conservative estimate at once: its function's (the largest of its
+ * shapes' recent estimates, decaying slowly), else the device's recent
+ * largest; its first measurement then charges whatever that fell short. Only
+ * before anything at all was measured in the process is a launch charged
+ * later, when the first measurement arrives; a shape replaced while owing such
+ * charges hands them to the device, which settles them at its next
+ * measurement. Work per launch: two 4-way probes, a clock read, one CAS on
+ * the shared schedule; with no limit set, one predictable branch.
+ *
+ * Locks: no launching thread ever waits for a lock held across a driver call.
+ * g_pool_mu guards only memory (the event pool, the list of samples in
+ * flight); g_smu (the poller's and the slot calibration's) is only ever
+ * tried, never waited for.
  */
 #include "shim.h"
 
@@ -25,7 +40,10 @@
 #include <string.h>
 #include <time.h>
 
-#define EST_N 4096
+#define EST_SETS 1024
+#define EST_WAYS 4
+#define FN_SETS 256
+#define FN_WAYS 4
 #define MAX_PENDING 64
 #define MAX_FREE_EVENTS 128
 #define WINDOW 8
@@ -36,6 +54,12 @@
 
 struct est {
     uint64_t key;
+    uint64_t fn;          /* the function (or graph) the shape launches */
+    uint64_t last_use;    /* g_tick when last launched: the replacement order */
+    uint64_t prov_n;      /* launches charged a fallback estimate before the shape's own */
+    uint64_t prov_ns;     /* what they were charged */
+    int32_t rdev;         /* the device of its last launch */
+    uint32_t pct;
     uint64_t est_ns;
     uint32_t win[WINDOW]; /* the last WINDOW samples, ns (capped at 4 s), a ring */
     uint32_t pos;         /* where the next sample goes */
@@ -50,18 +74,23 @@ struct sample {
     CUevent e0, e1;
     CUcontext ctx;
     uint64_t key;
+    uint64_t fn;
     uint64_t idle_ns; /* the GPU reached e0 before the kernel arrived: at most this long between them */
     uint32_t idx;
     int rdev;
     uint32_t pct;
 };
 
-static struct est g_est[EST_N];
+static struct est g_est[EST_SETS * EST_WAYS];
+static struct { uint64_t fn, est_ns; } g_fn[FN_SETS * FN_WAYS];
+static uint64_t g_dev_recent[HAMID_MAX_DEVICES]; /* the device's recent largest estimate */
+static uint64_t g_unsettled[HAMID_MAX_DEVICES];  /* launches charged nothing yet, of replaced shapes */
 static struct sample g_pend[MAX_PENDING];
 static int g_npend;
 static struct { CUevent e; CUcontext ctx; } g_free_ev[MAX_FREE_EVENTS];
 static int g_nfree;
-static pthread_mutex_t g_smu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER; /* memory only: g_free_ev, g_pend */
+static pthread_mutex_t g_smu = PTHREAD_MUTEX_INITIALIZER;     /* only ever tried */
 static uint64_t g_last_poll;
 static int g_capture_active;
 static pthread_once_t g_lim_once = PTHREAD_ONCE_INIT;
@@ -164,29 +193,35 @@ EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
 
 /* ---- events ---- */
 
+/* An event of the context from the pool, else a new one (created outside the pool's lock). */
 static CUevent get_event_locked(CUcontext ctx)
 {
+    CUevent e = NULL;
+    pthread_mutex_lock(&g_pool_mu);
     for (int i = g_nfree - 1; i >= 0; i--)
         if (g_free_ev[i].ctx == ctx) {
-            CUevent e = g_free_ev[i].e;
+            e = g_free_ev[i].e;
             g_free_ev[i] = g_free_ev[--g_nfree];
-            return e;
+            break;
         }
-    CUevent e = NULL;
-    if (!g_cu.cuEventCreate || g_cu.cuEventCreate(&e, 0) != CUDA_SUCCESS) return NULL;
+    pthread_mutex_unlock(&g_pool_mu);
+    if (!e && (!g_cu.cuEventCreate || g_cu.cuEventCreate(&e, 0) != CUDA_SUCCESS)) return NULL;
     return e;
 }
 
 static void put_event_locked(CUevent e, CUcontext ctx)
 {
     if (!e) return;
+    int kept = 0;
+    pthread_mutex_lock(&g_pool_mu);
     if (g_nfree < MAX_FREE_EVENTS) {
         g_free_ev[g_nfree].e = e;
         g_free_ev[g_nfree].ctx = ctx;
         g_nfree++;
-    } else if (g_cu.cuEventDestroy_v2) {
-        g_cu.cuEventDestroy_v2(e);
+        kept = 1;
     }
+    pthread_mutex_unlock(&g_pool_mu);
+    if (!kept && g_cu.cuEventDestroy_v2) g_cu.cuEventDestroy_v2(e);
 }
 
 /* ---- the schedule ---- */
@@ -429,6 +464,79 @@ static void sample_done(struct est *e, uint64_t key)
     }
 }
 
+/* ---- conservative estimates for shapes not measured yet ---- */
+
+/* The largest recent estimate: up at once, down by an eighth of the gap per measurement. */
+static void learn_max(uint64_t *slot, uint64_t est)
+{
+    uint64_t cur = A_LD(slot);
+    A_ST(slot, est >= cur ? est : cur - (cur - est) / 8);
+}
+
+/* The function's slot (4-way; a new function replaces the way with the smallest estimate). */
+static uint64_t *fn_slot(uint64_t fn, int install)
+{
+    uint32_t base = (uint32_t)(fmix(fn ^ 0x66756e63ull) & (FN_SETS - 1)) * FN_WAYS;
+    for (int w = 0; w < FN_WAYS; w++)
+        if (A_LD(&g_fn[base + w].fn) == fn) return &g_fn[base + w].est_ns;
+    if (!install) return NULL;
+    int pick = 0;
+    for (int w = 1; w < FN_WAYS; w++)
+        if (A_LD(&g_fn[base + w].est_ns) < A_LD(&g_fn[base + pick].est_ns)) pick = w;
+    A_ST(&g_fn[base + pick].est_ns, 0);
+    A_ST(&g_fn[base + pick].fn, fn);
+    return &g_fn[base + pick].est_ns;
+}
+
+/* What a shape not measured yet is charged: its function's estimate, else the device's recent largest. 0: none. */
+static uint64_t fallback_est(uint64_t fn, int rdev)
+{
+    uint64_t *f = fn_slot(fn, 0), v = f ? A_LD(f) : 0;
+    return v ? v : A_LD(&g_dev_recent[rdev]);
+}
+
+/*
+ * The shape's entry: found in its set, or installed in place of an empty way,
+ * else the least recently used way that owes nothing, else the least recently
+ * used. Launches a replaced entry still owed (charged nothing, nothing having
+ * been measured then) go to the device's unsettled count, never lost.
+ */
+static struct est *est_find(uint64_t key, uint64_t fn, int rdev, uint32_t pct, uint64_t now)
+{
+    struct est *set = &g_est[(key & (EST_SETS - 1)) * EST_WAYS], *victim = NULL;
+    for (int w = 0; w < EST_WAYS; w++)
+        if (A_LD(&set[w].key) == key) {
+            A_ST(&set[w].last_use, now);
+            return &set[w];
+        }
+    int vowes = 2;
+    uint64_t vlast = ~0ull;
+    for (int w = 0; w < EST_WAYS; w++) {
+        struct est *c = &set[w];
+        if (!A_LD(&c->key)) { victim = c; break; }
+        int owes = A_LD(&c->early) != 0 || A_LD(&c->pending) != 0;
+        uint64_t lu = A_LD(&c->last_use);
+        if (owes < vowes || (owes == vowes && lu < vlast)) { victim = c; vowes = owes; vlast = lu; }
+    }
+    uint32_t early = __atomic_exchange_n(&victim->early, 0, __ATOMIC_RELAXED);
+    int vr = A_LD(&victim->rdev);
+    if (early && vr >= 0 && vr < HAMID_MAX_DEVICES) __atomic_fetch_add(&g_unsettled[vr], early, __ATOMIC_RELAXED);
+    A_ST(&victim->key, key);
+    A_ST(&victim->fn, fn);
+    A_ST(&victim->last_use, now);
+    A_ST(&victim->prov_n, 0);
+    A_ST(&victim->prov_ns, 0);
+    A_ST(&victim->rdev, rdev);
+    A_ST(&victim->pct, pct);
+    A_ST(&victim->est_ns, 0);
+    A_ST(&victim->pos, 0);
+    A_ST(&victim->launches, 0);
+    A_ST(&victim->pending, 0);
+    A_ST(&victim->samples, 0);
+    A_ST(&victim->last_sample_ns, 0);
+    return victim;
+}
+
 /*
  * The estimate: until WINDOW samples are in, the smallest sample so far; then
  * the mean of the last WINDOW samples within 25% of their minimum, anew with
@@ -438,45 +546,68 @@ static void sample_done(struct est *e, uint64_t key)
  * its typical duration, not its luckiest. When the kernel really slows down
  * (a power-capped GPU lowers its clocks once warm), the older, faster samples
  * leave the window within WINDOW samples. (With time slots, the slot
- * calibration below corrects whatever this misses.)
+ * calibration below corrects whatever this misses.) A sample whose shape was
+ * replaced meanwhile still teaches its function and device.
  */
 static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
 {
     struct est *e = &g_est[p->idx];
-    if (A_LD(&e->key) != p->key) return;
     if (m < 500) m = 500;
     if (m > 4000000000ull) m = 4000000000ull;
-    uint32_t pos = A_LD(&e->pos) % WINDOW;
-    A_ST(&e->win[pos], (uint32_t)m);
-    A_ST(&e->pos, (pos + 1) % WINDOW);
-    uint32_t got = A_LD(&e->samples);
-    if (got < WINDOW) A_ST(&e->samples, ++got);
-    uint64_t mn = ~0ull;
-    for (uint32_t i = 0; i < got; i++) {
-        uint64_t v = A_LD(&e->win[i]);
-        if (v < mn) mn = v;
-    }
-    uint64_t est = A_LD(&e->est_ns);
-    if (got == WINDOW) {
-        uint64_t sum = 0, cnt = 0;
-        for (uint32_t i = 0; i < WINDOW; i++) {
+    uint64_t est = m;
+    int mine = A_LD(&e->key) == p->key;
+    if (mine) {
+        uint32_t pos = A_LD(&e->pos) % WINDOW;
+        A_ST(&e->win[pos], (uint32_t)m);
+        A_ST(&e->pos, (pos + 1) % WINDOW);
+        uint32_t got = A_LD(&e->samples);
+        if (got < WINDOW) A_ST(&e->samples, ++got);
+        uint64_t mn = ~0ull;
+        for (uint32_t i = 0; i < got; i++) {
             uint64_t v = A_LD(&e->win[i]);
-            if (v * 4 <= mn * 5) { sum += v; cnt++; }
+            if (v < mn) mn = v;
         }
-        est = sum / cnt;
-    } else if (!est || mn < est) {
-        est = mn;
+        est = A_LD(&e->est_ns);
+        if (got == WINDOW) {
+            uint64_t sum = 0, cnt = 0;
+            for (uint32_t i = 0; i < WINDOW; i++) {
+                uint64_t v = A_LD(&e->win[i]);
+                if (v * 4 <= mn * 5) { sum += v; cnt++; }
+            }
+            est = sum / cnt;
+        } else if (!est || mn < est) {
+            est = mn;
+        }
+        uint64_t was = A_LD(&e->est_ns);
+        if (was && (est * 4 > was * 5 || est * 5 < was * 4)) __atomic_fetch_add(&g_est_epoch, 1, __ATOMIC_RELAXED);
+        if (est != was)
+            LOG_DEBUG("estimate %016llx: sample %llu ns, estimate %llu ns", (unsigned long long)p->key,
+                      (unsigned long long)m, (unsigned long long)est);
+        A_ST(&e->est_ns, est);
     }
-    uint64_t was = A_LD(&e->est_ns);
-    if (was && (est * 4 > was * 5 || est * 5 < was * 4)) __atomic_fetch_add(&g_est_epoch, 1, __ATOMIC_RELAXED);
-    if (est != was)
-        LOG_DEBUG("estimate %016llx: sample %llu ns, estimate %llu ns", (unsigned long long)p->key,
-                  (unsigned long long)m, (unsigned long long)est);
-    A_ST(&e->est_ns, est);
-    uint32_t early = __atomic_exchange_n(&e->early, 0, __ATOMIC_RELAXED);
-    if (early) charge(p->rdev, p->pct, est * early, now, 0, NULL, 1);
+    learn_max(fn_slot(p->fn, 1), est);
+    learn_max(&g_dev_recent[p->rdev], est);
+    /* what was owed: launches of replaced shapes charged nothing, this shape's early launches, and what the
+       fallback estimate charged short of the shape's own */
+    uint64_t owed = __atomic_exchange_n(&g_unsettled[p->rdev], 0, __ATOMIC_RELAXED) * est;
+    if (mine) {
+        owed += (uint64_t)__atomic_exchange_n(&e->early, 0, __ATOMIC_RELAXED) * est;
+        uint64_t pn = __atomic_exchange_n(&e->prov_n, 0, __ATOMIC_RELAXED);
+        uint64_t pns = __atomic_exchange_n(&e->prov_ns, 0, __ATOMIC_RELAXED);
+        if (est * pn > pns) owed += est * pn - pns;
+    }
+    if (owed) charge(p->rdev, p->pct, owed, now, 0, NULL, 1);
 }
 
+static void drop_sample(struct sample *p)
+{
+    sample_done(&g_est[p->idx], p->key);
+    put_event_locked(p->e0, p->ctx);
+    put_event_locked(p->e1, p->ctx);
+}
+
+/* Samples in flight are taken out of the list (memory only, under g_pool_mu), queried with no lock that a
+   launching thread waits for, and the unfinished ones put back. */
 static void poll_pending_force(uint64_t now, int force)
 {
     if (LIKELY(!A_LD(&g_npend))) return;
@@ -484,10 +615,17 @@ static void poll_pending_force(uint64_t now, int force)
     if (A_LD(&g_capture_active)) return; /* event queries are not allowed during a global-mode capture */
     if (pthread_mutex_trylock(&g_smu) != 0) return;
     A_ST(&g_last_poll, now);
-    for (int i = 0; i < g_npend;) {
-        struct sample *p = &g_pend[i];
+    struct sample mine[MAX_PENDING];
+    pthread_mutex_lock(&g_pool_mu);
+    int n = g_npend;
+    memcpy(mine, g_pend, sizeof mine[0] * (size_t)n);
+    A_ST(&g_npend, 0);
+    pthread_mutex_unlock(&g_pool_mu);
+    int keep = 0;
+    for (int i = 0; i < n; i++) {
+        struct sample *p = &mine[i];
         CUresult r = g_cu.cuEventQuery(p->e1);
-        if (r == CUDA_ERROR_NOT_READY) { i++; continue; }
+        if (r == CUDA_ERROR_NOT_READY) { mine[keep++] = *p; continue; }
         if (r == CUDA_SUCCESS) {
             float ms = 0;
             if (g_cu.cuEventElapsedTime(&ms, p->e0, p->e1) == CUDA_SUCCESS && ms >= 0) {
@@ -495,32 +633,33 @@ static void poll_pending_force(uint64_t now, int force)
                 record_sample(p, m > 2 * p->idle_ns ? m - p->idle_ns : m, now);
             }
         }
-        struct est *e = &g_est[p->idx];
-        sample_done(e, p->key);
-        put_event_locked(p->e0, p->ctx);
-        put_event_locked(p->e1, p->ctx);
-        g_pend[i] = g_pend[--g_npend];
+        drop_sample(p);
     }
+    int put = 0;
+    pthread_mutex_lock(&g_pool_mu);
+    while (put < keep && g_npend < MAX_PENDING) g_pend[g_npend++] = mine[put++];
+    pthread_mutex_unlock(&g_pool_mu);
+    while (put < keep) drop_sample(&mine[put++]);
     pthread_mutex_unlock(&g_smu);
 }
 
 static void poll_pending(uint64_t now) { poll_pending_force(now, 0); }
 
 /*
- * A shape whose first measurement is still in flight: rather than let the
- * CPU queue an unbounded, uncharged burst behind it, wait (at most 20 ms)
- * for that measurement. This costs each new shape about one kernel's time,
- * once.
+ * Nothing measured yet, neither this shape nor its function nor anything on
+ * the device, but a measurement is in flight: rather than let the CPU queue
+ * an unbounded, uncharged burst behind it, wait (at most 20 ms) for it. This
+ * costs a process about one kernel's time, once.
  */
-static void wait_first_sample(struct est *e, uint64_t key)
+static void wait_first_sample(struct est *e, uint64_t key, uint64_t fn, int rdev)
 {
     uint64_t start = mono_ns();
     struct timespec ts = {0, 20000};
-    while (A_LD(&e->key) == key && A_LD(&e->pending) && !A_LD(&e->est_ns) && !A_LD(&g_capture_active)) {
+    while (A_LD(&e->key) == key && A_LD(&g_npend) && !A_LD(&e->est_ns) && !fallback_est(fn, rdev) &&
+           !A_LD(&g_capture_active)) {
         uint64_t now = mono_ns();
         if (now - start > 20000000ull) break;
         poll_pending_force(now, 1);
-        if (!A_LD(&e->pending) || A_LD(&e->est_ns)) break;
         nanosleep(&ts, NULL);
     }
 }
@@ -534,32 +673,29 @@ struct lctx {
     uint64_t t_e0; /* when e0's record returned */
 };
 
+/* The first event of a sample: taken from the pool and recorded with no lock held. */
 static int sample_begin(struct lctx *L, CUstream s, int ptsz)
 {
     if (!g_cu.cuEventRecord || !g_cu.cuEventQuery || !g_cu.cuEventElapsedTime || !g_cu.cuCtxGetCurrent) return 0;
-    if (pthread_mutex_trylock(&g_smu) != 0) return 0;
-    int ok = 0;
+    if (A_LD(&g_npend) >= MAX_PENDING) return 0;
     CUcontext ctx = NULL;
-    if (g_npend < MAX_PENDING && g_cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx) {
-        CUevent e0 = get_event_locked(ctx), e1 = e0 ? get_event_locked(ctx) : NULL;
-        L->es = (ptsz && !s) ? CU_STREAM_PER_THREAD : s;
-        if (e0 && e1 && g_cu.cuEventRecord(e0, L->es) == CUDA_SUCCESS) {
-            L->t_e0 = mono_ns();
-            L->s.e0 = e0;
-            L->s.e1 = e1;
-            L->s.ctx = ctx;
-            ok = 1;
-        } else {
-            put_event_locked(e0, ctx);
-            put_event_locked(e1, ctx);
-        }
+    if (g_cu.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return 0;
+    CUevent e0 = get_event_locked(ctx), e1 = e0 ? get_event_locked(ctx) : NULL;
+    L->es = (ptsz && !s) ? CU_STREAM_PER_THREAD : s;
+    if (e0 && e1 && g_cu.cuEventRecord(e0, L->es) == CUDA_SUCCESS) {
+        L->t_e0 = mono_ns();
+        L->s.e0 = e0;
+        L->s.e1 = e1;
+        L->s.ctx = ctx;
+        return 1;
     }
-    pthread_mutex_unlock(&g_smu);
-    return ok;
+    put_event_locked(e0, ctx);
+    put_event_locked(e1, ctx);
+    return 0;
 }
 
 /* Returns 1 when the launch is limited (post_launch must follow). */
-static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
+static int pre_launch(struct lctx *L, uint64_t key, uint64_t fn, CUstream s, int ptsz)
 {
     if (UNLIKELY(!__atomic_load_n(&g_lim_ready, __ATOMIC_ACQUIRE))) pthread_once(&g_lim_once, limiter_init_once);
     L->sampling = 0;
@@ -573,22 +709,13 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
     if (limiter_stream_capturing(s, ptsz)) return 0;
     uint64_t now = mono_ns();
     poll_pending(now);
-    uint32_t idx = (uint32_t)(key & (EST_N - 1));
-    struct est *e = &g_est[idx];
-    if (A_LD(&e->key) != key) {
-        A_ST(&e->key, key);
-        A_ST(&e->est_ns, 0);
-        A_ST(&e->pos, 0);
-        A_ST(&e->launches, 0);
-        A_ST(&e->early, 0);
-        A_ST(&e->pending, 0);
-        A_ST(&e->samples, 0);
-        A_ST(&e->last_sample_ns, 0);
-    }
-    uint64_t est = A_LD(&e->est_ns);
-    if (!est && A_LD(&e->pending) && !g_cfg.sm_observe_only) {
-        wait_first_sample(e, key);
-        est = A_LD(&e->est_ns);
+    struct est *e = est_find(key, fn, rdev, pct, now);
+    uint32_t idx = (uint32_t)(e - g_est);
+    uint64_t est = A_LD(&e->est_ns), fb = est ? 0 : fallback_est(fn, rdev);
+    if (!est && !fb && A_LD(&g_npend) && !g_cfg.sm_observe_only) {
+        wait_first_sample(e, key, fn, rdev);
+        est = A_LD(&e->key) == key ? A_LD(&e->est_ns) : 0;
+        fb = est ? 0 : fallback_est(fn, rdev);
         now = mono_ns();
     }
     uint32_t n = A_LD(&e->launches) + 1; /* racy on purpose: it only paces sampling */
@@ -600,9 +727,17 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
         A_ST(&d->last_kernel_realtime_ns, real_ns());
     }
     uint32_t got = A_LD(&e->samples);
-    if (est || g_cfg.sm_nslots[rdev])
-        charge(rdev, pct, est, now, 1, (ptsz && !s) ? CU_STREAM_PER_THREAD : s, got < WINDOW);
-    else __atomic_fetch_add(&e->early, 1, __ATOMIC_RELAXED);
+    CUstream cs = (ptsz && !s) ? CU_STREAM_PER_THREAD : s;
+    if (est) {
+        charge(rdev, pct, est, now, 1, cs, got < WINDOW);
+    } else if (fb) { /* not measured yet: its function's (or the device's) estimate now, the rest when measured */
+        __atomic_fetch_add(&e->prov_n, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&e->prov_ns, fb, __ATOMIC_RELAXED);
+        charge(rdev, pct, fb, now, 1, cs, 1);
+    } else { /* nothing measured in this process yet: charged when the first measurement arrives */
+        __atomic_fetch_add(&e->early, 1, __ATOMIC_RELAXED);
+        if (g_cfg.sm_nslots[rdev]) charge(rdev, pct, 0, now, 1, cs, 1); /* still only inside a slot */
+    }
     /* Sampled: every launch until the shape has a window of samples (its very
        first launch is often slow: lazy loading, cold caches), several in
        flight at once; then one in flight, at most one per SAMPLE_GAP_NS (two
@@ -622,6 +757,7 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
             if (sample_begin(L, s, ptsz)) {
                 L->sampling = 1;
                 L->s.key = key;
+                L->s.fn = fn;
                 L->s.idx = idx;
                 L->s.rdev = rdev;
                 L->s.pct = pct;
@@ -638,30 +774,33 @@ static int pre_launch(struct lctx *L, uint64_t key, CUstream s, int ptsz)
  * completes as soon as it is recorded, the kernel arrives microseconds later
  * (a 6 % overcharge of an 85 us kernel on the H100). When e0 is already
  * complete once the launch has returned, that gap is taken off the sample.
+ * The closing event is recorded with no lock held (a full driver queue may
+ * block it); only the push onto the list takes g_pool_mu.
  */
 static void post_launch(struct lctx *L, CUresult r)
 {
     if (!L->sampling) return;
     uint64_t t = mono_ns();
     L->s.idle_ns = r == CUDA_SUCCESS && g_cu.cuEventQuery(L->s.e0) == CUDA_SUCCESS ? t - L->t_e0 : 0;
-    pthread_mutex_lock(&g_smu);
-    if (r == CUDA_SUCCESS && g_npend < MAX_PENDING && g_cu.cuEventRecord(L->s.e1, L->es) == CUDA_SUCCESS) {
-        g_pend[g_npend++] = L->s;
-    } else {
-        put_event_locked(L->s.e0, L->s.ctx);
-        put_event_locked(L->s.e1, L->s.ctx);
-        struct est *e = &g_est[L->s.idx];
-        sample_done(e, L->s.key);
+    int pushed = 0;
+    if (r == CUDA_SUCCESS && g_cu.cuEventRecord(L->s.e1, L->es) == CUDA_SUCCESS) {
+        pthread_mutex_lock(&g_pool_mu);
+        if (g_npend < MAX_PENDING) {
+            g_pend[g_npend] = L->s;
+            A_ST(&g_npend, g_npend + 1);
+            pushed = 1;
+        }
+        pthread_mutex_unlock(&g_pool_mu);
     }
-    pthread_mutex_unlock(&g_smu);
+    if (!pushed) drop_sample(&L->s);
 }
 
-#define LAUNCH(fn, KEY, STREAM, PTSZ, ...)                                                                            \
+#define LAUNCH(fn, KEY, FN, STREAM, PTSZ, ...)                                                                        \
     ensure_cuda();                                                                                                    \
     if (UNLIKELY(!g_cu.fn)) return CUDA_ERROR_NOT_FOUND;                                                              \
     if (LIKELY(!g_cfg.any_sm_limit)) return g_cu.fn(__VA_ARGS__);                                                     \
     struct lctx L;                                                                                                    \
-    if (!pre_launch(&L, (KEY), (STREAM), (PTSZ))) return g_cu.fn(__VA_ARGS__);                                        \
+    if (!pre_launch(&L, (KEY), (uint64_t)(uintptr_t)(FN), (STREAM), (PTSZ))) return g_cu.fn(__VA_ARGS__);             \
     CUresult r = g_cu.fn(__VA_ARGS__);                                                                                \
     post_launch(&L, r);                                                                                               \
     return r;
@@ -669,14 +808,14 @@ static void post_launch(struct lctx *L, CUresult r)
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned smem, CUstream s, void **params, void **extra)
 {
-    LAUNCH(cuLaunchKernel, key_kernel(f, gx, gy, gz, bx, by, bz, smem), s, 0, f, gx, gy, gz, bx, by, bz, smem, s,
+    LAUNCH(cuLaunchKernel, key_kernel(f, gx, gy, gz, bx, by, bz, smem), f, s, 0, f, gx, gy, gz, bx, by, bz, smem, s,
            params, extra)
 }
 
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned smem, CUstream s, void **params, void **extra)
 {
-    LAUNCH(cuLaunchKernel_ptsz, key_kernel(f, gx, gy, gz, bx, by, bz, smem), s, 1, f, gx, gy, gz, bx, by, bz, smem,
+    LAUNCH(cuLaunchKernel_ptsz, key_kernel(f, gx, gy, gz, bx, by, bz, smem), f, s, 1, f, gx, gy, gz, bx, by, bz, smem,
            s, params, extra)
 }
 
@@ -687,41 +826,45 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsi
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
 {
-    LAUNCH(cuLaunchKernelEx, CFG_KEY(c, f), c ? c->hStream : NULL, 0, c, f, params, extra)
+    LAUNCH(cuLaunchKernelEx, CFG_KEY(c, f), f, c ? c->hStream : NULL, 0, c, f, params, extra)
 }
 
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
 {
-    LAUNCH(cuLaunchKernelEx_ptsz, CFG_KEY(c, f), c ? c->hStream : NULL, 1, c, f, params, extra)
+    LAUNCH(cuLaunchKernelEx_ptsz, CFG_KEY(c, f), f, c ? c->hStream : NULL, 1, c, f, params, extra)
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                           unsigned by, unsigned bz, unsigned smem, CUstream s, void **params)
 {
-    LAUNCH(cuLaunchCooperativeKernel, key_kernel(f, gx, gy, gz, bx, by, bz, smem ^ 0xc00u), s, 0, f, gx, gy, gz, bx,
+    LAUNCH(cuLaunchCooperativeKernel, key_kernel(f, gx, gy, gz, bx, by, bz, smem ^ 0xc00u), f, s, 0, f, gx, gy, gz, bx,
            by, bz, smem, s, params)
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                                unsigned by, unsigned bz, unsigned smem, CUstream s, void **params)
 {
-    LAUNCH(cuLaunchCooperativeKernel_ptsz, key_kernel(f, gx, gy, gz, bx, by, bz, smem ^ 0xc00u), s, 1, f, gx, gy, gz,
+    LAUNCH(cuLaunchCooperativeKernel_ptsz, key_kernel(f, gx, gy, gz, bx, by, bz, smem ^ 0xc00u), f, s, 1, f, gx, gy, gz,
            bx, by, bz, smem, s, params)
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
-    LAUNCH(cuGraphLaunch, fmix((uint64_t)(uintptr_t)g ^ 0x6772617068ull), s, 0, g, s)
+    LAUNCH(cuGraphLaunch, fmix((uint64_t)(uintptr_t)g ^ 0x6772617068ull), g, s, 0, g, s)
 }
 
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
-    LAUNCH(cuGraphLaunch_ptsz, fmix((uint64_t)(uintptr_t)g ^ 0x6772617068ull), s, 1, g, s)
+    LAUNCH(cuGraphLaunch_ptsz, fmix((uint64_t)(uintptr_t)g ^ 0x6772617068ull), g, s, 1, g, s)
 }
 
 HIDDEN void limiter_after_fork_child(void)
 {
     pthread_mutex_init(&g_smu, NULL);
+    pthread_mutex_init(&g_pool_mu, NULL);
+    memset(g_fn, 0, sizeof g_fn);
+    memset(g_dev_recent, 0, sizeof g_dev_recent);
+    memset(g_unsettled, 0, sizeof g_unsettled);
     g_npend = 0;
     g_nfree = 0; /* the parent's events mean nothing here */
     memset(g_est, 0, sizeof g_est);

@@ -590,3 +590,25 @@ def test_waiting_for_a_backlog_is_bounded(shim):
     # (A count of launches would not tell: a loaded CPU fits fewer of them
     # into the slot that builds the backlog.)
     assert n > 50 + 1 and longest < 1.0, (n, longest)
+
+
+# ---- the cost table and the launch path's locks ---------------------------------
+
+@pytest.mark.parametrize("shapes", [2, 300])
+def test_colliding_shapes_are_charged_like_any_other(shim, bare_rate, shapes):
+    """Shapes of one kernel whose keys land on the same entry of a direct-mapped table (the same low 12 bits),
+    launched in turn, hundreds of them (dynamic shapes: LLM decode, variable batch): each launch is charged, so
+    the share stays within 5 points of the limit. A table that resets an entry on a collision never charges
+    them (100 % of the GPU under a 30 % limit)."""
+    r = shim.run("direct", "init", f"collide:{shapes}:{KERNEL_US}:0.3", f"collide:{shapes}:{KERNEL_US}:1.2",
+                 CUDA_DEVICE_SM_LIMIT="30")
+    share = rate(type(r)(r.rc, r.lines[-1:], r.stderr)) / bare_rate
+    assert abs(share - 0.30) <= 0.05, (shapes, share)
+
+
+def test_a_blocked_event_record_does_not_stop_other_threads(shim):
+    """One thread's event record blocks for 1.5 s (a full launch queue on its stream); another thread, launching
+    on its own stream, must not wait for it: no lock is held across a driver call on the launch path."""
+    r = shim.run("direct", "init", "stall:2.0", CUDA_DEVICE_SM_LIMIT="90")
+    n, longest = (int(x) for x in r.one("stall")[1:3])
+    assert n > 20 and longest < 0.3e9, (n, longest / 1e9)

@@ -316,7 +316,14 @@ API CUresult cuMemGetInfo_v2(size_t *f, size_t *t)
 }
 
 /* ---- streams, events, the busy timeline ---- */
-struct fstream { int capturing; int captured; };
+struct fstream { int capturing; int captured; unsigned record_block_ms; unsigned launch_cpu_us; };
+/* Test-only knobs of one stream: an event record on it blocks that long (a full launch queue), and a launch on
+   it costs the CPU that long. Not a driver function; shimtest looks it up by name. */
+API void fake_stream_set(CUstream s, unsigned record_block_ms, unsigned launch_cpu_us)
+{
+    ((struct fstream *)s)->record_block_ms = record_block_ms;
+    ((struct fstream *)s)->launch_cpu_us = launch_cpu_us;
+}
 API CUresult cuStreamCreate(CUstream *s, unsigned int f) { (void)f; *s = calloc(1, sizeof(struct fstream)); return CUDA_SUCCESS; }
 static int is_real_stream(CUstream s) { return s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD; }
 static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *st)
@@ -409,6 +416,11 @@ static CUresult run_work(CUstream s, uint64_t us)
 {
     if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT;
     launch_cpu_cost();
+    if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && ((struct fstream *)s)->launch_cpu_us) {
+        int64_t until = fake_now() + (int64_t)((struct fstream *)s)->launch_cpu_us * 1000;
+        while (fake_now() < until) {
+        }
+    }
     if (is_real_stream(s) && ((struct fstream *)s)->capturing) { ((struct fstream *)s)->captured += (int)us; return CUDA_SUCCESS; }
     us = work_us(us, us);
     struct fake_state *st = fake_state_get();
@@ -442,8 +454,9 @@ API CUresult cuEventCreate(CUevent *e, unsigned int f) { (void)f; *e = calloc(1,
 API CUresult cuEventDestroy_v2(CUevent e) { free(e); return CUDA_SUCCESS; }
 API CUresult cuEventRecord(CUevent e, CUstream s)
 {
-    (void)s;
     if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && ((struct fstream *)s)->record_block_ms)
+        usleep(((struct fstream *)s)->record_block_ms * 1000u);
     int64_t now = fake_now(), b = busy_until(phys(t_cur));
     ((struct fevent *)e)->ts = b > now ? b : now;
     return CUDA_SUCCESS;

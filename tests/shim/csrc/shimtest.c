@@ -242,6 +242,61 @@ static CUresult launch(const char *variant, uint64_t us)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* The shim's shape key (shim/src/limiter.c, key_kernel), copied to choose shapes whose keys collide. */
+static uint64_t fmix(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k ? k : 1;
+}
+static uint64_t shape_key(uint64_t f, unsigned gx)
+{
+    uint64_t k = fmix(f ^ 0x5bd1e995ull);
+    k = fmix(k ^ ((uint64_t)gx | (uint64_t)1 << 32));
+    k = fmix(k ^ (1ull | 1ull << 32));
+    return fmix(k ^ (1ull | 1ull << 20));
+}
+
+/* stall: thread B launches on a stream whose launches cost 20 ms of CPU, each a new shape (so sampled);
+   thread A, 100 ms in, launches once on a stream whose event records block for 1.5 s. */
+static CUcontext g_stall_ctx;
+static volatile int g_stall_stop;
+static int64_t g_stall_longest;
+static long g_stall_n;
+static void *stall_b(void *arg)
+{
+    double secs = *(double *)arg;
+    api.cuCtxSetCurrent(g_stall_ctx);
+    CUstream sb;
+    api.cuStreamCreate(&sb, 0);
+    void (*set)(CUstream, unsigned, unsigned) = (void (*)(CUstream, unsigned, unsigned))dlsym(RTLD_DEFAULT, "fake_stream_set");
+    set(sb, 0, 20000);
+    int64_t t0 = now_ns(), t = t0;
+    for (unsigned i = 1; t - t0 < (int64_t)(secs * 1e9); i++) {
+        api.cuLaunchKernel((CUfunction)(uintptr_t)100, i, 1, 1, 1, 1, 1, 0, sb, NULL, NULL);
+        int64_t t2 = now_ns();
+        if (t2 - t > g_stall_longest) g_stall_longest = t2 - t;
+        t = t2;
+        g_stall_n++;
+    }
+    return NULL;
+}
+static void *stall_a(void *arg)
+{
+    (void)arg;
+    api.cuCtxSetCurrent(g_stall_ctx);
+    CUstream sa;
+    api.cuStreamCreate(&sa, 0);
+    void (*set)(CUstream, unsigned, unsigned) = (void (*)(CUstream, unsigned, unsigned))dlsym(RTLD_DEFAULT, "fake_stream_set");
+    set(sa, 1500, 0);
+    usleep(100000);
+    api.cuLaunchKernel((CUfunction)(uintptr_t)50, 7, 1, 1, 1, 1, 1, 0, sa, NULL, NULL);
+    return NULL;
+}
+
 static int g_thread_iters;
 static uint64_t g_thread_size;
 static void *thread_main(void *arg)
@@ -384,6 +439,35 @@ int main(int argc, char **argv)
             }
             api.cuCtxSynchronize();
             printf("run %ld %lld %lld\n", n, (long long)(now_ns() - t0), (long long)longest);
+        } else if (!strcmp(c, "collide")) {
+            /* collide:<shapes>:<us>:<secs>: that many shapes of one kernel (grid sizes) whose keys share their
+               low 12 bits, launched in turn; prints like run */
+            int want = atoi(tok[1]);
+            uint64_t us = strtoull(tok[2], 0, 10);
+            unsigned gx[1024];
+            int n = 0;
+            uint64_t low = shape_key(us, 1) & 4095;
+            for (unsigned g = 1; n < want && n < 1024; g++)
+                if ((shape_key(us, g) & 4095) == low) gx[n++] = g;
+            int64_t t0 = now_ns(), end = t0 + (int64_t)(atof(tok[3]) * 1e9), longest = 0;
+            long k = 0;
+            for (int64_t t = t0; t < end; k++) {
+                api.cuLaunchKernel((CUfunction)(uintptr_t)us, gx[k % n], 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+                int64_t t2 = now_ns();
+                if (t2 - t > longest) longest = t2 - t;
+                t = t2;
+            }
+            api.cuCtxSynchronize();
+            printf("run %ld %lld %lld\n", k, (long long)(now_ns() - t0), (long long)longest);
+        } else if (!strcmp(c, "stall")) {
+            double secs = atof(tok[1]);
+            g_stall_ctx = ctx;
+            pthread_t a, b;
+            pthread_create(&b, NULL, stall_b, &secs);
+            pthread_create(&a, NULL, stall_a, NULL);
+            pthread_join(b, NULL);
+            pthread_join(a, NULL);
+            printf("stall %ld %lld\n", g_stall_n, (long long)g_stall_longest);
         } else if (!strcmp(c, "capture")) {
             int n = atoi(tok[1]);
             CUstream s;
