@@ -183,6 +183,24 @@ def gpu_doc(g: GpuView, score) -> dict:
     return d
 
 
+def _place(variants: dict, candidates: list, views: list, node_policy: str):
+    """Place on the candidates. Each node parses the item with its own
+    settings (defaultMemory, memoryFactor...), as its daemon would; when
+    those differ, nodes are ranked once and tried one by one."""
+    reqs = [variants[_defaults(n)] for n in candidates]
+    if len(variants) == 1:
+        return place(reqs[0], views, node_policy), reqs
+    policy = reqs[0].node_policy or node_policy
+    order = sorted(range(len(views)), key=lambda i: views[i].usage_score, reverse=(policy == "binpack"))
+    reasons: dict[str, tuple[str, ...]] = {}
+    for i in order:
+        got = place(reqs[i], [views[i]], node_policy)
+        if isinstance(got, Decision):
+            return got, reqs
+        reasons.update(got.reasons)
+    return NoFit(reasons), reqs
+
+
 def plan(nodes: list, workload: list[dict], source: str = "the cluster file") -> list[dict]:
     """Place each workload item in order; ``source`` names where ``nodes``
     came from in messages (the cluster file, or the live view)."""
@@ -191,11 +209,16 @@ def plan(nodes: list, workload: list[dict], source: str = "the cluster file") ->
     out = []
     for i, doc in enumerate(workload):
         item: dict[str, Any] = {"item": i + 1, "kind": doc["kind"]}
+        variants: dict = {}
         try:
             if doc["kind"] == "Pod":
-                req = parse_pod(doc, _defaults(nodes[0]))
-                item["name"] = req.owner.removeprefix("pod:")
                 candidates = nodes
+                for n in candidates:
+                    d = _defaults(n)
+                    if d not in variants:
+                        variants[d] = parse_pod(doc, d)
+                req = next(iter(variants.values()))
+                item["name"] = req.owner.removeprefix("pod:")
             else:
                 name = str(doc.get("name") or f"docker-{i + 1}")
                 item["name"] = name
@@ -206,15 +229,18 @@ def plan(nodes: list, workload: list[dict], source: str = "the cluster file") ->
                 env = doc.get("env") or {}
                 if not isinstance(env, dict):
                     raise RequestError("env: expected a mapping of variable to value")
-                req = parse_docker_env(env, name, _defaults(candidates[0]))
-                if req is None:
+                for n in candidates:
+                    d = _defaults(n)
+                    if d not in variants:
+                        variants[d] = parse_docker_env(env, name, d)
+                if next(iter(variants.values())) is None:
                     raise RequestError("neither HAMI_VISIBLE_DEVICES nor HAMI_VGPU_SPEC is set")
         except RequestError as e:
             item["error"] = str(e)
             out.append(item)
             continue
         views = [n.view() for n in candidates]
-        got = place(req, views, node_policy)
+        got, reqs = _place(variants, candidates, views, node_policy)
         if isinstance(got, NoFit):
             item["error"] = "does not fit"
             item["reasons"] = {k: list(v) for k, v in got.reasons.items()}
@@ -222,7 +248,7 @@ def plan(nodes: list, workload: list[dict], source: str = "the cluster file") ->
             by_name[got.node].decisions.append(got)
             item.update(got.to_dict())
         item["nodes"] = {}
-        for v in views:
+        for v, req in zip(views, reqs):
             scores = gpu_scores(req, v)
             item["nodes"][v.name] = {"score": round(v.usage_score, 4), "gpu_policy": req.gpu_policy or v.gpu_policy,
                                      "gpus": [gpu_doc(g, scores.get(g.uuid)) for g in v.gpus]}
