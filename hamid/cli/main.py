@@ -114,16 +114,21 @@ def _cmd_status(args) -> int:
         from ..daemon.service import LEDGER_NAME
         from ..ledger import Ledger
         from ..ledger.report import status_document
+        from ..node import released
 
         path = state / LEDGER_NAME
         if not path.exists():
             raise HamidError(f"{e}, and no ledger at {path}: is hamid running with --state-dir {state}?") from None
         print(f"note: {e}; showing the ledger at {path} directly", file=sys.stderr)
+        releasing = {f"docker:{cid}" for cid in released.pending(str(state))}
         ledger = Ledger(path)
         try:
-            doc = status_document(ledger.view(), ledger.list(), "unknown (daemon not running)")
+            doc = status_document(ledger.view(), ledger.list(), _offline_backend(state), releasing)
         finally:
             ledger.close()
+        if doc["releasing"]:
+            print(f"note: left out, release pending (the daemon drains it when it runs): "
+                  f"{', '.join(doc['releasing'])}", file=sys.stderr)
     if args.output == "json":
         print(json.dumps(doc, indent=2))
     else:
@@ -131,6 +136,23 @@ def _cmd_status(args) -> int:
 
         print(status_table(doc))
     return 0
+
+
+def _offline_backend(state: Path) -> str:
+    """The devices as the daemon recorded them in node.json at its last start."""
+    from ..node.facts import read_facts
+
+    try:
+        facts = read_facts(state)
+    except HamidError:
+        return "unknown (daemon not running, no readable node.json)"
+    b = facts.backend
+    what = str(b.get("kind", "unknown"))
+    if b.get("simulate"):
+        what += f" {b['simulate']}"
+    if b.get("mig_enabled"):
+        what += ", MIG"
+    return f"{what} (from node.json; daemon not running)"
 
 
 def _cluster_status(state: Path, output: str) -> int:

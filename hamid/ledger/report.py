@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
+from ..placement.usage import with_usage
 from ..placement.view import MODE_MIG, NodeView
 from .store import Reservation
 
 
-def status_document(view: NodeView, reservations: list[Reservation], backend: str) -> dict[str, Any]:
+def status_document(view: NodeView, reservations: list[Reservation], backend: str,
+                    releasing: Collection[str] = ()) -> dict[str, Any]:
+    """`releasing`: owners whose release is pending (a poststop marker not yet
+    drained): left out of the reservations and of the GPUs' use, and listed
+    under ``releasing``, since the next drain frees them."""
+    gone = sorted(r.owner for r in reservations if r.owner in releasing)
+    if gone:
+        reservations = [r for r in reservations if r.owner not in releasing]
+        view = with_usage(view.name, view.gpus, [r.decision for r in reservations], view.gpu_policy)
     gpus = []
     for g in view.gpus:
         gpus.append({
@@ -24,4 +34,4 @@ def status_document(view: NodeView, reservations: list[Reservation], backend: st
                               for s in g.mig_used],
         })
     return {"node": view.name, "backend": backend, "gpus": gpus,
-            "reservations": [r.to_dict() for r in reservations]}
+            "reservations": [r.to_dict() for r in reservations], "releasing": gone}
