@@ -28,7 +28,20 @@ async def serve_asgi(app, bind: str, *, what: str = "", task_status=trio.TASK_ST
     async with trio.open_nursery() as nursery:
         try:
             binds = await nursery.start(lambda task_status: serve(app, cfg, task_status=task_status))
-        except OSError as e:
+        except BaseException as e:  # hypercorn's bind error arrives inside (nested) exception groups
+            err = _first(e, OSError)
+            if err is None:
+                raise
             label = f"{what} " if what else ""
-            raise ListenError(f"cannot listen on {label}{bind}: {e.strerror or e}") from None
+            raise ListenError(f"cannot listen on {label}{bind}: {err.strerror or err}") from None
         task_status.started(binds)
+
+
+def _first(e: BaseException, kind: type) -> BaseException | None:
+    if isinstance(e, kind):
+        return e
+    if isinstance(e, BaseExceptionGroup):
+        for sub in e.exceptions:
+            if (got := _first(sub, kind)) is not None:
+                return got
+    return None

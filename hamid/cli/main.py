@@ -88,6 +88,14 @@ def _cmd_run(args) -> int:
         pass
     except OSError as e:
         raise HamidError(f"daemon stopped: {e}") from None
+    except BaseExceptionGroup as group:  # a face failed inside the nursery: say why, in one line
+        mine, _ = group.split(HamidError)
+        if mine is None:
+            raise
+        first = mine
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise HamidError(str(first)) from None
     return 0
 
 
