@@ -65,28 +65,38 @@ static void tab_grow_locked(void)
     g_tab.used = live;
 }
 
-static void tab_put(uint8_t kind, uint64_t key, int rdev, uint64_t bytes, CUcontext ctx)
+/*
+ * Stores a record; 0 stored, -1 no room (growing failed and the table is
+ * full). The probe visits each slot at most once, so a table that cannot
+ * grow never makes it loop.
+ */
+static int tab_put(uint8_t kind, uint64_t key, int rdev, uint64_t bytes, CUcontext ctx)
 {
+    int rc = -1;
     pthread_mutex_lock(&g_tab.mu);
-    if ((g_tab.used + 1) * 10 >= g_tab.cap * 7) tab_grow_locked();
+    if ((g_tab.used + 1) * 10 >= g_tab.cap * 7) tab_grow_locked(); /* may fail: then the table as it is */
     if (g_tab.cap) {
-        size_t m = g_tab.cap - 1, j = hash_key(key, kind) & m, tomb = (size_t)-1;
-        for (;;) {
+        size_t m = g_tab.cap - 1, j = hash_key(key, kind) & m, tomb = (size_t)-1, empty = (size_t)-1;
+        for (size_t n = 0; n < g_tab.cap; n++, j = (j + 1) & m) {
             struct rec *r = &g_tab.slots[j];
-            if (r->kind == K_EMPTY) break;
+            if (r->kind == K_EMPTY) { empty = j; break; }
             if (r->kind == K_TOMB) { if (tomb == (size_t)-1) tomb = j; }
             else if (r->kind == kind && r->key == key) { /* driver reused a key we missed freeing */
                 r->bytes += bytes; /* keep both charges so the next free returns all of it */
                 pthread_mutex_unlock(&g_tab.mu);
-                return;
+                return 0;
             }
-            j = (j + 1) & m;
         }
         if (tomb != (size_t)-1) j = tomb;
-        else g_tab.used++;
-        g_tab.slots[j] = (struct rec){key, bytes, ctx, kind, (int8_t)rdev};
+        else if (empty != (size_t)-1) { j = empty; g_tab.used++; }
+        else j = (size_t)-1;
+        if (j != (size_t)-1) {
+            g_tab.slots[j] = (struct rec){key, bytes, ctx, kind, (int8_t)rdev};
+            rc = 0;
+        }
     }
     pthread_mutex_unlock(&g_tab.mu);
+    return rc;
 }
 
 /* Removes the record; returns 1 and its device/bytes/context when found. */
@@ -305,6 +315,18 @@ static int settle(const struct where *w, uint64_t guess, uint64_t real)
 /* ---- allocators ---- */
 
 /* ctx: the context whose end frees it; NULL for VMM handles and pool blocks (the device's end only) */
+/* An allocation the shim cannot record could never be returned: it is undone and refused. */
+static void undo_alloc(uint8_t kind, uint64_t key)
+{
+    switch (kind) {
+    case K_PTR: if (g_cu.cuMemFree_v2) g_cu.cuMemFree_v2(key); break;
+    case K_VMM: if (g_cu.cuMemRelease) g_cu.cuMemRelease(key); break;
+    case K_ARRAY: if (g_cu.cuArrayDestroy) g_cu.cuArrayDestroy((CUarray)(uintptr_t)key); break;
+    case K_MIPMAP: if (g_cu.cuMipmappedArrayDestroy) g_cu.cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)key); break;
+    default: break;
+    }
+}
+
 static CUresult after_alloc_in(CUresult r, uint8_t kind, uint64_t key, const struct where *w, uint64_t charged,
                                CUcontext ctx)
 {
@@ -312,7 +334,12 @@ static CUresult after_alloc_in(CUresult r, uint8_t kind, uint64_t key, const str
         acct_release(w->rdev, charged);
         return r;
     }
-    tab_put(kind, key, w->rdev, charged, ctx);
+    if (tab_put(kind, key, w->rdev, charged, ctx) != 0) {
+        LOG_ERR("no memory for the allocation table; refusing an allocation of %llu B", (unsigned long long)charged);
+        undo_alloc(kind, key);
+        acct_release(w->rdev, charged);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     reconcile(w->rdev, w->ord, charged >= LARGE_ALLOC);
     return r;
 }
@@ -411,7 +438,8 @@ static CUresult free_common(uint8_t kind, uint64_t key, CUresult r_fn(void *), v
     CUresult r = r_fn(arg);
     if (had) {
         if (r == CUDA_SUCCESS) acct_release(rdev, bytes);
-        else tab_put(kind, key, rdev, bytes, ctx);
+        else if (tab_put(kind, key, rdev, bytes, ctx) != 0) /* still allocated, no room to remember it: stays charged */
+            LOG_ERR("no memory for the allocation table; %llu B stay charged", (unsigned long long)bytes);
     }
     return r;
 }
@@ -736,7 +764,12 @@ static CUresult own_context_end(CUresult r, CUcontext *pctx, struct ctx_make *m)
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (size < m->reserved) acct_release(m->w.rdev, m->reserved - size);
-    if (size) tab_put(K_CTX, (uint64_t)(uintptr_t)*pctx, m->w.rdev, size, *pctx);
+    if (size && tab_put(K_CTX, (uint64_t)(uintptr_t)*pctx, m->w.rdev, size, *pctx) != 0) {
+        acct_release(m->w.rdev, size); /* it could never be returned: undone */
+        if (g_cu.cuCtxDestroy_v2) g_cu.cuCtxDestroy_v2(*pctx);
+        *pctx = NULL;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     mem_maybe_reconcile(m->w.rdev, m->w.ord);
     return r;
 }

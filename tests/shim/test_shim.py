@@ -612,3 +612,20 @@ def test_a_blocked_event_record_does_not_stop_other_threads(shim):
     r = shim.run("direct", "init", "stall:2.0", CUDA_DEVICE_SM_LIMIT="90")
     n, longest = (int(x) for x in r.one("stall")[1:3])
     assert n > 20 and longest < 0.3e9, (n, longest / 1e9)
+
+
+def test_the_region_file_is_the_containers_alone(shim, tmp_path):
+    """The region is writable by no other user: created 0600 (inside the container's own 0700 directory, which
+    the daemon makes), an older shim's world-writable one of ours is tightened, and a symbolic link at its path
+    is never followed."""
+    env = dict(CUDA_DEVICE_MEMORY_LIMIT="1g")
+    assert shim.run("procaddr", "init", "alloc:mem:10m", **env).one("alloc")[3] == "0"
+    assert shim.region.stat().st_mode & 0o777 == 0o600
+    os.chmod(shim.region, 0o666)
+    assert shim.run("procaddr", "init", "alloc:mem:10m", **env).one("alloc")[3] == "0"
+    assert shim.region.stat().st_mode & 0o777 == 0o600
+    target, link = tmp_path / "elsewhere", tmp_path / "link.cache"
+    target.write_bytes(b"not a region")
+    link.symlink_to(target)
+    r = shim.run("procaddr", "init", "alloc:mem:10m", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(link), **env)
+    assert r.one("alloc")[3] == "0" and target.read_bytes() == b"not a region"
