@@ -3,7 +3,7 @@
 # Builds libvgpu.so there (make -C shim), the CUDA helper (nvcc) and the region
 # dumper (gcc), then runs bench/gpu/shim_bench.py, which measures PyTorch and
 # CUDA programs with and without the shim and prints the table beside
-# HAMi-core's figures (shared/reference/anchors-h100.md). Results also go to
+# HAMi-core's published H100 figures. Results also go to
 # $OUT (results.json, table.md) when OUT is set.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

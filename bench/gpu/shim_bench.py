@@ -1,6 +1,6 @@
 """The shim's H100 benchmark: PyTorch and CUDA programs with and without
 libvgpu.so, every ratio against a baseline measured in the same run, printed
-as one table beside HAMi-core's figures (shared/reference/anchors-h100.md).
+as one table beside HAMi-core's published H100 figures.
 
 Owns orchestration only: each measurement is a separate process
 (torch_work.py or cbench), because the shim reads its limits once per
@@ -482,7 +482,7 @@ def main():
     w = max(len(r[0]) for r in ROWS) if ROWS else 10
     lines = [f"shim benchmark, {R.get('info', {}).get('date')} on {R.get('info', {}).get('gpu')}, "
              f"torch {R.get('info', {}).get('torch')}", "",
-             "| measurement | hamid shim | target | HAMi-core (anchors-h100.md) |", "|---|---|---|---|"]
+             "| measurement | hamid shim | target | HAMi-core (published, H100) |", "|---|---|---|---|"]
     lines += [f"| {a_} | {b} | {c} | {d} |" for a_, b, c, d in ROWS]
     if R.get("errors"):
         lines += ["", "errors: " + json.dumps(R["errors"])[:3000]]

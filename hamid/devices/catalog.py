@@ -1,7 +1,7 @@
 """The catalog of real GPU models that the simulated backend can stand up.
 
-Memory, SM counts and MIG profile tables are facts about real cards (see
-``shared/reference/runtime-mig.md`` §3). The H100 table is as read through NVML
+Memory, SM counts and MIG profile tables are facts about real cards (NVIDIA's
+MIG user guide, supported profiles). The H100 table is as read through NVML
 on a real H100 80GB HBM3. Memory per profile is NVML's ``memorySizeMB`` where
 known, otherwise the GiB figure ``nvidia-smi mig -lgip`` prints, in MiB. The
 H200's per-profile memory and SMs are scaled from the H100 (no H200 dump was

@@ -1,7 +1,7 @@
 """The protocol's parameters and the formulas that scale them with group size.
 
 Defaults follow hashicorp/memberlist's LAN profile
-(``reference/k8s-protocols.md`` §5.1) except where noted in
+(``DefaultLANConfig``) except where noted in
 ``hamid/config/schema.py``, which documents each key with its reason. The
 formulas are memberlist's as coded (``util.go``), not as its comments say.
 This module does no I/O.

@@ -1,6 +1,6 @@
 """Collectors of node and GPU metrics, and the ``/metrics`` ASGI app.
 
-Names follow HAMi where the meaning is the same (``reference/hami.md`` §8):
+Names follow HAMi where the meaning is the same (its device plugin and vGPU monitor):
 ``hami_gpu_memory_limit_bytes``, ``hami_gpu_memory_allocated_bytes``,
 ``hami_gpu_core_limit_ratio``, ``hami_gpu_core_allocated_ratio``,
 ``hami_gpu_shared_count``, ``hami_node_gpu_mig_instance_info``,

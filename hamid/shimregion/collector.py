@@ -7,7 +7,7 @@ yielding HAMi-compatible gauges at scrape time. It must not write to the
 regions or keep them mapped between scrapes.
 
 Metrics (labels: namespace, pod, container, vdevice_index, device_uuid, as
-HAMi's vGPUmonitor uses them, see shared/reference/hami.md §8):
+HAMi's vGPUmonitor uses them):
   hami_vgpu_memory_used_bytes          container's device memory in use
   hami_vgpu_memory_limit_bytes         its limit (0: none)
   hami_vgpu_memory_context_bytes       the context/overhead part of the use

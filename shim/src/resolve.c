@@ -4,7 +4,7 @@
  * points, the table of intercepted names, the exported dlsym() override, and
  * the cuGetProcAddress / cuGetProcAddress_v2 wrappers.
  *
- * Rules it keeps (see shared/reference/hami-core.md §1, §10.4):
+ * Rules it keeps (HAMi-core's dlsym and cuGetProcAddress hooks taught them):
  *  - a wrapper is handed out only for a name in the table AND only when the
  *    address being replaced is the real driver's, so cudnn*, cublas*, curl*
  *    and anything else that starts with "cu" go through untouched;
