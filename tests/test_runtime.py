@@ -112,3 +112,29 @@ def test_runc_bundle_with_etc_linked_to_the_host_is_refused(tmp_path, free_port)
             assert c.reservations() == []
     finally:
         stop(daemon)
+
+
+@pytest.mark.parametrize("env,bundle_flag,python", [
+    (["PATH=/bin"], "--bundle", False),
+    (["PATH=/bin", "HAMI_VGPU_SPEC=mem=1g"], "--bundle", True),
+    (["PATH=/bin", "HAMI_VISIBLE_DEVICES=0"], "-b", True),
+    (["PATH=/bin", "NOT_HAMI_VGPU_SPEC=x"], "--bundle=", False),
+])
+def test_launcher_decides_pass_through_without_starting_python(tmp_path, fake_runc, env, bundle_flag, python):
+    """A create whose spec names neither variable goes straight to runc (no Python start, ~80 ms);
+    one that may be ours goes to hamid-runtime-py, which decides for certain."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shutil.copy2(Path(__file__).resolve().parents[1] / "contrib" / "docker" / "hamid-runtime", bindir / "hamid-runtime")
+    (bindir / "hamid-runtime-py").write_text(f"#!/bin/sh\ntouch {tmp_path}/python-started\n")
+    (bindir / "hamid-runtime-py").chmod(0o755)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({"process": {"env": env, "args": ["true"]}}))
+    flag = [f"--bundle={bundle}"] if bundle_flag.endswith("=") else [bundle_flag, str(bundle)]
+    r = subprocess.run([str(bindir / "hamid-runtime"), "--runc", str(fake_runc), "--root", "/r", "create", *flag,
+                        "cid"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "python-started").exists() == python
+    if not python:
+        assert (tmp_path / "runc.args").read_text().split() == ["--root", "/r", "create", *flag, "cid"]

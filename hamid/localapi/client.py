@@ -10,10 +10,8 @@ one request per connection (``Connection: close``), JSON bodies with a
 from __future__ import annotations
 
 import json
+import os
 import socket
-import urllib.parse
-from pathlib import Path
-from typing import Any
 
 from ..errors import HamidError
 from . import SOCKET_NAME
@@ -59,8 +57,8 @@ def _http(path: str, timeout: float, method: str, target: str, body: bytes | Non
 
 
 class LocalClient:
-    def __init__(self, state_dir: str | Path, timeout: float = 30.0) -> None:
-        self.socket = Path(state_dir) / SOCKET_NAME
+    def __init__(self, state_dir: str | os.PathLike, timeout: float = 30.0) -> None:
+        self.socket = os.path.join(state_dir, SOCKET_NAME)
         self._timeout = timeout
 
     def close(self) -> None:
@@ -72,17 +70,19 @@ class LocalClient:
     def __exit__(self, *exc):
         self.close()
 
-    def call(self, method: str, path: str, json_body: Any = None, *, params: dict | None = None) -> Any:
+    def call(self, method: str, path: str, json_body=None, *, params: dict | None = None) :
         return self._call(method, path, params=params, json_body=json_body)
 
-    def _call(self, method: str, path: str, *, params: dict | None = None, json_body: Any = None) -> Any:
-        if not self.socket.exists():
+    def _call(self, method: str, path: str, *, params: dict | None = None, json_body=None) :
+        if not os.path.exists(self.socket):
             raise DaemonUnavailable(f"no daemon socket at {self.socket}")
         if params:
+            import urllib.parse
+
             path += "?" + urllib.parse.urlencode(params)
         body = None if json_body is None else json.dumps(json_body).encode()
         try:
-            status, raw = _http(str(self.socket), self._timeout, method, path, body)
+            status, raw = _http(self.socket, self._timeout, method, path, body)
         except PermissionError as e:
             raise HamidError(f"cannot reach the daemon at {self.socket}: {e.strerror} (run as root)") from None
         except (ConnectionError, FileNotFoundError, socket.timeout) as e:

@@ -230,6 +230,5 @@ class NodeCore:
     # --- reading ---------------------------------------------------------------
 
     def status(self, backend_label: str) -> dict[str, Any]:
-        pending = set(released.pending(str(self.state_dir)))
-        rows = [r for r in self.ledger.list() if not (r.kind == "docker" and r.uid in pending)]
-        return status_document(self.ledger.view(), rows, backend_label)
+        pending = {f"docker:{cid}" for cid in released.pending(str(self.state_dir))}
+        return status_document(self.ledger.view(), self.ledger.list(), backend_label, releasing=pending)

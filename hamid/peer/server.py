@@ -79,6 +79,9 @@ class PeerFace:
     def __init__(self, node: Any, keyring: Keyring | None, listen: str, *, insecure: bool = False,
                  window_s: float = 30.0, max_body_bytes: int = 256 * 1024, max_ids: int = 65536,
                  stats: PeerStats | None = None) -> None:
+        from ..gossip.codec import check_cbor2
+
+        check_cbor2()  # frames are CBOR with a depth limit: an old cbor2 would drop every one silently
         self.node = node
         host, port = parse_address(listen, "peerListen")
         if keyring is None and not insecure:

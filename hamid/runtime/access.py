@@ -13,9 +13,8 @@ makes a retry find what an interrupted daemon already committed.
 
 from __future__ import annotations
 
+import os
 import time
-from pathlib import Path
-from typing import Any
 
 from ..errors import HamidError
 from ..localapi.client import Conflict, DaemonUnavailable, LocalClient
@@ -31,8 +30,8 @@ ENV_NAMES = ("HAMI_VISIBLE_DEVICES=", "HAMI_VGPU_SPEC=")
 
 
 class NodeAccess:
-    def __init__(self, state_dir: str | Path, *, timeout_s: float = DAEMON_TIMEOUT_S) -> None:
-        self.state_dir = Path(state_dir)
+    def __init__(self, state_dir: str | os.PathLike, *, timeout_s: float = DAEMON_TIMEOUT_S) -> None:
+        self.state_dir = os.fspath(state_dir)
         self._timeout = timeout_s
         self._core = None
 
@@ -44,8 +43,8 @@ class NodeAccess:
             from ..node.core import NodeCore
             from ..node.facts import read_facts
 
-            path = self.state_dir / LEDGER_NAME
-            if not path.exists():
+            path = os.path.join(self.state_dir, LEDGER_NAME)
+            if not os.path.exists(path):
                 raise HamidError(f"no hamid ledger at {path}: start the daemon once (hamid run --state-dir "
                                  f"{self.state_dir}), or pass this runtime --state-dir")
             facts = read_facts(self.state_dir)
@@ -59,7 +58,7 @@ class NodeAccess:
             self._core = NodeCore(Ledger(path), facts, backend)
         return self._core
 
-    def admit_container(self, cid: str, env: list[str], user: tuple[int, int], details: dict[str, Any]) -> dict:
+    def admit_container(self, cid: str, env: list[str], user: tuple[int, int], details: dict) -> dict:
         """``{"ours": False}``, or ``{"ours": True, "reservation": ..., "edits": {container: cdi edits}}``."""
         ours = [e for e in env if e.startswith(ENV_NAMES)]
         deadline = time.time() + min(DEADLINE_S, self._timeout * 5 / 6)
@@ -72,7 +71,7 @@ class NodeAccess:
             pass
         return self._admit_locally(cid, ours, user, details)
 
-    def _admit_locally(self, cid: str, env: list[str], user: tuple[int, int], details: dict[str, Any]) -> dict:
+    def _admit_locally(self, cid: str, env: list[str], user: tuple[int, int], details: dict) -> dict:
         from ..ledger import LedgerConflict
         from ..node.identity import Owner
         from ..request import parse_docker_env

@@ -7,8 +7,6 @@ know, so ``runtimeArgs`` in ``daemon.json`` can carry them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 DEFAULT_STATE_DIR = "/var/lib/hamid"
 DEFAULT_RUNC_ROOT = "/run/runc"
 
@@ -21,16 +19,19 @@ class UsageError(Exception):
     pass
 
 
-@dataclass
 class Invocation:
-    state_dir: str = DEFAULT_STATE_DIR
-    runc: str | None = None
-    runc_args: list[str] = field(default_factory=list)
-    verb: str | None = None
-    verb_index: int = -1
-    root: str = DEFAULT_RUNC_ROOT
-    log_file: str | None = None
-    log_format: str = "text"
+    """What the command line says. A plain class: this module is on the path of
+    every container start, and ``dataclasses`` alone costs milliseconds to import."""
+
+    def __init__(self) -> None:
+        self.state_dir: str = DEFAULT_STATE_DIR
+        self.runc: str | None = None
+        self.runc_args: list[str] = []
+        self.verb: str | None = None
+        self.verb_index: int = -1
+        self.root: str = DEFAULT_RUNC_ROOT
+        self.log_file: str | None = None
+        self.log_format: str = "text"
 
     def verb_args(self) -> list[str]:
         return self.runc_args[self.verb_index + 1:] if self.verb_index >= 0 else []

@@ -11,11 +11,9 @@ runc is exec'd. Nothing is written into the container's rootfs.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 from ..errors import HamidError
-from ..node.edits import ContainerEdits
 from ..node.released import check_id
 from . import rootfs, spec as ocispec
 from .access import NodeAccess
@@ -28,6 +26,8 @@ def _hook_path() -> str:
     launcher = os.path.join(here, "hamid-runtime")
     if os.access(launcher, os.X_OK):
         return launcher
+    import shutil
+
     found = shutil.which("hamid-runtime")
     if not found:
         raise HamidError("cannot find the hamid-runtime launcher for the poststop hook")
@@ -51,10 +51,10 @@ def prepare(inv: Invocation) -> None:
         if not got.get("ours"):
             return
         try:
-            (edits,) = [ContainerEdits.from_cdi(e) for e in got["edits"].values()]
+            (edits,) = got["edits"].values()  # CDI containerEdits, as a dict (no dataclasses: start time)
             root = ocispec.rootfs(spec, bundle)
-            for m in edits.mounts:
-                rootfs.check_path(root, m.container_path)
+            for m in edits.get("mounts") or ():
+                rootfs.check_path(root, m["containerPath"])
             ocispec.apply_edits(spec, edits)
             ocispec.add_poststop(spec, _hook_path(), ["hamid-runtime", "--state-dir", str(inv.state_dir),
                                                       "hook", "poststop", cid])

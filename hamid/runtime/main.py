@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -33,10 +32,19 @@ def _report(inv: Invocation | None, message: str) -> None:
 
 
 def _runc(inv: Invocation) -> str:
-    path = inv.runc or shutil.which("runc") or shutil.which("docker-runc")
+    path = inv.runc or _which("runc") or _which("docker-runc")
     if not path or not os.access(path, os.X_OK):
         raise FileNotFoundError(f"runc not found (looked for {inv.runc or 'runc on PATH'}); pass --runc PATH")
     return path
+
+
+def _which(name: str) -> str | None:
+    """``shutil.which`` without importing shutil (this is every container start's path)."""
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        p = os.path.join(d or ".", name)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
 
 
 def _exec_runc(inv: Invocation, runc: str) -> None:

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 from ..errors import HamidError
-from ..node.edits import ContainerEdits, DeviceNode
 
 
 class SpecError(HamidError):
@@ -22,7 +20,7 @@ class SpecError(HamidError):
 
 
 def load(bundle: str) -> dict:
-    path = Path(bundle) / "config.json"
+    path = os.path.join(bundle, "config.json")
     try:
         with open(path) as f:
             spec = json.load(f)
@@ -34,8 +32,8 @@ def load(bundle: str) -> dict:
 
 
 def save(bundle: str, spec: dict) -> None:
-    path = Path(bundle) / "config.json"
-    tmp = path.with_name(".config.json.hamid-tmp")
+    path = os.path.join(bundle, "config.json")
+    tmp = os.path.join(bundle, ".config.json.hamid-tmp")
     mode = os.stat(path).st_mode & 0o777
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     with os.fdopen(fd, "w") as f:
@@ -63,29 +61,35 @@ def add_mount(spec: dict, destination: str, source: str, readonly: bool) -> None
     spec["mounts"] = mounts
 
 
-def add_devices(spec: dict, nodes: list[DeviceNode]) -> None:
+def add_devices(spec: dict, nodes: list[dict]) -> None:
+    """CDI ``deviceNodes`` entries as OCI ``linux.devices``, each with its cgroup rule."""
     linux = spec.setdefault("linux", {})
-    devices = [d for d in linux.get("devices") or [] if d.get("path") not in {n.path for n in nodes}]
-    devices.extend({"path": n.path, "type": n.type, "major": n.major, "minor": n.minor,
-                    "fileMode": n.file_mode, "uid": n.uid, "gid": n.gid} for n in nodes)
+    paths = {n["path"] for n in nodes}
+    devices = [d for d in linux.get("devices") or [] if d.get("path") not in paths]
+    devices.extend({"path": n["path"], "type": n.get("type", "c"), "major": n["major"], "minor": n["minor"],
+                    "fileMode": n.get("fileMode", 0o666), "uid": n.get("uid", 0), "gid": n.get("gid", 0)}
+                   for n in nodes)
     linux["devices"] = devices
     rules = linux.setdefault("resources", {}).setdefault("devices", [])
     for n in nodes:
-        rules.append({"allow": True, "type": n.type, "major": n.major, "minor": n.minor, "access": n.permissions})
+        rules.append({"allow": True, "type": n.get("type", "c"), "major": n["major"], "minor": n["minor"],
+                      "access": n.get("permissions", "rwm")})
 
 
-def apply_edits(spec: dict, edits: ContainerEdits) -> None:
-    """Write ``edits`` (env, mounts, device nodes with their cgroup rules, hooks) into ``spec``."""
-    set_env(spec, edits.env_map())
-    for m in edits.mounts:
-        add_mount(spec, m.container_path, m.host_path, readonly=m.readonly)
-    add_devices(spec, list(edits.device_nodes))
-    for h in edits.hooks:
-        hooks = spec.setdefault("hooks", {})
-        entry = {"path": h.path, "args": list(h.args)}
-        if h.timeout is not None:
-            entry["timeout"] = h.timeout
-        hooks.setdefault(h.hook_name, []).append(entry)
+def apply_edits(spec: dict, edits) -> None:
+    """Write a container's edits (CDI ``containerEdits``: a dict, or a
+    :class:`hamid.node.edits.ContainerEdits`) into ``spec``: env, mounts,
+    device nodes with their cgroup rules, hooks."""
+    cdi = edits.to_cdi() if hasattr(edits, "to_cdi") else edits
+    set_env(spec, dict(e.split("=", 1) for e in cdi.get("env") or ()))
+    for m in cdi.get("mounts") or ():
+        add_mount(spec, m["containerPath"], m["hostPath"], readonly="ro" in (m.get("options") or ()))
+    add_devices(spec, list(cdi.get("deviceNodes") or ()))
+    for h in cdi.get("hooks") or ():
+        entry = {"path": h["path"], "args": list(h.get("args") or ())}
+        if h.get("timeout") is not None:
+            entry["timeout"] = h["timeout"]
+        spec.setdefault("hooks", {}).setdefault(h["hookName"], []).append(entry)
 
 
 def add_poststop(spec: dict, path: str, args: list[str]) -> None:
