@@ -35,7 +35,7 @@ from ..node.face import Face, collector_of, liveness_of
 from ..node.facts import NodeFacts, write_facts
 from ..node.layout import CONTAINERS_DIR, LEDGER_NAME, LOCK_NAME, SHIM_DIR, SOCKET_NAME
 from ..node.service import NodeService
-from ..request.model import Defaults
+from ..request.model import Defaults, ResourceNames
 
 log = get_logger("daemon")
 
@@ -178,6 +178,14 @@ def _keyring(c: Config):
     return Keyring.load(c.gossipKeyFile)
 
 
+def request_defaults(d: Daemon) -> Defaults:
+    """What requests get for what they leave out, and the resource names they
+    use: the node's settings plus the cluster-wide names (``resourceCountName``...)."""
+    from dataclasses import replace
+
+    return replace(Defaults.from_settings(d.settings), names=ResourceNames.from_settings(d.config))
+
+
 def build_faces(d: Daemon):
     """The faces this daemon runs, by configuration, and the metrics registry
     their collectors are registered with. The metrics face comes last, so
@@ -213,8 +221,7 @@ def build_faces(d: Daemon):
                                advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
                                read_stamp=d.ledger.change_stamp, peer_address=peer_address)
         d.service.subscribe(lambda event, key: gossip.poke() if event != "conflict" else None)
-    faces.append(LocalApiFace(d.service, str(d.state_dir / SOCKET_NAME),
-                              defaults=Defaults.from_settings(d.settings),
+    faces.append(LocalApiFace(d.service, str(d.state_dir / SOCKET_NAME), defaults=request_defaults(d),
                               cluster=gossip.cluster_document if gossip is not None else None))
     faces.append(DockerFace(d.service, poll_interval=c.releasePollInterval, net_interval=c.reconcileInterval,
                             start_grace=c.dockerStartGrace))

@@ -17,7 +17,7 @@ from ..logs import get_logger
 from ..node import released
 from ..node.layout import RELEASED_DIR
 from ..node.service import NodeService
-from .dirwatch import DirWatch
+from ..dirwatch import DirWatch
 from .liveness import docker_alive
 
 log = get_logger("docker")

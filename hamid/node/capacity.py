@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from ..config import NodeSettings
 from ..devices.types import GpuInfo
-from ..placement.view import GpuView, gpu_view_from_info
+from ..placement.view import GpuView, gpu_view_from_info, restrict_mig_profiles
 
 
 def is_filtered(info: GpuInfo, settings: NodeSettings) -> bool:
@@ -15,8 +15,11 @@ def is_filtered(info: GpuInfo, settings: NodeSettings) -> bool:
 
 
 def capacity_views(gpus: Iterable[GpuInfo], settings: NodeSettings) -> list[GpuView]:
-    return [gpu_view_from_info(g, split_count=settings.deviceSplitCount,
-                               memory_scaling=settings.deviceMemoryScaling,
-                               core_scaling=settings.deviceCoreScaling,
-                               filtered=is_filtered(g, settings))
+    """Each GPU as the node books it: split count, scaling, filterDevices and
+    the MIG profiles ``migProfileAllowlist`` leaves it."""
+    return [restrict_mig_profiles(gpu_view_from_info(g, split_count=settings.deviceSplitCount,
+                                                     memory_scaling=settings.deviceMemoryScaling,
+                                                     core_scaling=settings.deviceCoreScaling,
+                                                     filtered=is_filtered(g, settings)),
+                                  settings.migProfileAllowlist)
             for g in gpus]

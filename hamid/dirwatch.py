@@ -21,9 +21,9 @@ import struct
 
 import trio
 
-from ..logs import get_logger
+from .logs import get_logger
 
-log = get_logger("daemon")
+log = get_logger("dirwatch")
 
 IN_CREATE = 0x00000100
 IN_MOVED_TO = 0x00000080
