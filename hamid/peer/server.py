@@ -13,8 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
 from starlette.responses import PlainTextResponse, Response
@@ -187,18 +185,15 @@ class PeerFace:
         return Starlette(routes=[Route(PATH, self._handle, methods=["POST"])])
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        cfg = HyperConfig()
-        cfg.bind = [self.listen]
-        cfg.accesslog = None
-        cfg.errorlog = None
-        cfg.graceful_timeout = 1.0
+        from ..serving import ListenError, serve_asgi
+
         try:
             async with trio.open_nursery() as nursery:
                 try:
-                    binds = await nursery.start(lambda task_status: serve(self.app(), cfg,
-                                                                          task_status=task_status))
-                except OSError as e:
-                    raise PeerConfigError(f"peerListen {self.listen}: cannot listen: {e.strerror or e}") from None
+                    binds = await nursery.start(lambda task_status: serve_asgi(
+                        self.app(), self.listen, what="peerListen", task_status=task_status))
+                except ListenError as e:
+                    raise PeerConfigError(str(e)) from None
                 host, port = parse_address(binds[0].split("://", 1)[1], "bound address")
                 self.bound = format_address(host, port)
                 log.info("peer API serving", listen=self.bound, authenticated=self.sealer.secure)
