@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv shim clean
+.PHONY: run test venv shim clean proto
 
 $(STAMP): pyproject.toml contrib/docker/hamid-runtime
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,16 @@ run: venv shim
 test: venv shim
 	$(PY) tests/prepare_host.py
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The kubelet APIs' Python modules, generated from hamid/kubelet/api/*.proto
+# with the grpcio-tools pinned in the test extra (tests/k8s/test_protos.py
+# checks the committed ones are current). Run from the repository root so the
+# generated imports read `from hamid.kubelet.api import ...`.
+PROTOS    := hamid/kubelet/api/deviceplugin.proto hamid/kubelet/api/podresources.proto
+PROTO_OUT ?= .
+
+proto:
+	$(PY) -m grpc_tools.protoc -I . --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) --grpc_python_out=$(PROTO_OUT) $(PROTOS)
 
 clean:
 	rm -rf $(VENV) shim/build

@@ -1,0 +1,1 @@
+"""Kubernetes on the node: hamid as kubelet's device plugin."""
