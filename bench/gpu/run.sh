@@ -4,7 +4,11 @@
 # dumper (gcc), then runs bench/gpu/shim_bench.py, which measures PyTorch and
 # CUDA programs with and without the shim and prints the table beside
 # HAMi-core's published H100 figures. Results also go to
-# $OUT (results.json, table.md) when OUT is set.
+# $OUT (results.json, table.md, rewritten after every step) when OUT is set.
+# Runs as root: its last step binds a limits file in a private mount namespace
+# (limits_check.py) and imports hamid.shimlimits, which needs cffi and
+# structlog (not in the GPU machine's image: install them first, e.g.
+# pip install --target /tmp/site <wheels>; PYTHONPATH=/tmp/site).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1

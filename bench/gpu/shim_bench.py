@@ -43,8 +43,14 @@ def region_path() -> str:
     return p
 
 
+# Every variable the shim reads a limit or policy from: dropped from the inherited environment, since the
+# hardened shim refuses CUDA on any value it cannot parse and a stray one would change a row.
+SHIM_VARS = ("CUDA_DEVICE_", "HAMID_", "LD_PRELOAD", "GPU_CORE_UTILIZATION_POLICY", "CUDA_TASK_PRIORITY")
+LIMITS_PATH = "/usr/local/vgpu/hamid.limits"  # the daemon's limits file (shim/include/hamid_limits.h)
+
+
 def env(preload=True, region=None, **kv) -> dict:
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "HAMID_", "LD_PRELOAD"))}
+    e = {k: v for k, v in os.environ.items() if not k.startswith(SHIM_VARS)}
     e["PYTHONUNBUFFERED"] = "1"
     if preload:
         e["LD_PRELOAD"] = str(SHIM)
@@ -463,6 +469,97 @@ def period():
         " / ".join(f"{R['period'][us] * 100:.1f}" for us in periods), "50 (+-5)", "-")
 
 
+MANY_SHAPES = ("320 matmuls (M = 64..20480 rows, bf16, x 2048 x 2048) in a shuffled order, each followed by a "
+               "ReLU: ~640 alternating kernel shapes")
+
+
+@step("many alternating kernel shapes at 30 %")
+def many_shapes():
+    """torch_work.py's 'shapes' workload (a loop over 320 matmul sizes and their ReLUs, shuffled) at a 30 %
+    limit, in slots and rate-only: the cost table must hold the limit although the shape changes at every
+    launch. Throughput share against bare, and GPU-time share (NVML utilization) against bare's."""
+    secs = "4"
+    res, gpu = {}, {}
+    for mode, e in (("bare", env(False)), ("slots", env(CUDA_DEVICE_SM_LIMIT=30, **MODES["slots"](30))),
+                    ("rate", env(CUDA_DEVICE_SM_LIMIT=30))):
+        with GpuSampler() as smp:
+            got = last_json(run([*TORCH, "one", "shapes", secs, "0"], e, timeout=240))
+        res[mode] = got["shapes"]
+        gpu[mode] = smp.window(*got["_windows"]["shapes"])
+    R["many_shapes"] = {"steps_per_s": res, "gpu": gpu, "workload": MANY_SHAPES}
+    for mode in ("slots", "rate"):
+        g, b = gpu.get(mode), gpu.get("bare")
+        util = f"{g['util'] / b['util'] * 100:.1f} @{g['sm_mhz']:.0f}MHz" if g and b and b["util"] else "n/a"
+        row(f"many alternating kernel shapes ({MANY_SHAPES}) at 30 %, {MODE_LABEL[mode]}: throughput share / "
+            f"GPU-time share (bare at {(b or {}).get('sm_mhz', 0):.0f} MHz)",
+            f"{res[mode] / res['bare'] * 100:.1f} / {util}", "30 (+-5)", "-")
+
+
+@step("limits file in a mount namespace")
+def limits_file():
+    """The daemon's limits file (hamid.shimlimits.write_limits_file: root, 0644) bound read-only at
+    /usr/local/vgpu/hamid.limits in a private mount namespace (limits_check.py): processes with no limit
+    variables, or higher ones, are held to the file's 4 GiB and share the region it names; a world-writable
+    file refuses CUDA. Outside the namespace the same program with no variables is not limited."""
+    sys.path.insert(0, str(ROOT))
+    from hamid.shimlimits import ContainerLimits, DeviceLimits, write_limits_file
+
+    uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"], env=env(False),
+                          capture_output=True, text=True, check=True).stdout.strip()
+    d = WORK / "limits"
+    d.mkdir(mode=0o755)
+    region = str(WORK / "limits-region.cache")
+    lim = ContainerLimits(devices=(DeviceLimits(uuid=uuid, memory_bytes=4 * GiB),), region_path=region)
+    write_limits_file(d / "hamid.limits", lim)
+    writable = d / "writable.limits"
+    writable.write_bytes((d / "hamid.limits").read_bytes())
+    writable.chmod(0o666)
+    st = os.stat(d / "hamid.limits")
+    made_dir = not os.path.isdir("/usr/local/vgpu")
+    if made_dir:
+        os.mkdir("/usr/local/vgpu", 0o755)  # a mount point only; the namespace puts a tmpfs on it
+    spec = {"file": str(d / "hamid.limits"), "writable_copy": str(writable), "shim": str(SHIM), "region": region,
+            "other_region": region_path(), "torch": TORCH, "cbench": str(WORK / "cbench"),
+            "regiondump": str(WORK / "regiondump")}
+    try:
+        p = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
+                            str(ROOT / "bench" / "gpu" / "limits_check.py"), json.dumps(spec)],
+                           capture_output=True, text=True, timeout=400)
+        if p.returncode != 0:
+            raise RuntimeError(f"limits_check rc={p.returncode}: {p.stdout[-1500:]} {p.stderr[-3000:]}")
+        res = last_json(p.stdout)
+    finally:
+        leaked = os.path.lexists(LIMITS_PATH)
+        if made_dir:
+            os.rmdir("/usr/local/vgpu")
+    control = last_json(run([*TORCH, "tryalloc", "3072", "5120"], env(), timeout=180))
+    res.update(written={"uid": st.st_uid, "mode": oct(st.st_mode & 0o7777), "size": st.st_size, "uuid": uuid},
+               leaked_outside=leaked, control_outside=control)
+    R["limits_file"] = res
+    dev = res["region_while_held"]["devices"][0]
+    pids = sorted(x["pid"] for x in res["region_while_held"]["procs"])
+    row("limits file (4 GiB, root 0644, bound read-only in a mount namespace), no limit variables, beside a "
+        "process holding 1 GiB (1.8 with its context): 1 GiB / 3 GiB alloc, total seen",
+        f"{res['unset']['allocs']['1024']} / {res['unset']['allocs']['3072']}, {res['unset']['total'] / GiB:.2f} GiB",
+        "ok / oom, 4.00 GiB", "- (limits from variables only)")
+    row("  same, CUDA_DEVICE_MEMORY_LIMIT(_0)=70g and a region of its own named",
+        f"{res['higher']['allocs']['1024']} / {res['higher']['allocs']['3072']}, "
+        f"{res['higher']['total'] / GiB:.2f} GiB; its own region created: {res['other_region_exists']}",
+        "ok / oom, 4.00 GiB; no", "-")
+    row("  the file's region after those two: limit, peak used, live processes",
+        f"{dev['limit'] / GiB:.2f} GiB, peak {dev['peak'] / GiB:.2f} GiB, pids {pids} (holder {res['holder_pid']})",
+        "4.00 GiB, <= 4.00 GiB, the holder", "-")
+    row("  no variables, alone: 3 GiB / 5 GiB alloc, total seen",
+        f"{res['alone']['allocs']['3072']} / {res['alone']['allocs']['5120']}, {res['alone']['total'] / GiB:.2f} GiB",
+        "ok / oom, 4.00 GiB", "-")
+    row("  a world-writable limits file bound instead: CUDA refused",
+        f"rc {res['refused']['rc']}, {(res['refused']['stderr'] or ['no shim line'])[0][:220]}",
+        "refused, one line naming the file", "-")
+    row("  control, outside the namespace, no variables: 3 GiB / 5 GiB alloc, total seen; file visible outside",
+        f"{control['allocs']['3072']} / {control['allocs']['5120']}, {control['total'] / GiB:.2f} GiB; {leaked}",
+        "ok / ok, the GPU's total; False", "-")
+
+
 def main():
     global WORK
     ap = argparse.ArgumentParser()
@@ -472,24 +569,30 @@ def main():
     a = ap.parse_args()
     WORK = Path(a.work)
     out = Path(a.out)
+    if os.path.lexists(LIMITS_PATH):
+        # every row below sets its limits through variables, which the shim ignores when the file is there
+        raise SystemExit(f"{LIMITS_PATH} exists on this machine: the shim would take every limit from it; "
+                         "run the benchmark where it is absent")
     steps = [info, memory_limit, smi_inside, accounting_both, matmul_ratio, launch_cost, alloc_rate, shares, pairs,
-             period, own_contexts]
+             period, own_contexts, many_shapes, limits_file]
     only = set(filter(None, a.only.split(",")))
     for i, s in enumerate(steps):
         if not only or str(i) in only:
             s()
+            # after every step, so a run stopped at its time limit still leaves what it measured
             (out / "results.json").write_text(json.dumps(R, indent=1, default=str))
-    w = max(len(r[0]) for r in ROWS) if ROWS else 10
+            (out / "table.md").write_text(table() + "\n")
+    print("\n" + table())
+
+
+def table() -> str:
     lines = [f"shim benchmark, {R.get('info', {}).get('date')} on {R.get('info', {}).get('gpu')}, "
              f"torch {R.get('info', {}).get('torch')}", "",
              "| measurement | hamid shim | target | HAMi-core (published, H100) |", "|---|---|---|---|"]
     lines += [f"| {a_} | {b} | {c} | {d} |" for a_, b, c, d in ROWS]
     if R.get("errors"):
         lines += ["", "errors: " + json.dumps(R["errors"])[:3000]]
-    text = "\n".join(lines)
-    (out / "table.md").write_text(text + "\n")
-    print("\n" + text)
-    del w
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

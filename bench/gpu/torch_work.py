@@ -2,10 +2,12 @@
 reads its limits once per process). Prints one JSON line. Modes:
 
   memlimit                   mem_get_info, then a 3 GiB and a 5 GiB allocation
+  tryalloc <MiB> [<MiB>...]  mem_get_info, then each allocation in turn (each freed before the next)
   hold <MiB>                 a cuBLAS matmul plus <MiB> of tensors, 'ready <pid>', wait for stdin
   matmul <seconds>           8192^3 bf16 matmul throughput (TFLOP/s)
   shares <seconds> <start>   rates of: a large matmul, a large elementwise kernel,
                              a CUDA graph of 100 small elementwise kernels
+                             ('shapes', many alternating kernel shapes, runs only through 'one')
   one <workload> <seconds> <start_epoch_ns>  one of those, started at a given wall time
 """
 
@@ -40,6 +42,31 @@ def memlimit():
     return out
 
 
+def tryalloc(sizes_mib):
+    free, total = torch.cuda.mem_get_info()
+    out = {"free": free, "total": total, "allocs": {}}
+    for mib in sizes_mib:
+        try:
+            t = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
+            t.fill_(1)
+            sync()
+            out["allocs"][str(mib)] = "ok"
+            del t
+            torch.cuda.empty_cache()
+        except torch.OutOfMemoryError:
+            out["allocs"][str(mib)] = "oom"
+    return out
+
+
+# Many alternating kernel shapes: 320 matmuls (M = 64, 128, ..., 20480 rows of bf16 against one
+# 2048 x 2048 weight) in a fixed shuffled order, each followed by a ReLU of its output. Every M is
+# its own grid for the matmul and for the ReLU, so the shim's cost table sees about 640 shapes
+# (function, grid, block) alternating, small and large mixed. One step is the next 32 of them
+# (a chunk of the shuffled cycle, so a run that stops mid-cycle is not biased towards one size).
+SHAPES_M = [64 * (i + 1) for i in range(320)]
+SHAPES_CHUNK = 32
+
+
 def make(workload):
     if workload == "matmul":
         a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -70,6 +97,23 @@ def make(workload):
         def step():
             g.replay()
         return step, 1
+    if workload == "shapes":
+        import random
+        order = SHAPES_M[:]
+        random.Random(18).shuffle(order)
+        a = torch.randn(max(order), 2048, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(max(order), 2048, device="cuda", dtype=torch.bfloat16)
+        pos = [0]
+
+        def step():
+            i = pos[0]
+            for m in order[i:i + SHAPES_CHUNK]:
+                o = out[:m]
+                torch.mm(a[:m], w, out=o)
+                o.relu_()
+            pos[0] = (i + SHAPES_CHUNK) % len(order)
+        return step, 1
     raise SystemExit(f"unknown workload {workload}")
 
 
@@ -93,6 +137,9 @@ WINDOWS = {}
 
 def run_one(workload, seconds, start_ns=0):
     step, _ = make(workload)
+    if workload == "shapes":
+        for _ in range(len(SHAPES_M) // SHAPES_CHUNK):  # every shape once (cuBLAS heuristics, lazy loading)
+            step()
     rate(step, 0.6)  # warm-up (and lets the limiter learn kernel costs)
     while start_ns and time.time_ns() < start_ns:
         time.sleep(0.001)
@@ -107,6 +154,8 @@ def main():
     torch.cuda.init()
     if mode == "memlimit":
         print(json.dumps(memlimit()))
+    elif mode == "tryalloc":
+        print(json.dumps(tryalloc([int(x) for x in sys.argv[2:]])))
     elif mode == "hold":
         a = torch.randn(4096, 4096, device="cuda")
         (a @ a).sum().item()
