@@ -56,6 +56,9 @@ def gpu_uuid(node: str, index: int) -> str:
     return "GPU-" + str(uuid.uuid5(_NS, f"{node}/{index}"))
 
 
+_UNHEALTHY_KEY = "unhealthy"  # in the state file, beside the MIG instances keyed by GPU UUID
+
+
 class SimulatedBackend:
     """Simulated GPUs with MIG instance bookkeeping and NVML-like errors."""
 
@@ -133,14 +136,23 @@ class SimulatedBackend:
         return 20 if self._numa(a) == self._numa(b) else 10
 
     def set_healthy(self, gpu: int | str, healthy: bool) -> None:
-        """Mark a simulated GPU healthy or not (as an XID or ECC error would)."""
+        """Mark a simulated GPU healthy or not (as an XID or ECC error would).
+        With a state file the mark is kept there, so every backend over the
+        same file (the daemon's, a test's) sees it on its next reading."""
         idx = self._index_of(gpu)
         if idx is None:
             raise DeviceError(f"no GPU {gpu!r} on node {self._node}")
         (self._unhealthy.discard if healthy else self._unhealthy.add)(idx)
+        if self._state_file is not None:
+            with self._locked_state() as state:
+                marks = set(state.get(_UNHEALTHY_KEY, []))
+                (marks.discard if healthy else marks.add)(idx)
+                state[_UNHEALTHY_KEY] = sorted(marks)
 
     def gpus(self) -> list[GpuInfo]:
         with self._locked_state() as state:
+            if self._state_file is not None and _UNHEALTHY_KEY in state:
+                self._unhealthy = set(state[_UNHEALTHY_KEY])
             return [self._gpu(i, m, state) for i, m in enumerate(self._models)]
 
     def _gpu(self, index: int, model: Model, state: dict) -> GpuInfo:

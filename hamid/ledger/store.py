@@ -269,12 +269,13 @@ class Ledger:
         r = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return r[0] if r else None
 
-    def _view(self, db: sqlite3.Connection) -> NodeView:
+    def _view(self, db: sqlite3.Connection, without: str | None = None) -> NodeView:
         node = self._meta(db, "node")
         if node is None:
             raise LedgerError(f"ledger {self.path} has no inventory yet: start the daemon (hamid run) once")
         cap = [gpu_view_from_dict(json.loads(r[0])) for r in db.execute("SELECT capacity FROM gpus ORDER BY idx")]
-        decisions = [Decision.from_dict(json.loads(r[0])) for r in db.execute("SELECT decision FROM reservations")]
+        decisions = [Decision.from_dict(json.loads(r[0]))
+                     for r in db.execute("SELECT decision FROM reservations WHERE owner IS NOT ?", (without,))]
         return with_usage(node, cap, decisions, self._meta(db, "gpu_policy") or "spread")
 
     def view(self) -> NodeView:
@@ -366,6 +367,40 @@ class Ledger:
             if problems:
                 raise LedgerConflict(f"{key} does not fit on {view.name}: " + "; ".join(problems), problems)
             return self._insert(db, key, kind, request or {}, decision, details or {}, name)
+
+        return self._write(tx)
+
+    def recommit(self, owner: str, decision: Decision, *, details: dict | None = None) -> Reservation:
+        """Replace ``owner``'s decision with ``decision``, re-checked against
+        everything else on the node in one transaction (its time slots are
+        given anew); refused while MIG instances exist for it or once it is
+        being released."""
+
+        def tx(db: sqlite3.Connection) -> Reservation:
+            existing = self._existing(db, owner)
+            if existing is None:
+                raise LedgerError(f"no reservation for {owner}")
+            if existing.decision == decision:
+                return existing
+            if existing.state == "releasing" or existing.mig:
+                raise LedgerConflict(f"{owner} cannot move: it is {existing.state}"
+                                     + (" with MIG instances made for it" if existing.mig else ""))
+            view = self._view(db, without=owner)
+            if decision.node != view.name:
+                raise LedgerConflict(f"decision is for node {decision.node}, this ledger is {view.name}")
+            problems = check(decision, view)
+            if problems:
+                raise LedgerConflict(f"{owner} cannot move on {view.name}: " + "; ".join(problems), problems)
+            others = (json.loads(r[0]).get("slots", {})
+                      for r in db.execute("SELECT details FROM reservations WHERE owner != ?", (owner,)))
+            new_details = {**existing.details, **(details or {})}
+            new_details.pop("slots", None)
+            slots = timeslots.assign(decision, others)
+            if slots:
+                new_details["slots"] = slots
+            db.execute("UPDATE reservations SET decision=?, details=? WHERE owner=?",
+                       (json.dumps(decision.to_dict()), json.dumps(new_details), owner))
+            return self._existing(db, owner)
 
         return self._write(tx)
 

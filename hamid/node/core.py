@@ -35,7 +35,7 @@ from . import layout, mig, released
 from .edits import ContainerEdits
 from .facts import NodeFacts
 from .identity import Owner
-from .realize import realize, slot_name
+from .realize import realize, slot_assignment, slot_name
 
 log = get_logger("node")
 
@@ -88,9 +88,12 @@ class NodeCore:
 
     # --- admission -----------------------------------------------------------
 
-    def admit(self, owner: Owner, request: Request, *, user: tuple[int, int] = (0, 0),
+    def admit(self, owner: Owner, request: Request, *, user: tuple[int, int] | None = (0, 0),
               details: Mapping[str, Any] | None = None, deadline: float | None = None) -> Admitted:
-        """Reserve ``request`` for ``owner`` and prepare every container of it."""
+        """Reserve ``request`` for ``owner`` and prepare every container of it.
+        ``user``: who owns the containers' region directories (None: not known,
+        as for a pod; the directory is then open to whichever user the
+        container runs as, inside the root-only state directory)."""
         self.drain_released()
         before = self.ledger.get(owner.key)
         res = self.ledger.reserve(request, owner=owner, node_policy=self.facts.node_policy,
@@ -98,7 +101,7 @@ class NodeCore:
         if res.state == "releasing":
             raise HamidError(f"{owner} is being released; try again once it is gone")
         try:
-            res = self._prepare(res, user, deadline)
+            res = self.prepare(res.owner, user=user, deadline=deadline)
         except BaseException:
             if before is None:  # ours alone to undo
                 try:
@@ -108,19 +111,37 @@ class NodeCore:
             raise
         return Admitted(res, {c.name: realize(res, self.facts, c.name) for c in res.decision.containers})
 
-    def _prepare(self, res: Reservation, user: tuple[int, int], deadline: float | None) -> Reservation:
+    def prepare(self, key: str, *, user: tuple[int, int] | None = None,
+                deadline: float | None = None) -> Reservation:
+        """Make what a ``reserved`` reservation's containers need (MIG
+        instances, region directories, limits files) and move it to
+        ``allocated``. A reservation already past ``reserved`` is returned as it is."""
+        res = self.ledger.get(key)
+        if res is None:
+            raise HamidError(f"no reservation for {key}")
         if res.state != "reserved":
-            return res  # prepared by an earlier call for the same owner
+            return res
         if mig.wanted(res):
             mig.create_instances(self.backend, res, self.facts,
                                  lambda entry: self.ledger.update(res.owner, mig=entry))
             res = self.ledger.get(res.owner) or res
+        done: set[str] = set()
         for c in res.decision.containers:
-            if c.devices and not any(d.mig_profile for d in c.devices):
+            slot = slot_name(res, c.name)
+            if c.devices and not any(d.mig_profile for d in c.devices) and slot not in done:
                 self._container_files(res, c.name, user)
+                done.add(slot)
         return self.ledger.transition(res.owner, "allocated", deadline=deadline)
 
-    def _container_files(self, res: Reservation, container: str, user: tuple[int, int]) -> None:
+    def write_container_files(self, key: str, container: str, user: tuple[int, int] | None = None) -> None:
+        """(Re)write one container's region directory and limits file from its
+        reservation as it stands (after a face moved or re-keyed it)."""
+        res = self.ledger.get(key)
+        if res is None:
+            raise HamidError(f"no reservation for {key}")
+        self._container_files(res, container, user)
+
+    def _container_files(self, res: Reservation, container: str, user: tuple[int, int] | None) -> None:
         """The region directory (the container's user's) and the limits file (root's, read-only)."""
         from ..shimlimits import ContainerLimits, DeviceLimits, write_limits_file
 
@@ -131,20 +152,29 @@ class NodeCore:
         _safe_dir(rdir, 0o700)
         fd = os.open(rdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
-            os.fchown(fd, *user)
+            if user is not None:
+                os.fchown(fd, *user)
+            else:  # any user of the container may make the region file (it is made 0600, its own)
+                os.fchmod(fd, 0o777)
         finally:
             os.close(fd)
-        c = next(x for x in res.decision.containers if x.name == container)
-        slots = (res.details.get("slots") or {}).get(container, {})
+        c = slot_assignment(res, container)
+        time_slots = res.details.get("slots") or {}
         prio = None
         for rc in res.request.get("containers") or ():
             if rc.get("name") == container and rc.get("gpu"):
                 prio = rc["gpu"].get("priority")
+
+        def slots_of(uuid: str) -> tuple:
+            for name in (container, *time_slots):
+                if uuid in time_slots.get(name, {}):
+                    return tuple(tuple(s) for s in time_slots[name][uuid])
+            return ()
+
         limits = ContainerLimits(
             devices=tuple(DeviceLimits(uuid=d.uuid, memory_bytes=d.mem_mib << 20,
                                        sm_percent=d.cores if 0 < d.cores < 100 else 0,
-                                       slots=tuple(tuple(s) for s in slots.get(d.uuid, ())) if 0 < d.cores < 100
-                                       else ())
+                                       slots=slots_of(d.uuid) if 0 < d.cores < 100 else ())
                           for d in c.devices),
             region_path=layout.REGION_FILE_IN_CONTAINER, priority=prio)
         write_limits_file(layout.limits_file(self.state_dir, slot), limits)
@@ -164,6 +194,11 @@ class NodeCore:
     def set_state(self, key: str, state: str) -> Reservation:
         return self.ledger.transition(key, state)
 
+    def recommit(self, key: str, decision, *, details: dict | None = None) -> Reservation:
+        """Move a reservation to another decision on this node (a face learnt
+        where its containers really run), re-checked in one transaction."""
+        return self.ledger.recommit(key, decision, details=details)
+
     # --- release -------------------------------------------------------------
 
     def release(self, key: str) -> Reservation | None:
@@ -180,6 +215,11 @@ class NodeCore:
             mig.destroy_instances(self.backend, res)
         for c in res.decision.containers:
             self._remove_container_files(slot_name(res, c.name))
+        for path in res.details.get("extra_files") or ():  # a face's own files for it (CDI specs)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         self.ledger.finish_release(key, self.claimant)
         return res
 

@@ -21,11 +21,12 @@ gets the parent GPU's node, the instance's two capability nodes and
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ..errors import HamidError
 from ..ledger import Reservation
-from ..placement.result import ContainerAssignment
+from ..placement.result import ContainerAssignment, DeviceAssignment
 from . import layout
 from .edits import ContainerEdits, DeviceNode, Mount
 from .facts import NodeFacts
@@ -72,13 +73,39 @@ def _with_control(facts: NodeFacts, nodes: list[DeviceNode]) -> list[DeviceNode]
 
 
 def slot_name(res: Reservation, container: str) -> str:
+    """The name of a container's region directory and limits file: the one a
+    face recorded (``details["container_slots"]``: the device plugin keys it by
+    the devices kubelet gave), else the layout's default."""
+    given = (res.details.get("container_slots") or {}).get(container)
+    if given:
+        return given
     kind, _, uid = res.owner.partition(":")
     return layout.slot(kind, uid, container)
 
 
+def slot_assignment(res: Reservation, container: str) -> ContainerAssignment:
+    """What the container's slot carries. Kubelet hands an init container's
+    devices on to a later container of the same pod (they never run at once),
+    so several containers may share a slot; the slot then carries, per GPU, the
+    larger of their shares, which stays within what the pod books there (the
+    larger of its init peak and its app sum)."""
+    c = container_of(res, container)
+    slot = slot_name(res, c.name)
+    sharing = [x for x in res.decision.containers if x.devices and slot_name(res, x.name) == slot]
+    if len(sharing) <= 1:
+        return c
+    merged: dict[str, DeviceAssignment] = {}
+    for x in sharing:
+        for d in x.devices:
+            m = merged.get(d.uuid)
+            merged[d.uuid] = d if m is None else replace(m, mem_mib=max(m.mem_mib, d.mem_mib),
+                                                         cores=max(m.cores, d.cores))
+    return ContainerAssignment(c.name, c.init, tuple(merged.values()))
+
+
 def realize(res: Reservation, facts: NodeFacts, container: str | None = None) -> ContainerEdits:
     """The edits for ``container`` of ``res`` (its only container when None)."""
-    c = container_of(res, container)
+    c = slot_assignment(res, container_of(res, container).name)
     env: dict[str, str] = {}
     nodes: list[DeviceNode] = []
     mounts: list[Mount] = []
