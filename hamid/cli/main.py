@@ -30,6 +30,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="simulated GPUs instead of NVML, e.g. H100-80GB-HBM3:2,T4")
     run.add_argument("--log-format", choices=["auto", "json", "console"])
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    run.add_argument("--kubernetes", action="store_true", default=None,
+                     help="be kubelet's device plugin and follow this node's pods (kubernetes)")
+    run.add_argument("--kubeconfig", metavar="FILE", help="API server credentials (default: in-cluster)")
+    run.add_argument("--kubelet-dir", metavar="DIR", help="kubelet's root directory (default /var/lib/kubelet)")
     run.add_argument("--gossip-listen", metavar="HOST:PORT", help="join the gossip group: listen here (gossipListen)")
     run.add_argument("--gossip-advertise", metavar="HOST:PORT", help="the address peers dial (default: --gossip-listen)")
     run.add_argument("--join", metavar="HOST:PORT[,...]", help="seed members to join through (gossipJoin)")
@@ -69,7 +73,8 @@ def _cmd_run(args) -> int:
     from ..config.load import node_name
     from ..daemon import service
 
-    overrides = {"stateDir": args.state_dir, "metricsPort": args.metrics_port, "nodeName": args.node_name,
+    overrides = {"kubernetes": True if args.kubelet_dir else args.kubernetes, "kubeconfig": args.kubeconfig, "kubeletDir": args.kubelet_dir,
+                 "stateDir": args.state_dir, "metricsPort": args.metrics_port, "nodeName": args.node_name,
                  "simulate": args.simulate, "logFormat": args.log_format, "logLevel": args.log_level,
                  "gossipListen": args.gossip_listen, "gossipAdvertise": args.gossip_advertise,
                  "gossipKeyFile": args.gossip_key_file,

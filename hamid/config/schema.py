@@ -260,6 +260,41 @@ class Config(NodeSettings, ResourceNameSettings):
     nodeconfig: tuple[NodeOverride, ...] = ()
     """Per-node overrides, matched on the node's name."""
 
+    # --- Kubernetes on the node (hamid/kubelet) ---
+
+    kubernetes: bool = False
+    """Run the kubelet face: register with kubelet as the device plugin for
+    ``resourceCountName``, tie each container to its pod by UID, watch this
+    node's pods through the API server. Off by default so that ``hamid run``
+    on a Docker host needs no cluster."""
+
+    kubeconfig: str | None = None
+    """A kubeconfig file for the API server. Unset: the in-cluster service
+    account, as a DaemonSet pod has it."""
+
+    kubeletDir: str = "/var/lib/kubelet"
+    """Kubelet's root directory: its ``device-plugins/`` (registration, the
+    plugin's socket) and ``pod-resources/`` sockets live under it. The default
+    is every kubelet's unless it was started with ``--root-dir``."""
+
+    deviceListStrategy: Literal["envvar", "cdi-cri"] = "envvar"
+    """How containers get their devices. ``envvar`` (HAMi's default name) works
+    with every container runtime: the devices kubelet chose decide the GPU and
+    the reservation follows them under the ledger's re-check. ``cdi-cri``: the
+    container gets a CDI device whose spec hamid writes once the pod is known,
+    so the GPU is the ledger's choice and MIG works; it needs a runtime with
+    CDI (containerd >= 1.7 with CDI on, containerd 2, CRI-O) and Kubernetes
+    >= 1.31."""
+
+    cdiSpecDir: str = "/var/run/cdi"
+    """Where ``cdi-cri`` specs are written: the dynamic spec directory every
+    CDI-aware runtime reads."""
+
+    healthCheckInterval: float = Field(5.0, gt=0, le=300)
+    """Seconds between readings of the GPUs' health for kubelet. 5 s takes an
+    unhealthy GPU out of new placements within seconds while costing one NVML
+    query per GPU per reading."""
+
     # --- gossip (hamid/gossip; defaults after memberlist's LAN profile) ---
 
     gossipListen: str | None = None

@@ -227,6 +227,8 @@ def build_faces(d: Daemon):
                             start_grace=c.dockerStartGrace))
     if gossip is not None:
         faces.append(gossip)
+    if c.kubernetes or c.kubeconfig:
+        faces.append(kubelet_face(d))
     if c.peerListen:
         from ..peer.server import PeerFace
 
@@ -238,6 +240,23 @@ def build_faces(d: Daemon):
     if c.metricsPort:
         faces.append(MetricsFace(registry, f"{c.metricsAddress}:{c.metricsPort}"))
     return faces
+
+
+def kubelet_face(d: Daemon):
+    """The device plugin and the pods of this node (``kubernetes``, ``kubeconfig``)."""
+    from ..kubelet.face import KubeletFace
+    from ..kubelet.pods import api_client
+
+    c = d.config
+    if c.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        api = api_client(c.kubeconfig)  # configured: a bad config stops start-up
+    else:
+        api = None
+        log.warning("no API server configured (no --kubeconfig, not in a pod): the device plugin registers and "
+                    "lists devices, but cannot tie a container to its pod, so every container start is refused")
+    return KubeletFace(d.service, kubelet_dir=c.kubeletDir, resource=c.resourceCountName,
+                       strategy=c.deviceListStrategy, cdi_dir=c.cdiSpecDir, defaults=request_defaults(d),
+                       api=api, health_interval=c.healthCheckInterval)
 
 
 async def _reconcile_loop(d: Daemon, liveness) -> None:

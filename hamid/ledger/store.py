@@ -287,6 +287,15 @@ class Ledger:
             finally:
                 self._db.execute("COMMIT")
 
+    def view_without(self, owner: str) -> NodeView:
+        """The node as if ``owner`` held nothing (to place it again)."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                return self._view(self._db, without=owner)
+            finally:
+                self._db.execute("COMMIT")
+
     def has_inventory(self) -> bool:
         with self._lock:
             return self._meta(self._db, "node") is not None

@@ -61,6 +61,14 @@ class NodeService:
         self._notify(event, key)
         return out
 
+    async def run_blocking(self, fn, *args, event: str | None = None, key: str = "", **kw):
+        """Run a face's blocking work over the core (``fn``) in the service's
+        threads; ``event`` (e.g. "admitted") is announced after it succeeds."""
+        out = await self._run(fn, *args, **kw)
+        if event is not None:
+            self._notify(event, out if isinstance(out, str) and not key else key)
+        return out
+
     # --- changes -----------------------------------------------------------------
 
     async def admit(self, owner: Owner, request: Request, *, user: tuple[int, int] = (0, 0),

@@ -1,0 +1,238 @@
+"""What the device plugin does at ``Allocate`` and at ``PreStartContainer``.
+
+``Allocate`` carries only the virtual device IDs kubelet chose, never the
+pod (HAMi guesses the pod there, and two pods arriving together swap limits).
+hamid does not guess: ``Allocate`` answers with edits that depend on the
+devices alone, and the pod is tied to them at ``PreStartContainer``, which
+kubelet calls before every start of the container (``pre_start_required``):
+
+1. kubelet's pod-resources API names the pod (namespace and name) and the
+   container holding exactly those device IDs; the API server gives that pod's
+   UID, and the reservation is the ledger's row for ``pod:<UID>``;
+2. a pod with no reservation (created with ``spec.nodeName``, or placed while
+   hamid's webhook was unreachable) is admitted by the node itself from its
+   spec, or the start fails with the reasons per GPU (and an Event on the pod);
+3. the container's limits file is written from the reservation (and, with the
+   ``cdi-cri`` strategy, its CDI spec from ``realize``): only then can the
+   container start.
+
+Two strategies (``deviceListStrategy``):
+
+- ``envvar`` (default, any container runtime): ``Allocate`` gives the device
+  nodes of the GPUs kubelet's IDs belong to, ``NVIDIA_VISIBLE_DEVICES``, the
+  shim, ``/etc/ld.so.preload``, the slot's region directory and the slot's
+  limits file (empty until ``PreStartContainer``: an empty limits file makes
+  the shim refuse CUDA, so nothing runs unlimited). Since the GPU is kubelet's
+  choice, the reservation follows it: a pod reserved on other GPUs is moved to
+  kubelet's under the ledger's re-check, or its start fails. MIG needs ``cdi-cri``.
+- ``cdi-cri``: ``Allocate`` gives only the CDI device ``hamid.io/vgpu=<slot>``,
+  whose spec ``PreStartContainer`` writes with exactly ``realize``'s edits for
+  the reservation (its GPUs, MIG instance, HAMi-core's variables), so nothing
+  depends on kubelet's choice of IDs. Needs a runtime with CDI (containerd
+  >= 1.7 with CDI on, containerd 2, CRI-O) and Kubernetes >= 1.31 (or the
+  ``DevicePluginCDIDevices`` gate).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any
+
+from ..errors import HamidError
+from ..logs import get_logger
+from ..node import layout
+from ..node.core import NodeCore
+from ..node.identity import Owner
+from ..node.realize import realize, slot_name
+from ..request import parse_pod
+from ..request.model import Defaults, Request
+from . import cdi
+from .api import deviceplugin_pb2 as pb
+from .devices import gpu_of, slot_of
+from .pods import PodDirectory, PodLookupError
+
+log = get_logger("kubelet")
+
+STRATEGIES = ("envvar", "cdi-cri")
+
+
+class AdmissionError(HamidError):
+    """A container cannot be given its devices; kubelet shows the message."""
+
+
+def _gpus(ids: tuple[str, ...]) -> tuple[str, ...]:
+    """The GPUs of a set of device IDs, in first-seen order."""
+    out: list[str] = []
+    for i in ids:
+        try:
+            g = gpu_of(i)
+        except ValueError as e:
+            raise AdmissionError(str(e)) from None
+        if g not in out:
+            out.append(g)
+    return tuple(out)
+
+
+class PodAdmission:
+    def __init__(self, core: NodeCore, pods: PodDirectory, *, strategy: str, cdi_dir: str,
+                 defaults: Defaults) -> None:
+        if strategy not in STRATEGIES:
+            raise HamidError(f"deviceListStrategy: bad value {strategy!r}; accepted: {', '.join(STRATEGIES)}")
+        self.core = core
+        self.pods = pods
+        self.strategy = strategy
+        self.cdi_dir = cdi_dir
+        self.defaults = defaults
+
+    # --- Allocate: what depends on the devices alone ----------------------------------
+
+    def allocate(self, ids: tuple[str, ...]) -> pb.ContainerAllocateResponse:
+        slot = slot_of(ids)
+        if self.strategy == "cdi-cri":
+            return pb.ContainerAllocateResponse(cdi_devices=[pb.CDIDevice(name=cdi.device_name(slot))])
+        facts = self.core.facts
+        if facts.backend.get("mig_enabled"):
+            raise AdmissionError("this node is in MIG mode: MIG instances on Kubernetes need "
+                                 "deviceListStrategy: cdi-cri (the instance exists only once the pod is known)")
+        if not facts.shim_library or not facts.shim_preload:
+            raise AdmissionError("the shim is not installed on this node; memory and compute limits cannot be "
+                                 "enforced, so no device is handed out")
+        gpus = _gpus(ids)
+        self._slot_files(slot)
+        resp = pb.ContainerAllocateResponse(envs={
+            "NVIDIA_VISIBLE_DEVICES": ",".join(gpus),
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE": layout.REGION_FILE_IN_CONTAINER,
+        })
+        st = str(self.core.state_dir)
+        for host, path, ro in ((facts.shim_library, layout.SHIM_IN_CONTAINER, True),
+                               (facts.shim_preload, layout.PRELOAD_IN_CONTAINER, True),
+                               (layout.region_dir(st, slot), layout.REGION_DIR_IN_CONTAINER, False),
+                               (layout.limits_file(st, slot), layout.LIMITS_IN_CONTAINER, True)):
+            resp.mounts.append(pb.Mount(container_path=path, host_path=host, read_only=ro))
+        nodes = []
+        for g in gpus:
+            n = facts.gpu_nodes.get(g)
+            if n is None and facts.real:
+                raise AdmissionError(f"GPU {g} has no device node under {facts.dev_root}")
+            if n is not None:
+                nodes.append(n)
+        if nodes or facts.real:
+            nodes += list(facts.control_nodes)
+        for n in nodes:
+            resp.devices.append(pb.DeviceSpec(container_path=n.path, host_path=n.host_path,
+                                              permissions=n.permissions))
+        return resp
+
+    def _slot_files(self, slot: str) -> None:
+        """The slot's region directory and a placeholder limits file: empty, so the
+        shim refuses CUDA until ``PreStartContainer`` writes the real one."""
+        st = self.core.state_dir
+        for d in (layout.CONTAINERS_DIR, layout.LIMITS_DIR):
+            os.makedirs(st / d, mode=0o700, exist_ok=True)
+        rdir = layout.region_dir(st, slot)
+        os.makedirs(rdir, mode=0o700, exist_ok=True)
+        os.chmod(rdir, 0o777)
+        path = layout.limits_file(st, slot)
+        if not os.path.lexists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            os.close(fd)
+
+    # --- PreStartContainer: the pod, its reservation, its files -------------------------
+
+    def prestart(self, ids: tuple[str, ...]) -> str:
+        """Tie ``ids`` to a pod and container and prepare them; returns the owner key."""
+        slot = slot_of(ids)
+        try:
+            ns, name, held = self.pods.holder(ids)
+            pod = self.pods.get_pod(ns, name)
+        except PodLookupError as e:
+            raise AdmissionError(f"cannot tie devices to a pod: {e}") from None
+        if pod is None:
+            raise AdmissionError(f"pod {ns}/{name} holds devices here but the API server has no such pod")
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if spec.get("nodeName") != self.pods.node:
+            raise AdmissionError(f"pod {ns}/{name} is bound to {spec.get('nodeName')!r}, not to this node "
+                                 f"{self.pods.node!r}")
+        owner = Owner("pod", meta["uid"], name=f"{ns}/{name}")
+        slots = {c: slot_of(i) for c, i in held.items()}
+        containers = [c for c, s in slots.items() if s == slot]
+        try:
+            self._reserve(owner, pod, held, slots)
+            res = self.core.prepare(owner.key, user=None)
+            for c in containers:
+                if not _is_mig(res, c):  # (re)written from the reservation as it stands now
+                    self.core.write_container_files(owner.key, c)
+            if self.strategy == "cdi-cri":
+                path = cdi.write_spec(self.cdi_dir, slot, realize(res, self.core.facts, containers[0]))
+                files = list(res.details.get("extra_files") or ())
+                if path not in files:
+                    self.core.ledger.update(owner.key, details={"extra_files": files + [path]})
+        except HamidError as e:
+            self.pods.event(pod, "HamidAdmissionFailed", str(e))
+            raise AdmissionError(str(e)) from None
+        log.info("container tied to its pod", owner=owner.key, pod=owner.name, containers=containers, slot=slot)
+        return owner.key
+
+    def _reserve(self, owner: Owner, pod: dict[str, Any], held: dict[str, tuple[str, ...]],
+                 slots: dict[str, str]) -> None:
+        """Make sure the ledger holds ``owner`` with its containers keyed to kubelet's slots
+        (and, with ``envvar``, on the GPUs kubelet's devices belong to)."""
+        led = self.core.ledger
+        gpus = {c: _gpus(i) for c, i in held.items()}
+        res = led.get(owner.key)
+        if res is None:  # node-local admission: the pod came with spec.nodeName, or without a reservation
+            request = self._request(pod)
+            if self.strategy == "envvar":
+                request = _restricted(request, gpus)
+            self.core.admit(owner, request, user=None, details={"container_slots": slots})
+            return
+        if res.state == "releasing":
+            raise HamidError(f"{owner} is being released")
+        details = {"container_slots": {**(res.details.get("container_slots") or {}), **slots}}
+        if self.strategy == "envvar":
+            placed = {c.name: tuple(d.uuid for d in c.devices) for c in res.decision.containers}
+            if any(set(placed.get(c, ())) != set(g) for c, g in gpus.items()):
+                self._follow_kubelet(res, gpus, details)
+                return
+        led.update(owner.key, details=details)
+
+    def _follow_kubelet(self, res, gpus: dict[str, tuple[str, ...]], details: dict) -> None:
+        """Move a reservation onto the GPUs kubelet chose, re-checked by the ledger."""
+        from ..placement import place
+        from ..placement.result import NoFit
+
+        request = _restricted(Request.from_dict(res.request), gpus) if res.request else None
+        if request is None:
+            raise HamidError(f"{res.owner} was placed on other GPUs than kubelet chose and records no request "
+                             "to place it again")
+        view = self.core.ledger.view_without(res.owner)
+        got = place(request, [view], self.core.facts.node_policy)
+        if isinstance(got, NoFit):
+            raise HamidError(f"{res.owner} does not fit on the GPUs kubelet gave it: "
+                             + "; ".join(got.reasons.get(view.name, ())))
+        self.core.recommit(res.owner, got, details=details)
+        log.info("reservation follows kubelet's devices", owner=res.owner,
+                 gpus={c: list(g) for c, g in gpus.items()})
+
+    def _request(self, pod: dict[str, Any]) -> Request:
+        try:
+            return parse_pod(pod, self.defaults)
+        except HamidError as e:
+            raise HamidError(f"the pod's GPU request cannot be read: {e}") from None
+
+
+def _is_mig(res, container: str) -> bool:
+    return any(d.mig_profile for c in res.decision.containers if c.name == container for d in c.devices)
+
+
+def _restricted(request: Request, gpus: dict[str, tuple[str, ...]]) -> Request:
+    """``request`` with each container limited to exactly the GPUs kubelet gave it."""
+    conts = []
+    for c in request.containers:
+        g = gpus.get(c.name)
+        if c.gpu is not None and g:
+            conts.append(replace(c, gpu=replace(c.gpu, devices=g, count=len(g))))
+        else:
+            conts.append(c)
+    return replace(request, containers=tuple(conts))

@@ -1,0 +1,310 @@
+"""The kubelet face: hamid as kubelet's device plugin, and pods in the node's ledger.
+
+What runs (one trio task each, in the face's own nursery):
+
+- **serving and registering**: the gRPC server on
+  ``<kubelet dir>/device-plugins/hamid-nvidia.sock`` (grpcio threads), then
+  ``Register`` on kubelet's ``kubelet.sock``. Kubelet deletes plugin sockets
+  when it restarts and listens on a new ``kubelet.sock``: the face notices
+  (an inotify watch on the directory, a look every ``kubeletCheckInterval``
+  at most) that the socket is new or its own is gone, serves again and
+  registers again, within a couple of seconds. It registers as soon as the
+  daemon starts, with or without an API server.
+- **health**: the devices' health read from the backend every
+  ``healthCheckInterval`` (NVML: ECC errors, a GPU that stops answering; the
+  simulated backend: marks a test sets); a change is sent to kubelet at once.
+- **pods**: the pods bound to this node, watched through the API server
+  (resumed from the last resourceVersion, listed again on ``410 Gone``); a
+  deleted, succeeded or failed pod's reservation is released at once, a
+  running pod's reservation moves to ``running``.
+
+Its liveness check for the reconciler: a pod reservation is gone when the API
+server has no pod of that name with that UID, or the pod has ended; when the
+API server cannot be asked, nothing is released.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import grpc
+import trio
+
+from ..dirwatch import DirWatch
+from ..ledger import Reservation
+from ..logs import get_logger
+from ..node.service import NodeService
+from ..request.model import Defaults
+from .admission import AdmissionError, PodAdmission
+from .api import API_VERSION, DEVICE_PLUGINS_DIR, KUBELET_SOCKET
+from .api import deviceplugin_pb2 as pb
+from .api import deviceplugin_pb2_grpc as pb_grpc
+from .devices import advertised, gpu_of
+from .plugin import DeviceBoard, DevicePluginService
+from .pods import TERMINAL, PodDirectory, PodLookupError
+
+log = get_logger("kubelet")
+
+PLUGIN_SOCKET = "hamid-nvidia.sock"
+
+
+class KubeletFace:
+    name = "kubelet"
+
+    def __init__(self, node: NodeService, *, kubelet_dir: str, resource: str, strategy: str, cdi_dir: str,
+                 defaults: Defaults, api: Any, health_interval: float = 5.0, check_interval: float = 1.0,
+                 watch_timeout_s: int = 300) -> None:
+        self.node = node
+        self.dir = os.path.join(kubelet_dir, DEVICE_PLUGINS_DIR)
+        self.resource = resource
+        self.pods = PodDirectory(node.name, kubelet_dir, resource, api)
+        self.admission = PodAdmission(node.core, self.pods, strategy=strategy, cdi_dir=cdi_dir, defaults=defaults)
+        self.health_interval = health_interval
+        self.check_interval = check_interval
+        self.watch_timeout_s = watch_timeout_s
+        self.board = DeviceBoard()
+        self.registered = trio.Event()  # set on every successful registration (tests wait on it)
+        self.registrations = 0
+        self.owner_liveness = {"pod": self._pod_alive} if api is not None else {}
+        self._server: grpc.Server | None = None
+        self._kubelet_id: tuple[int, int] | None = None
+
+    # --- the RPCs, in the trio loop ----------------------------------------------------
+
+    async def _allocate(self, ids: tuple[str, ...]) -> pb.ContainerAllocateResponse:
+        return await self.node.run_blocking(self.admission.allocate, ids)
+
+    async def _prestart(self, ids: tuple[str, ...]) -> None:
+        await self.node.run_blocking(self.admission.prestart, ids, event="admitted")
+
+    async def _prefer(self, available: tuple[str, ...], must: tuple[str, ...], size: int) -> list[str]:
+        return await self.node.run_blocking(self._preferred, available, must, size)
+
+    def _preferred(self, available: tuple[str, ...], must: tuple[str, ...], size: int) -> list[str]:
+        """Kubelet asks which of ``available`` to give a container (the pod unknown):
+        ``must`` first; then GPUs a reservation waiting for its devices was placed on
+        with as many GPUs as asked; then one device per GPU, the least booked GPU first."""
+        chosen = list(must)
+        by_gpu: dict[str, list[str]] = {}
+        for i in available:
+            if i not in chosen:
+                by_gpu.setdefault(gpu_of(i), []).append(i)
+        view = self.node.core.ledger.view()
+        free = {g.uuid: g.mem_total - g.mem_used for g in view.gpus}
+        waiting: list[tuple[str, ...]] = []
+        for r in self.node.core.ledger.list():
+            if r.kind != "pod" or r.state != "reserved":
+                continue
+            keyed = r.details.get("container_slots") or {}
+            for c in r.decision.containers:
+                if c.name not in keyed and len(c.devices) == size - len(must):
+                    waiting.append(tuple(d.uuid for d in c.devices))
+        order = sorted(by_gpu, key=lambda g: -free.get(g, 0))
+        for gset in waiting:
+            if all(g in by_gpu for g in gset):
+                order = list(gset) + [g for g in order if g not in gset]
+                break
+        while len(chosen) < size and any(by_gpu.values()):
+            for g in order:
+                if len(chosen) < size and by_gpu[g]:
+                    chosen.append(by_gpu[g].pop(0))
+        return chosen[:size]
+
+    # --- liveness, for the reconciler (a worker thread) -------------------------------------
+
+    def _pod_alive(self, r: Reservation) -> bool:
+        ns, sep, name = r.name.partition("/")
+        if not sep:
+            return True  # no name recorded: cannot prove it gone
+        pod = self.pods.get_pod(ns, name)  # raises when the API server cannot answer: kept
+        if pod is None:
+            return False
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        return meta.get("uid") == r.uid and status.get("phase") not in TERMINAL
+
+    # --- serving and registering ---------------------------------------------------------
+
+    def _serve(self, token: trio.lowlevel.TrioToken) -> None:
+        """(Re)start the gRPC server on our socket (blocking; a worker thread)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._stop_server()
+        os.makedirs(self.dir, exist_ok=True)
+        path = os.path.join(self.dir, PLUGIN_SOCKET)
+        try:
+            os.unlink(path)  # a stale socket of ours
+        except FileNotFoundError:
+            pass
+        server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="hamid-dp"))
+        pb_grpc.add_DevicePluginServicer_to_server(
+            DevicePluginService(self.board, token, allocate=self._allocate, prestart=self._prestart,
+                                prefer=self._prefer), server)
+        server.add_insecure_port(f"unix:{path}")
+        server.start()
+        self._server = server
+
+    def _stop_server(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=0.5).wait(2)
+            self._server = None
+
+    def _register(self) -> None:
+        """``Register`` on kubelet's socket (blocking; kubelet dials back inside the call)."""
+        kubelet = os.path.join(self.dir, KUBELET_SOCKET)
+        with grpc.insecure_channel(f"unix:{kubelet}") as ch:
+            pb_grpc.RegistrationStub(ch).Register(pb.RegisterRequest(
+                version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=self.resource,
+                options=pb.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)),
+                timeout=15)
+
+    def _kubelet_socket_id(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(os.path.join(self.dir, KUBELET_SOCKET))
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_ctime_ns
+
+    async def _keep_registered(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        token = trio.lowlevel.current_trio_token()
+        started = False
+        watch = None
+        try:
+            while True:
+                kid = self._kubelet_socket_id()
+                ours = os.path.exists(os.path.join(self.dir, PLUGIN_SOCKET))
+                if kid is not None and (kid != self._kubelet_id or not ours or self._server is None):
+                    try:
+                        await trio.to_thread.run_sync(self._serve, token)
+                        await trio.to_thread.run_sync(self._register)
+                    except grpc.RpcError as e:
+                        log.warning("registration with kubelet failed; trying again", error=e.details(),
+                                    code=e.code().name)
+                    else:
+                        self._kubelet_id = kid
+                        self.registrations += 1
+                        log.info("registered with kubelet", resource=self.resource, socket=PLUGIN_SOCKET,
+                                 times=self.registrations)
+                        self.registered.set()
+                        self.registered = trio.Event()
+                elif kid is None and self._kubelet_id is not None:
+                    log.info("kubelet's socket is gone (kubelet restarting); waiting for the new one")
+                    self._kubelet_id = None
+                if not started:
+                    started = True
+                    task_status.started()
+                if watch is None or watch.broken:
+                    if watch is not None:
+                        watch.close()
+                    os.makedirs(self.dir, exist_ok=True)
+                    watch = DirWatch.open(self.dir)
+                with trio.move_on_after(self.check_interval):
+                    if watch is not None:
+                        await watch.wait()
+                    else:
+                        await trio.sleep_forever()
+        finally:
+            if watch is not None:
+                watch.close()
+            self.board.close()
+            await trio.to_thread.run_sync(self._stop_server)
+
+    # --- health --------------------------------------------------------------------------
+
+    def _read_devices(self) -> list[pb.Device]:
+        view = self.node.core.ledger.view()
+        health = {g.uuid: g.healthy for g in self.node.core.backend.gpus()}
+        return advertised(view.gpus, health)
+
+    async def _watch_health(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        first = True
+        while True:
+            try:
+                devices = await self.node.run_blocking(self._read_devices)
+            except Exception as e:  # a backend that cannot be read: say so, keep the last list
+                log.error("cannot read the devices' health", error=str(e))
+            else:
+                if self.board.set(devices) and not first:
+                    bad = sorted({gpu_of(d.ID) for d in devices if d.health != "Healthy"})
+                    log.warning("device health changed", unhealthy_gpus=bad)
+            if first:
+                first = False
+                task_status.started()
+            await trio.sleep(self.health_interval)
+
+    # --- pods ------------------------------------------------------------------------------
+
+    def _pump_pods(self, send, token) -> None:
+        """List, then watch, this node's pods forever (a worker thread); events go to ``send``."""
+        import time
+
+        rv = None
+        while True:
+            try:
+                if rv is None:
+                    items, rv = self.pods.list_pods()
+                    for p in items:
+                        trio.from_thread.run_sync(send.send_nowait, ("LISTED", p), trio_token=token)
+                for kind, obj in self.pods.watch_pods(rv, self.watch_timeout_s):
+                    if kind == "ERROR":
+                        if (obj or {}).get("code") == 410:
+                            log.info("pod watch expired (410 Gone); listing again")
+                        rv = None
+                        break
+                    rv = ((obj.get("metadata") or {}).get("resourceVersion")) or rv
+                    if kind != "BOOKMARK":
+                        trio.from_thread.run_sync(send.send_nowait, (kind, obj), trio_token=token)
+            except (PodLookupError, trio.RunFinishedError, trio.WouldBlock) as e:
+                if isinstance(e, trio.RunFinishedError):
+                    return
+                log.warning("pod watch interrupted; trying again", error=str(e))
+                rv = None
+                time.sleep(1.0)
+            except Exception as e:  # the client raises its own types on a lost connection or a 410
+                if getattr(e, "status", None) == 410:
+                    log.info("pod watch expired (410 Gone); listing again")
+                else:
+                    log.warning("pod watch interrupted; trying again", error=str(e))
+                    time.sleep(1.0)
+                rv = None
+
+    async def _follow_pods(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        send, receive = trio.open_memory_channel(10000)
+        token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: trio.to_thread.run_sync(self._pump_pods, send, token, abandon_on_cancel=True))
+            task_status.started()
+            async for kind, pod in receive:
+                await self._on_pod(kind, pod)
+
+    async def _on_pod(self, kind: str, pod: dict) -> None:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        uid = meta.get("uid")
+        if not uid:
+            return
+        key = f"pod:{uid}"
+        if kind == "DELETED" or status.get("phase") in TERMINAL:
+            res = await self.node.release(key)
+            if res is not None:
+                log.info("pod ended; released", owner=key, pod=f"{meta.get('namespace')}/{meta.get('name')}",
+                         why="deleted" if kind == "DELETED" else status.get("phase"))
+        elif status.get("phase") == "Running":
+            r = await self.node.get(key)
+            if r is not None and r.state == "allocated":
+                try:
+                    await self.node.set_state(key, "running")
+                except Exception as e:  # a race with a release: nothing to do
+                    log.debug("state change skipped", owner=key, error=str(e))
+
+    # --- the face ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._watch_health)
+            await nursery.start(self._keep_registered)
+            if self.pods.api is not None:
+                await nursery.start(self._follow_pods)
+            task_status.started()
+
+
+__all__ = ["KubeletFace", "AdmissionError", "PLUGIN_SOCKET"]

@@ -1,0 +1,157 @@
+"""Who holds which devices, and the pods bound to this node: kubelet and the API server.
+
+Blocking calls, made from worker threads. Kubelet's pod-resources API
+(``List`` on ``<kubelet dir>/pod-resources/kubelet.sock``) says which pod and
+container hold which device IDs once kubelet has allocated them; the API
+server (the official Kubernetes Python client) gives the pod itself: its UID,
+its spec, its phase. Together they tie a ``PreStartContainer`` call, which
+carries only device IDs, to exactly one pod by UID: never a guess.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from ..errors import HamidError
+from ..logs import get_logger
+from .api import POD_RESOURCES_DIR, KUBELET_SOCKET
+from .api import podresources_pb2 as pr
+from .api import podresources_pb2_grpc as pr_grpc
+
+log = get_logger("kubelet")
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+class PodLookupError(HamidError):
+    """A pod could not be found or read; the message says where it failed."""
+
+
+def api_client(kubeconfig: str | None):
+    """The Kubernetes API client: ``kubeconfig`` if given, else in-cluster config."""
+    from kubernetes import client, config
+
+    try:
+        if kubeconfig:
+            return config.new_client_from_config(config_file=kubeconfig)
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    except Exception as e:  # the library raises several types for a missing or bad config
+        where = kubeconfig or "the in-cluster service account (KUBERNETES_SERVICE_HOST)"
+        raise HamidError(f"cannot configure the Kubernetes client from {where}: {e}") from None
+
+
+class PodDirectory:
+    def __init__(self, node: str, kubelet_dir: str, resource: str, api) -> None:
+        self.node = node
+        self.resource = resource
+        self.api = api  # kubernetes.client.ApiClient, or None when the daemon has no API server
+        self.socket = os.path.join(kubelet_dir, POD_RESOURCES_DIR, KUBELET_SOCKET)
+
+    # --- kubelet -----------------------------------------------------------------
+
+    def allocations(self) -> dict[tuple[str, str], dict[str, tuple[str, ...]]]:
+        """Every pod kubelet holds our devices for: (namespace, name) -> container -> device IDs."""
+        try:
+            with grpc.insecure_channel(f"unix:{self.socket}") as ch:
+                got = pr_grpc.PodResourcesListerStub(ch).List(pr.ListPodResourcesRequest(), timeout=5)
+        except grpc.RpcError as e:
+            raise PodLookupError(f"kubelet's pod-resources API at {self.socket} did not answer: "
+                                 f"{e.code().name} {e.details()}") from None
+        out: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
+        for p in got.pod_resources:
+            for c in p.containers:
+                ids = tuple(i for d in c.devices if d.resource_name == self.resource for i in d.device_ids)
+                if ids:
+                    out.setdefault((p.namespace, p.name), {})[c.name] = ids
+        return out
+
+    def holder(self, device_ids: tuple[str, ...]) -> tuple[str, str, dict[str, tuple[str, ...]]]:
+        """The pod whose containers hold exactly ``device_ids``: (namespace, name, its containers' devices)."""
+        want = set(device_ids)
+        found = [(ns, name, conts) for (ns, name), conts in self.allocations().items()
+                 if any(set(ids) == want for ids in conts.values())]
+        if not found:
+            raise PodLookupError(f"kubelet reports no pod on this node holding devices {sorted(want)} of "
+                                 f"{self.resource} (pod-resources List)")
+        if len(found) > 1:  # kubelet never gives one device to two live pods
+            raise PodLookupError(f"kubelet reports devices {sorted(want)} held by several pods: "
+                                 + ", ".join(f"{ns}/{n}" for ns, n, _ in found))
+        return found[0]
+
+    # --- the API server ------------------------------------------------------------
+
+    def _core(self):
+        if self.api is None:
+            raise PodLookupError("no API server configured (hamid run --kubernetes, or --kubeconfig FILE)")
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api)
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as a plain dict, or None if the API server has none of that name."""
+        from kubernetes.client.exceptions import ApiException
+
+        core = self._core()
+        try:
+            pod = core.read_namespaced_pod(name, namespace, _request_timeout=10)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise PodLookupError(f"the API server refused to read pod {namespace}/{name}: {e.status} {e.reason}") \
+                from None
+        except Exception as e:  # connection errors come in several types
+            raise PodLookupError(f"the API server could not be reached to read pod {namespace}/{name}: {e}") \
+                from None
+        return self.api.sanitize_for_serialization(pod)
+
+    def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+        """The pods bound to this node, and the list's resourceVersion (to watch from)."""
+        core = self._core()
+        try:
+            got = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}", _request_timeout=30)
+        except Exception as e:
+            raise PodLookupError(f"cannot list the pods of node {self.node}: {e}") from None
+        doc = self.api.sanitize_for_serialization(got)
+        return doc.get("items") or [], doc["metadata"]["resourceVersion"]
+
+    def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Events on this node's pods after ``resource_version`` (``ERROR`` events included:
+        a ``410`` one means the version is too old and the caller must list again)."""
+        from kubernetes import watch
+
+        core = self._core()
+        w = watch.Watch()
+        for ev in w.stream(core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={self.node}",
+                           resource_version=resource_version, allow_watch_bookmarks=True,
+                           timeout_seconds=timeout_s, _request_timeout=timeout_s + 10):
+            obj = ev["object"]
+            yield ev["type"], (obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj))
+
+    def event(self, pod: dict[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
+        """A core/v1 Event on the pod (best effort: a failure is logged, not raised)."""
+        import datetime
+        import uuid
+
+        from kubernetes import client
+
+        meta = pod.get("metadata") or {}
+        now = datetime.datetime.now(datetime.timezone.utc)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{meta.get('name')}.hamid-{uuid.uuid4().hex[:10]}",
+                                         namespace=meta.get("namespace")),
+            involved_object=client.V1ObjectReference(kind="Pod", namespace=meta.get("namespace"),
+                                                     name=meta.get("name"), uid=meta.get("uid"),
+                                                     api_version="v1"),
+            reason=reason, message=message[:1024], type=kind, first_timestamp=now, last_timestamp=now, count=1,
+            source=client.V1EventSource(component="hamid", host=self.node))
+        try:
+            self._core().create_namespaced_event(meta.get("namespace"), body, _request_timeout=10)
+        except Exception as e:
+            log.warning("could not record an event on the pod", pod=f"{meta.get('namespace')}/{meta.get('name')}",
+                        reason=reason, error=str(e))
