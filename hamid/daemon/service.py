@@ -192,7 +192,7 @@ def build_faces(d: Daemon):
     every other face's collector is in its registry before it serves."""
     from ..docker.face import DockerFace
     from ..localapi.server import LocalApiFace
-    from ..metrics.exporter import LedgerCollector, new_registry
+    from ..metrics.exporter import LedgerCollector, SlotLabeler, new_registry
     from ..metrics.face import MetricsFace
     from ..shimregion import register_collector
 
@@ -200,7 +200,7 @@ def build_faces(d: Daemon):
     registry, commits = new_registry()
     registry.register(LedgerCollector(d.ledger, lambda: d.backend_label))
     # what the shim measures inside each container (its region file)
-    register_collector(registry, d.state_dir / CONTAINERS_DIR, lambda name: ("docker", name, "main"))
+    register_collector(registry, d.state_dir / CONTAINERS_DIR, SlotLabeler(d.ledger))
     d.service.subscribe(lambda event, key: commits.labels("conflict" if event == "conflict" else "ok").inc()
                         if event in ("admitted", "committed", "conflict") else None)
     faces: list[Face] = []

@@ -63,23 +63,60 @@ class LedgerCollector:
             f["shared"].add_metric(lab, g.slots_used)
             for s in g.mig_used:
                 mig.add_metric(lab + [s.profile, str(s.placement.start), str(s.placement.size)], 1)
+        vlabels = ["namespace", "node", "pod", "container", "device_uuid", "owner"]
         vmem = GaugeMetricFamily("hami_vgpu_memory_allocated_bytes", "Memory reserved per container and GPU",
-                                 labels=["node", "owner", "container", "device_uuid"])
+                                 labels=vlabels)
         vcore = GaugeMetricFamily("hami_vgpu_core_allocated_ratio", "Compute reserved per container and GPU",
-                                  labels=["node", "owner", "container", "device_uuid"])
+                                  labels=vlabels)
         per_kind: dict[str, int] = {}
         for r in res:
             per_kind[r.kind] = per_kind.get(r.kind, 0) + 1
             for c in r.decision.containers:
                 for d in c.devices:
-                    vmem.add_metric([view.name, r.owner, c.name, d.uuid], d.mem_mib * MIB)
-                    vcore.add_metric([view.name, r.owner, c.name, d.uuid], d.cores / 100)
+                    ns, pod = owner_labels(r)
+                    lab = [ns, view.name, pod, c.name, d.uuid, r.owner]
+                    vmem.add_metric(lab, d.mem_mib * MIB)
+                    vcore.add_metric(lab, d.cores / 100)
         resv = GaugeMetricFamily("hamid_reservations", "Reservations in the ledger", labels=["kind"])
         for kind in ("docker", "pod"):
             resv.add_metric([kind], per_kind.get(kind, 0))
         info = InfoMetricFamily("hami_build", "hamid build", value={"version": __version__, "backend": self._backend()})
         yield from f.values()
         yield from (mig, vmem, vcore, resv, info)
+
+
+def owner_labels(r) -> tuple[str, str]:
+    """(namespace, pod) as HAMi's metrics carry them: a pod's own; a Docker
+    container's as namespace ``docker`` and its name."""
+    if r.kind == "pod":
+        ns, sep, name = r.name.partition("/")
+        return (ns, name) if sep else ("", r.name or r.uid)
+    return "docker", r.name or r.uid
+
+
+class SlotLabeler:
+    """Labels for a container's region directory (its slot): (namespace, pod,
+    container) from the reservation that owns the slot, looked up in the ledger
+    once per change of it (scrapes read many regions)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._stamp: int | None = None
+        self._map: dict[str, tuple[str, str, str]] = {}
+
+    def __call__(self, slot: str) -> tuple[str, str, str]:
+        stamp = self._ledger.change_stamp()
+        if stamp is None or stamp != self._stamp:
+            from ..node.realize import slot_name
+
+            fresh = {}
+            for r in self._ledger.list():
+                ns, pod = owner_labels(r)
+                for c in r.decision.containers:
+                    fresh.setdefault(slot_name(r, c.name), (ns, pod, c.name if r.kind == "pod" else "main"))
+            self._map, self._stamp = fresh, stamp
+        # a directory no reservation names: a container the runtime admitted without the daemon
+        return self._map.get(slot, ("docker", slot, "main"))
 
 
 def new_registry() -> tuple[CollectorRegistry, Counter]:
