@@ -1,0 +1,1718 @@
+"""A STAND-IN for kube-apiserver, for tests: no real API server can be
+installed on these machines, so this module serves the real REST paths and
+JSON of the kinds hamid uses, over real HTTP on 127.0.0.1 (a thread, an
+ephemeral port), so that the official Kubernetes Python client and ``kubectl``
+work against it unchanged.
+
+What it does, as the real server does:
+
+* discovery: ``/api``, ``/api/v1``, ``/apis``, ``/apis/<group>[/<version>]``,
+  ``/version``, health (``/healthz``, ``/livez``, ``/readyz``), and
+  ``/openapi/v2`` (see "does not" below); ``/openapi/v3`` is 404 so that
+  newer kubectl falls back to v2 as it does against an older server.
+* kinds (see :data:`BUILTIN_TYPES`; :meth:`ApiServer.register` adds more):
+  namespaces; pods with ``binding`` and ``status``; nodes with ``status``;
+  core ``events`` and the same objects as ``events.k8s.io/v1`` events (one
+  storage, converted as the real server does); ``coordination.k8s.io/v1``
+  leases; configmaps; secrets (``stringData`` folded into ``data``);
+  services (a ClusterIP allocated from 10.96.0.0/16).
+* metadata: ``uid`` (uuid4), ``creationTimestamp``, ``generation`` (kinds
+  with ``generation=True``: 1 at create, +1 when anything outside metadata
+  and status changes), one global ``resourceVersion`` counter (a string)
+  bumped on every write; a write that changes nothing is not a write (no new
+  resourceVersion, no watch event).
+* errors are ``Status`` objects with the real reasons and messages:
+  ``NotFound`` 404, ``AlreadyExists`` 409, ``Conflict`` 409 (a PUT or PATCH
+  carrying a stale ``metadata.resourceVersion``; a PUT without one is an
+  unconditional update, as for every built-in kind), ``Invalid`` 422 (names,
+  pod containers, pod spec immutability), ``BadRequest`` 400,
+  ``MethodNotAllowed`` 405, ``UnsupportedMediaType`` 415, ``Expired``/``Gone``
+  410, ``InternalError`` 500 (a create that carries a resourceVersion).
+* PATCH: ``application/merge-patch+json`` (RFC 7386),
+  ``application/json-patch+json`` (RFC 6902, ``test`` included, through the
+  ``jsonpatch`` library) and ``application/strategic-merge-patch+json`` with
+  the directives ``$patch`` (merge/replace/delete), ``$setElementOrder/``,
+  ``$deleteFromPrimitiveList/`` and ``$retainKeys``, and the merge keys of
+  :data:`POD_MERGE_KEYS`, :data:`NODE_MERGE_KEYS`, :data:`SERVICE_MERGE_KEYS`
+  and :data:`META_MERGE_KEYS` (from the ``patchMergeKey`` tags of
+  k8s.io/api: containers, initContainers, ephemeralContainers, volumes,
+  imagePullSecrets, schedulingGates by ``name``; env by ``name``; ports by
+  ``containerPort``; volumeMounts by ``mountPath``; conditions and node
+  addresses by ``type``; service ports by ``port``; ownerReferences by
+  ``uid``; finalizers merged as a set). Lists without a merge key
+  (tolerations, node taints, containerStatuses...) are replaced whole, as
+  the real server does.
+* list: ``labelSelector`` (``=``, ``==``, ``!=``, ``in``, ``notin``,
+  exists, ``!``key, ``>``, ``<``), ``fieldSelector`` (``=``, ``==``, ``!=``;
+  ``metadata.name`` and ``metadata.namespace`` on every kind plus each kind's
+  own labels, e.g. pods' ``spec.nodeName`` and ``status.phase``; any other
+  label is 400 ``field label not supported``), ``limit``/``continue`` paging
+  over a consistent snapshot (a continue token older than ``compact()`` is
+  410 ``Expired``), ``resourceVersion`` newer than the server's waits up to
+  3 s, then 504 ``Timeout``.
+* watch (``?watch=1`` or the old ``/watch/`` paths): chunked JSON lines
+  ``{"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": ...}``; no
+  ``resourceVersion`` or ``"0"`` sends the current objects as ``ADDED``
+  first; a given one replays the events after it from a bounded history
+  (``history`` events); older than that (or than :meth:`ApiServer.compact`)
+  gives one ``ERROR`` event with a 410 ``Expired`` Status, as the watch cache
+  does; selectors apply to the old and new object, so an object leaving the
+  selection is a ``DELETED`` event and one entering it an ``ADDED`` event;
+  ``allowWatchBookmarks=true`` sends a ``BOOKMARK`` (only kind, apiVersion and
+  ``metadata.resourceVersion``) every ``bookmark_interval`` seconds (the real
+  server: about a minute); ``sendInitialEvents=true`` ends the initial
+  ``ADDED`` events with a bookmark annotated ``k8s.io/initial-events-end``;
+  ``timeoutSeconds`` ends the stream.
+* DELETE: ``DeleteOptions`` (body or query) ``gracePeriodSeconds`` and
+  ``preconditions``. A pod is deleted at once when the grace period is 0,
+  when it is not bound to a node, or when its phase is Succeeded or Failed
+  (the pod strategy's rule); otherwise (default grace: the pod's
+  ``terminationGracePeriodSeconds``, 30) it gets ``deletionTimestamp`` and
+  ``deletionGracePeriodSeconds`` and stays until a DELETE with grace 0 (what
+  kubelet sends once the containers stopped) or :meth:`ApiServer.finish_deletion`
+  removes it; no timer removes it, as none does in the real server.
+  ``metadata.finalizers`` hold any object until they are emptied. Pods and
+  services answer a DELETE with the object, other kinds with a ``Status``.
+* pods: defaults at create (``status.phase: Pending``, ``restartPolicy``,
+  ``terminationGracePeriodSeconds``, ``dnsPolicy``, ``schedulerName``,
+  container ``imagePullPolicy``/``terminationMessagePath``/``…Policy``,
+  requests copied from limits where missing); an update may change only what
+  the real pod validation allows (container images, ``activeDeadlineSeconds``,
+  added tolerations, removed ``schedulingGates``; node selector and affinity
+  only while gated, the narrowing rules left to :attr:`ApiServer.pod_update_hooks`);
+  ``binding`` sets ``spec.nodeName`` and the ``PodScheduled`` condition and is
+  409 when the pod is bound, being deleted or gated; the main resource ignores
+  ``status`` and ``status`` ignores everything but status, labels and annotations.
+
+What it does NOT do (tests must not rely on these): authentication,
+authorization, admission plugins (no ServiceAccount token volume, no default
+tolerations, no LimitRange/ResourceQuota), admission webhooks (issue 14 adds
+them through :attr:`ApiServer.admission_hooks`), server-side apply
+(``application/apply-patch+yaml`` is 415) and ``managedFields``, protobuf
+(JSON only; a request accepting only protobuf is 406), Table output (kubectl
+prints from the JSON itself), ``dryRun``, ``deletecollection``, the
+namespace controller (deleting a namespace deletes its objects at once), the
+garbage collector (``ownerReferences`` are stored, never acted on), full field
+validation (only names, pod containers and pod spec immutability are checked)
+and OpenAPI schemas: ``/openapi/v2`` is a valid document with no definitions,
+so kubectl's client-side validation finds no schema and accepts the object,
+as it does for a kind it has no schema for.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as _dt
+import ipaddress
+import itertools
+import json
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import jsonpatch
+import yaml
+
+from hamid.logs import get_logger
+
+log = get_logger("tests.k8s.apiserver")
+
+SERVER_VERSION = {
+    "major": "1",
+    "minor": "30",
+    "gitVersion": "v1.30.0-hamid-standin",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2024-04-17T00:00:00Z",
+    "goVersion": "go1.22.2",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+
+# ---------------------------------------------------------------------------
+# errors
+
+
+class ApiError(Exception):
+    """An API error answered as a ``Status`` object."""
+
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None):
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+    def status(self) -> dict:
+        out = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": self.message, "reason": self.reason, "code": self.code}
+        if self.details is not None:
+            out["details"] = self.details
+        return out
+
+
+def _details(rt: ResourceType | None, name: str, resource: str | None = None) -> dict:
+    out: dict = {"name": name}
+    if rt is not None:
+        if rt.group:
+            out["group"] = rt.group
+        out["kind"] = resource or rt.plural
+    elif resource:
+        out["kind"] = resource
+    return out
+
+
+def not_found(rt: ResourceType, name: str) -> ApiError:
+    return ApiError(404, "NotFound", f'{rt.qualified} "{name}" not found', _details(rt, name))
+
+
+def already_exists(rt: ResourceType, name: str) -> ApiError:
+    return ApiError(409, "AlreadyExists", f'{rt.qualified} "{name}" already exists', _details(rt, name))
+
+
+def conflict(rt: ResourceType, name: str, why: str, resource: str | None = None) -> ApiError:
+    qualified = resource or rt.qualified
+    return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {qualified} "{name}": {why}',
+                    _details(rt, name, resource))
+
+
+def stale(rt: ResourceType, name: str) -> ApiError:
+    return conflict(rt, name, "the object has been modified; please apply your changes to the latest "
+                              "version and try again")
+
+
+def invalid(rt: ResourceType, name: str, causes: list[tuple[str, str, str]]) -> ApiError:
+    """``causes``: (reason, field, message) as Go's field.Error prints them."""
+    text = ", ".join(f"{f}: {m}" for _r, f, m in causes)
+    details = _details(rt, name)
+    details["kind"] = rt.kind
+    details["causes"] = [{"reason": r, "message": m, "field": f} for r, f, m in causes]
+    msg = f'{rt.kind} "{name}" is invalid: {text}' if len(causes) == 1 else f'{rt.kind} "{name}" is invalid: [{text}]'
+    return ApiError(422, "Invalid", msg, details)
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "BadRequest", message)
+
+
+def expired(message: str) -> ApiError:
+    return ApiError(410, "Expired", message)
+
+
+# ---------------------------------------------------------------------------
+# resource types
+
+
+def _get(obj: Mapping, dotted: str):
+    cur = obj
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def _field_str(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@dataclass
+class ResourceType:
+    """One REST resource: where it is served and how it behaves.
+
+    ``field_labels``: the field selector labels beyond ``metadata.name`` and
+    ``metadata.namespace``, each a dotted path into the object (or a function).
+    ``merge_keys``: strategic merge patch keys by path (``spec.containers`` ->
+    ``name``; ``""`` marks a list of scalars merged as a set; a path missing
+    here is replaced whole). ``prepare_create(server, obj)``,
+    ``validate(obj) -> [(reason, field, message)]`` and
+    ``validate_update(new, old) -> [...]`` are the kind's strategy.
+    """
+
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ()
+    field_labels: Mapping[str, str | Callable[[dict], object]] = field(default_factory=dict)
+    merge_keys: Mapping[str, str] = field(default_factory=dict)
+    generation: bool = False
+    graceful: bool = False
+    return_deleted_object: bool = False
+    status_reset_on_create: bool = False
+    name_rule: str = "subdomain"  # or "label"
+    prepare_create: Callable[[ApiServer, dict], None] | None = None
+    validate: Callable[[dict], list] | None = None
+    validate_update: Callable[[ApiServer, dict, dict], list] | None = None
+    storage: str | None = None  # another type's key whose objects this one shows (converted)
+    to_storage: Callable[[dict], dict] | None = None
+    from_storage: Callable[[dict], dict] | None = None
+
+    @property
+    def group_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def key(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def qualified(self) -> str:
+        return self.key
+
+    @property
+    def storage_key(self) -> str:
+        return self.storage or self.key
+
+    def field_value(self, obj: dict, label: str) -> str | None:
+        if label == "metadata.name":
+            return _field_str(_get(obj, "metadata.name"))
+        if label == "metadata.namespace" and self.namespaced:
+            return _field_str(_get(obj, "metadata.namespace"))
+        how = self.field_labels.get(label)
+        if how is None:
+            return None
+        return _field_str(how(obj) if callable(how) else _get(obj, how))
+
+
+META_MERGE_KEYS = {"metadata.finalizers": "", "metadata.ownerReferences": "uid"}
+
+_CONTAINER_KEYS = {"env": "name", "ports": "containerPort", "volumeMounts": "mountPath",
+                   "volumeDevices": "devicePath"}
+
+
+def _container_keys(prefix: str) -> dict:
+    out = {prefix: "name"}
+    out.update({f"{prefix}[].{k}": v for k, v in _CONTAINER_KEYS.items()})
+    return out
+
+
+POD_MERGE_KEYS = {
+    **META_MERGE_KEYS,
+    **_container_keys("spec.containers"),
+    **_container_keys("spec.initContainers"),
+    **_container_keys("spec.ephemeralContainers"),
+    "spec.volumes": "name",
+    "spec.imagePullSecrets": "name",
+    "spec.hostAliases": "ip",
+    "spec.schedulingGates": "name",
+    "spec.resourceClaims": "name",
+    "spec.topologySpreadConstraints": "topologyKey",
+    "status.conditions": "type",
+    "status.podIPs": "ip",
+    "status.hostIPs": "ip",
+    "status.resourceClaimStatuses": "name",
+}
+NODE_MERGE_KEYS = {**META_MERGE_KEYS, "spec.podCIDRs": "", "status.conditions": "type",
+                   "status.addresses": "type"}
+SERVICE_MERGE_KEYS = {**META_MERGE_KEYS, "spec.ports": "port"}
+
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _name_errors(name: str, rule: str) -> list[tuple[str, str, str]]:
+    if rule == "label":
+        if len(name) > 63 or not _LABEL.match(name):
+            return [("FieldValueInvalid", "metadata.name",
+                     f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case '
+                     "alphanumeric characters or '-', and must start and end with an alphanumeric character")]
+        return []
+    if len(name) > 253 or not _SUBDOMAIN.match(name):
+        return [("FieldValueInvalid", "metadata.name",
+                 f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case '
+                 "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")]
+    return []
+
+
+# -- pods ---------------------------------------------------------------------
+
+
+def _pod_prepare_create(server: ApiServer, pod: dict) -> None:
+    spec = pod.setdefault("spec", {})
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("enableServiceLinks", True)
+    spec.setdefault("priority", 0)
+    for group in ("initContainers", "containers"):
+        for c in spec.get(group) or []:
+            image = c.get("image", "")
+            tag = image.rsplit("/", 1)[-1]
+            latest = "@" not in image and (":" not in tag or tag.endswith(":latest"))
+            c.setdefault("imagePullPolicy", "Always" if latest else "IfNotPresent")
+            c.setdefault("terminationMessagePath", "/dev/termination-log")
+            c.setdefault("terminationMessagePolicy", "File")
+            res = c.setdefault("resources", {})
+            limits = res.get("limits") or {}
+            if limits:
+                requests = res.setdefault("requests", {})
+                for k, v in limits.items():
+                    requests.setdefault(k, v)
+    pod["status"] = {"phase": "Pending", "qosClass": _qos_class(spec)}
+    if spec.get("schedulingGates"):
+        pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                                        "message": "Scheduling is blocked due to non-empty scheduling gates",
+                                        "lastProbeTime": None, "lastTransitionTime": _now()}]
+
+
+def _qos_class(spec: dict) -> str:
+    containers = (spec.get("containers") or []) + (spec.get("initContainers") or [])
+    any_set, guaranteed = False, True
+    for c in containers:
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        if req or lim:
+            any_set = True
+        for r in ("cpu", "memory"):
+            if r not in lim or req.get(r, lim.get(r)) != lim.get(r):
+                guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def _pod_validate(pod: dict) -> list:
+    spec = pod.get("spec") or {}
+    causes = []
+    containers = spec.get("containers") or []
+    if not containers:
+        causes.append(("FieldValueRequired", "spec.containers", "Required value"))
+    seen = set()
+    for group in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(group) or []):
+            name = c.get("name") or ""
+            if not name:
+                causes.append(("FieldValueRequired", f"spec.{group}[{i}].name", "Required value"))
+            elif name in seen:
+                causes.append(("FieldValueDuplicate", f"spec.{group}[{i}].name", f'Duplicate value: "{name}"'))
+            seen.add(name)
+            if not c.get("image"):
+                causes.append(("FieldValueRequired", f"spec.{group}[{i}].image", "Required value"))
+    if spec.get("schedulingGates") and spec.get("nodeName"):
+        causes.append(("FieldValueForbidden", "spec.nodeName",
+                       "Forbidden: cannot be set until all schedulingGates have been cleared"))
+    return causes
+
+
+_POD_MUTABLE = ("spec.containers[*].image, spec.initContainers[*].image, spec.activeDeadlineSeconds, "
+                "spec.tolerations (only additions to existing tolerations), "
+                "spec.terminationGracePeriodSeconds (allow it to be set to 1 if it was previously negative)")
+
+
+def _pod_validate_update(server: ApiServer, new: dict, old: dict) -> list:
+    causes = []
+    ns, os_ = copy.deepcopy(new.get("spec") or {}), copy.deepcopy(old.get("spec") or {})
+    old_gates = [g.get("name") for g in os_.get("schedulingGates") or []]
+    new_gates = [g.get("name") for g in ns.get("schedulingGates") or []]
+    for g in new_gates:
+        if g not in old_gates:
+            causes.append(("FieldValueForbidden", "spec.schedulingGates",
+                           f"Forbidden: only deletion is allowed, but found new scheduling gate '{g}'"))
+    gated = bool(old_gates)
+    # what may change is set equal, then the rest must be identical
+    for group in ("containers", "initContainers"):
+        nl, ol = ns.get(group) or [], os_.get(group) or []
+        if len(nl) == len(ol):
+            for nc, oc in zip(nl, ol, strict=True):
+                nc["image"] = oc.get("image")
+    for k in ("activeDeadlineSeconds", "schedulingGates"):
+        ns.pop(k, None)
+        os_.pop(k, None)
+    old_tol = os_.get("tolerations") or []
+    new_tol = ns.get("tolerations") or []
+    if all(t in new_tol for t in old_tol):
+        ns.pop("tolerations", None)
+        os_.pop("tolerations", None)
+    if gated:
+        for k in ("nodeSelector", "affinity"):
+            ns.pop(k, None)
+            os_.pop(k, None)
+    if ns != os_:
+        causes.append(("FieldValueForbidden", "spec",
+                       f"Forbidden: pod updates may not change fields other than {_POD_MUTABLE}"))
+    for hook in server.pod_update_hooks:
+        causes.extend(hook(new, old))
+    return causes
+
+
+# -- other kinds --------------------------------------------------------------
+
+
+def _secret_prepare_create(server: ApiServer, obj: dict) -> None:
+    _fold_string_data(obj)
+    obj.setdefault("type", "Opaque")
+
+
+def _fold_string_data(obj: dict) -> None:
+    string_data = obj.pop("stringData", None) or {}
+    if string_data:
+        data = obj.setdefault("data", {})
+        for k, v in string_data.items():
+            data[k] = base64.b64encode(v.encode()).decode()
+
+
+def _service_prepare_create(server: ApiServer, obj: dict) -> None:
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    if spec.get("clusterIP") != "None" and not spec.get("clusterIP"):
+        spec["clusterIP"] = server._allocate_cluster_ip()
+    if spec.get("clusterIP"):
+        spec.setdefault("clusterIPs", [spec["clusterIP"]])
+    for p in spec.get("ports") or []:
+        p.setdefault("protocol", "TCP")
+        p.setdefault("targetPort", p.get("port"))
+    obj["status"] = {"loadBalancer": {}}
+
+
+def _namespace_prepare_create(server: ApiServer, obj: dict) -> None:
+    obj.setdefault("spec", {"finalizers": ["kubernetes"]})
+    obj["status"] = {"phase": "Active"}
+    obj.setdefault("metadata", {}).setdefault("labels", {})["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
+
+
+def _node_prepare_create(server: ApiServer, obj: dict) -> None:
+    labels = obj.setdefault("metadata", {}).setdefault("labels", {})
+    labels.setdefault("kubernetes.io/hostname", obj["metadata"]["name"])
+
+
+# events: the core Event is the storage shape; events.k8s.io/v1 is converted.
+_EVENT_RENAMES = [  # (events.k8s.io/v1 field, core v1 field)
+    ("note", "message"), ("regarding", "involvedObject"), ("reportingController", "reportingComponent"),
+    ("deprecatedSource", "source"), ("deprecatedFirstTimestamp", "firstTimestamp"),
+    ("deprecatedLastTimestamp", "lastTimestamp"), ("deprecatedCount", "count"),
+]
+_EVENT_SAME = ("metadata", "related", "reportingInstance", "action", "reason", "type", "eventTime", "series")
+
+
+def _event_from_storage(core: dict) -> dict:
+    out = {"kind": "Event", "apiVersion": "events.k8s.io/v1"}
+    for k in _EVENT_SAME:
+        if k in core:
+            out[k] = copy.deepcopy(core[k])
+    for new, old in _EVENT_RENAMES:
+        if core.get(old) not in (None, "", 0, {}):
+            out[new] = copy.deepcopy(core[old])
+    return out
+
+
+def _event_to_storage(ev: dict) -> dict:
+    out = {"kind": "Event", "apiVersion": "v1"}
+    for k in _EVENT_SAME:
+        if k in ev:
+            out[k] = copy.deepcopy(ev[k])
+    for new, old in _EVENT_RENAMES:
+        if new in ev:
+            out[old] = copy.deepcopy(ev[new])
+    return out
+
+
+_EVENT_FIELDS = {
+    "involvedObject.kind": "involvedObject.kind", "involvedObject.namespace": "involvedObject.namespace",
+    "involvedObject.name": "involvedObject.name", "involvedObject.uid": "involvedObject.uid",
+    "involvedObject.apiVersion": "involvedObject.apiVersion",
+    "involvedObject.resourceVersion": "involvedObject.resourceVersion",
+    "involvedObject.fieldPath": "involvedObject.fieldPath", "reason": "reason",
+    "reportingComponent": "reportingComponent", "source": "source.component", "type": "type",
+}
+_EVENT_V1_FIELDS = {
+    "regarding.kind": "involvedObject.kind", "regarding.namespace": "involvedObject.namespace",
+    "regarding.name": "involvedObject.name", "regarding.uid": "involvedObject.uid",
+    "regarding.apiVersion": "involvedObject.apiVersion",
+    "regarding.resourceVersion": "involvedObject.resourceVersion",
+    "regarding.fieldPath": "involvedObject.fieldPath", "reason": "reason",
+    "reportingController": "reportingComponent", "type": "type",
+}
+_ALL_VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
+
+
+BUILTIN_TYPES: tuple[ResourceType, ...] = (
+    ResourceType("", "v1", "Namespace", "namespaces", False, ("ns",), (), ("status",),
+                 {"status.phase": "status.phase"}, META_MERGE_KEYS, name_rule="label",
+                 status_reset_on_create=True, prepare_create=_namespace_prepare_create, return_deleted_object=True),
+    ResourceType("", "v1", "Pod", "pods", True, ("po",), ("all",), ("status", "binding"),
+                 {"spec.nodeName": "spec.nodeName", "spec.restartPolicy": "spec.restartPolicy",
+                  "spec.schedulerName": "spec.schedulerName", "spec.serviceAccountName": "spec.serviceAccountName",
+                  "spec.hostNetwork": lambda o: bool(_get(o, "spec.hostNetwork")),
+                  "status.phase": "status.phase", "status.podIP": "status.podIP",
+                  "status.nominatedNodeName": "status.nominatedNodeName"},
+                 POD_MERGE_KEYS, generation=True, graceful=True, return_deleted_object=True,
+                 status_reset_on_create=True, prepare_create=_pod_prepare_create, validate=_pod_validate,
+                 validate_update=_pod_validate_update),
+    ResourceType("", "v1", "Node", "nodes", False, ("no",), (), ("status",),
+                 {"spec.unschedulable": lambda o: bool(_get(o, "spec.unschedulable"))},
+                 NODE_MERGE_KEYS, prepare_create=_node_prepare_create, return_deleted_object=False),
+    ResourceType("", "v1", "Event", "events", True, ("ev",), (), (), _EVENT_FIELDS, META_MERGE_KEYS),
+    ResourceType("events.k8s.io", "v1", "Event", "events", True, ("ev",), (), (), _EVENT_V1_FIELDS,
+                 META_MERGE_KEYS, storage="events", to_storage=_event_to_storage,
+                 from_storage=_event_from_storage),
+    ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True, (), (), (), {}, META_MERGE_KEYS),
+    ResourceType("", "v1", "ConfigMap", "configmaps", True, ("cm",), (), (), {}, META_MERGE_KEYS),
+    ResourceType("", "v1", "Secret", "secrets", True, (), (), (), {"type": "type"}, META_MERGE_KEYS,
+                 prepare_create=_secret_prepare_create),
+    ResourceType("", "v1", "Service", "services", True, ("svc",), ("all",), ("status",), {},
+                 SERVICE_MERGE_KEYS, name_rule="label", return_deleted_object=True,
+                 status_reset_on_create=True, prepare_create=_service_prepare_create),
+)
+
+# ---------------------------------------------------------------------------
+# selectors
+
+_LABEL_REQ = re.compile(
+    r"^\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9_./-]+)\s*"
+    r"(?:(?P<op>==|=|!=|>|<)\s*(?P<value>[A-Za-z0-9_.-]*)"
+    r"|\s+(?P<setop>in|notin)\s*\((?P<values>[^)]*)\))?\s*$")
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p for p in (p.strip() for p in parts) if p]
+
+
+def parse_label_selector(text: str) -> Callable[[Mapping[str, str]], bool]:
+    """A ``labelSelector`` query parameter as a predicate over labels."""
+    reqs = []
+    for part in _split_top(text):
+        m = _LABEL_REQ.match(part)
+        if not m or (m.group("neg") and (m.group("op") or m.group("setop"))):
+            raise bad_request(f"unable to parse requirement: invalid label selector: {part!r}")
+        key = m.group("key")
+        if m.group("neg"):
+            reqs.append(lambda lb, k=key: k not in lb)
+        elif m.group("setop"):
+            values = {v.strip() for v in m.group("values").split(",") if v.strip()}
+            if m.group("setop") == "in":
+                reqs.append(lambda lb, k=key, vs=values: lb.get(k) in vs)
+            else:
+                reqs.append(lambda lb, k=key, vs=values: lb.get(k) not in vs)
+        elif m.group("op"):
+            op, value = m.group("op"), m.group("value")
+            if op in ("=", "=="):
+                reqs.append(lambda lb, k=key, v=value: lb.get(k) == v)
+            elif op == "!=":
+                reqs.append(lambda lb, k=key, v=value: lb.get(k) != v)
+            else:
+                try:
+                    bound = int(value)
+                except ValueError:
+                    raise bad_request(f"unable to parse requirement: for 'Gt', 'Lt' operators, the value must "
+                                      f"be an integer: {value!r}") from None
+                def cmp(lb, k=key, b=bound, gt=(op == ">")):
+                    try:
+                        n = int(lb[k])
+                    except (KeyError, ValueError):
+                        return False
+                    return n > b if gt else n < b
+                reqs.append(cmp)
+        else:
+            reqs.append(lambda lb, k=key: k in lb)
+    return lambda labels: all(r(labels) for r in reqs)
+
+
+def parse_field_selector(rt: ResourceType, text: str) -> Callable[[dict], bool]:
+    """A ``fieldSelector`` query parameter as a predicate over objects; an
+    unknown label is the real server's 400."""
+    reqs = []
+    for part in _split_top(text):
+        m = re.match(r"^([^=!]+?)\s*(==|=|!=)\s*(.*)$", part)
+        if not m:
+            raise bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
+        label, op, value = m.group(1).strip(), m.group(2), m.group(3).strip()
+        if label not in ("metadata.name", "metadata.namespace") and label not in rt.field_labels:
+            raise bad_request(f'field label not supported: {label}')
+        reqs.append((label, op == "!=", value))
+
+    def match(obj: dict) -> bool:
+        for label, negate, value in reqs:
+            have = rt.field_value(obj, label)
+            if (have == value) == negate:
+                return False
+        return True
+
+    return match
+
+
+# ---------------------------------------------------------------------------
+# patches
+
+
+class _Delete:
+    pass
+
+
+_DELETE = _Delete()
+
+
+def merge_patch(target, patch):
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def _strip_directives(value):
+    if isinstance(value, dict):
+        return {k: _strip_directives(v) for k, v in value.items()
+                if not k.startswith("$") and v is not None}
+    if isinstance(value, list):
+        return [_strip_directives(v) for v in value]
+    return value
+
+
+def strategic_merge_patch(original: dict, patch: dict, keys: Mapping[str, str]) -> dict:
+    """Kubernetes' strategic merge patch on ``original`` (not changed); see the
+    module docstring for the directives and keys supported."""
+    out = _smp_map(copy.deepcopy(original), patch, "", keys)
+    if out is _DELETE:
+        raise bad_request("a strategic merge patch may not delete the whole object")
+    return out
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _smp_map(original, patch: dict, path: str, keys: Mapping[str, str]):
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    directive = patch.get("$patch")
+    if directive == "delete":
+        return _DELETE
+    if directive == "replace":
+        return _strip_directives(patch)
+    if directive not in (None, "merge"):
+        raise bad_request(f"Unknown patch type: {directive!r}, accepted: merge, replace, delete")
+    out = dict(original) if isinstance(original, dict) else {}
+    orders = {}
+    for k, v in patch.items():
+        if k in ("$patch", "$retainKeys"):
+            continue
+        if k.startswith("$setElementOrder/"):
+            orders[k.split("/", 1)[1]] = v
+            continue
+        if k.startswith("$deleteFromPrimitiveList/"):
+            name = k.split("/", 1)[1]
+            out[name] = [x for x in out.get(name) or [] if x not in (v or [])]
+            continue
+        if k.startswith("$"):
+            raise bad_request(f"unknown strategic merge patch directive {k!r}")
+        sub = _join(path, k)
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict):
+            merged = _smp_map(out.get(k), v, sub, keys)
+            if merged is _DELETE:
+                out.pop(k, None)
+            else:
+                out[k] = merged
+        elif isinstance(v, list):
+            out[k] = _smp_list(out.get(k), v, sub, keys)
+        else:
+            out[k] = v
+    for name, order in orders.items():
+        if isinstance(out.get(name), list):
+            out[name] = _apply_order(out[name], order, keys.get(_join(path, name)))
+    retain = patch.get("$retainKeys")
+    if retain is not None:
+        out = {k: v for k, v in out.items() if k in retain}
+    return out
+
+
+def _apply_order(items: list, order: list, key: str | None) -> list:
+    def ident(x):
+        return x.get(key) if key and isinstance(x, dict) else x
+    wanted = [ident(o) for o in order]
+    listed = sorted((x for x in items if ident(x) in wanted), key=lambda x: wanted.index(ident(x)))
+    return listed + [x for x in items if ident(x) not in wanted]
+
+
+def _smp_list(original, patch: list, path: str, keys: Mapping[str, str]) -> list:
+    key = keys.get(path)
+    if key is None:
+        return _strip_directives(patch)
+    items = list(original) if isinstance(original, list) else []
+    if key == "":  # a set of scalars
+        return items + [x for x in patch if x not in items]
+    if any(isinstance(p, dict) and p.get("$patch") == "replace" for p in patch):
+        return [_strip_directives(p) for p in patch if not (isinstance(p, dict) and "$patch" in p)]
+    for p in patch:
+        if not isinstance(p, dict) or key not in p:
+            raise bad_request(f"map: {p!r} does not contain declared merge key: {key}")
+        idx = next((i for i, x in enumerate(items) if isinstance(x, dict) and x.get(key) == p[key]), None)
+        if p.get("$patch") == "delete":
+            if idx is not None:
+                del items[idx]
+            continue
+        if idx is None:
+            items.append(_strip_directives(p))
+        else:
+            items[idx] = _smp_map(items[idx], p, path + "[]", keys)
+    return items
+
+
+# ---------------------------------------------------------------------------
+# the store
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _at(seconds: int) -> str:
+    return (_dt.datetime.now(_dt.UTC) + _dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Event:
+    rv: int
+    type: str
+    skey: str  # storage key of the type
+    obj: dict
+    prev: dict | None
+
+
+@dataclass
+class _Snapshot:
+    rv: int
+    items: list
+
+
+_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+class ApiServer:
+    """The stand-in; ``with ApiServer() as api:`` or :meth:`start`/:meth:`stop`.
+
+    ``url`` is its base address. Test helpers (direct, not over HTTP):
+    :meth:`create`, :meth:`get`, :meth:`list`, :meth:`update`, :meth:`delete`,
+    :meth:`set_status`, :meth:`finish_deletion`, :meth:`compact`,
+    :meth:`write_kubeconfig`, :meth:`register`.
+    """
+
+    def __init__(self, *, history: int = 10000, bookmark_interval: float = 1.0,
+                 types: Iterable[ResourceType] = BUILTIN_TYPES):
+        self._cond = threading.Condition()
+        self._rv = 0
+        self._objects: dict[tuple[str, str, str], dict] = {}  # (storage key, ns, name) -> stored object
+        self._history: deque[_Event] = deque()
+        self._history_max = history
+        self._oldest = 0  # the oldest resourceVersion a watch may start from
+        self._snapshots: dict[str, _Snapshot] = {}
+        self._snapshot_ids = itertools.count(1)
+        self._ips = itertools.count(10)
+        self.bookmark_interval = bookmark_interval
+        self.types: dict[tuple[str, str, str], ResourceType] = {}  # (group, version, plural)
+        self.pod_update_hooks: list[Callable[[dict, dict], list]] = []
+        # issue 14: called as hook(rt, operation, obj, old) -> obj (mutated) or raises ApiError
+        self.admission_hooks: list[Callable[[ResourceType, str, dict, dict | None], dict]] = []
+        self._stopped = False
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        for rt in types:
+            self.register(rt)
+        for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> ApiServer:
+        handler = type("Handler", (_Handler,), {"api": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="apiserver-standin",
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        log.info("apiserver_standin_started", url=self.url)
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(5)
+            self._server = None
+
+    def __enter__(self) -> ApiServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
+    def write_kubeconfig(self, path) -> str:
+        """A kubeconfig for kubectl and the Python client pointing here (mode 0600)."""
+        import os
+        doc = {"apiVersion": "v1", "kind": "Config", "current-context": "standin",
+               "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+               "users": [{"name": "standin", "user": {"token": "standin"}}],
+               "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "standin",
+                                                            "namespace": "default"}}]}
+        fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(doc, f)
+        return str(path)
+
+    # -- types ---------------------------------------------------------------
+
+    def register(self, rt: ResourceType) -> None:
+        """Serve one more kind (e.g. admissionregistration.k8s.io/v1
+        mutatingwebhookconfigurations)."""
+        k = (rt.group, rt.version, rt.plural)
+        if k in self.types:
+            raise ValueError(f"resource {rt.plural} in {rt.group_version!r} is already registered")
+        if rt.storage is not None and (rt.to_storage is None or rt.from_storage is None):
+            raise ValueError(f"{rt.key}: storage={rt.storage!r} needs to_storage and from_storage")
+        self.types[k] = rt
+
+    def type_for(self, kind: str, api_version: str | None = None) -> ResourceType:
+        """The type of a kind (``Pod``), a plural (``pods``) or ``plural.group``."""
+        found = [rt for rt in self.types.values()
+                 if kind in (rt.kind, rt.plural, rt.key) and (api_version is None or rt.group_version == api_version)
+                 and rt.storage is None]
+        if api_version is not None and not found:
+            found = [rt for rt in self.types.values()
+                     if kind in (rt.kind, rt.plural, rt.key) and rt.group_version == api_version]
+        if len(found) != 1:
+            known = sorted({rt.kind for rt in self.types.values()})
+            raise KeyError(f"kind {kind!r} (apiVersion {api_version}) is {'ambiguous' if found else 'unknown'}; "
+                           f"known kinds: {', '.join(known)}")
+        return found[0]
+
+    # -- helpers for tests (no HTTP) -----------------------------------------
+
+    def create(self, obj: dict) -> dict:
+        rt = self.type_for(obj["kind"], obj.get("apiVersion"))
+        ns = (obj.get("metadata") or {}).get("namespace", "default") if rt.namespaced else ""
+        return self.do_create(rt, ns, copy.deepcopy(obj))
+
+    def get(self, kind: str, namespace: str | None, name: str) -> dict:
+        rt = self.type_for(kind)
+        return self.do_get(rt, namespace or "", name)
+
+    def list(self, kind: str, namespace: str | None = None) -> list[dict]:
+        rt = self.type_for(kind)
+        return self.do_list(rt, namespace, {})["items"]
+
+    def update(self, obj: dict) -> dict:
+        rt = self.type_for(obj["kind"], obj.get("apiVersion"))
+        meta = obj["metadata"]
+        return self.do_update(rt, meta.get("namespace", "") if rt.namespaced else "", meta["name"],
+                              lambda _old: copy.deepcopy(obj))
+
+    def set_status(self, kind: str, namespace: str | None, name: str, status: dict) -> dict:
+        """Merge ``status`` into the object's status (RFC 7386) as a kubelet
+        or controller writing the status subresource would."""
+        rt = self.type_for(kind)
+        return self.do_update(rt, namespace or "", name,
+                              lambda old: {**old, "status": merge_patch(old.get("status") or {}, status)},
+                              subresource="status")
+
+    def delete(self, kind: str, namespace: str | None, name: str, grace_period: int | None = None) -> dict:
+        rt = self.type_for(kind)
+        opts = {} if grace_period is None else {"gracePeriodSeconds": grace_period}
+        return self.do_delete(rt, namespace or "", name, opts)[0]
+
+    def finish_deletion(self, namespace: str, name: str) -> dict:
+        """What kubelet does once a deleting pod's containers stopped: delete
+        it with grace 0."""
+        pod = self.get("Pod", namespace, name)
+        if not pod["metadata"].get("deletionTimestamp"):
+            raise ValueError(f"pod {namespace}/{name} is not being deleted; delete it first")
+        return self.delete("Pod", namespace, name, grace_period=0)
+
+    def compact(self) -> int:
+        """Drop the watch history and list snapshots, like an etcd compaction:
+        a watch from an older resourceVersion, or a continue token, is 410."""
+        with self._cond:
+            self._history.clear()
+            self._snapshots.clear()
+            self._oldest = self._rv
+            self._cond.notify_all()
+            return self._rv
+
+    # -- the store -----------------------------------------------------------
+
+    def _view(self, rt: ResourceType, stored: dict) -> dict:
+        obj = rt.from_storage(stored) if rt.from_storage else copy.deepcopy(stored)
+        return obj
+
+    def _bump(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def _record(self, type_: str, skey: str, obj: dict, prev: dict | None) -> None:
+        self._history.append(_Event(self._rv, type_, skey, copy.deepcopy(obj), prev))
+        while len(self._history) > self._history_max:
+            dropped = self._history.popleft()
+            self._oldest = dropped.rv
+        self._cond.notify_all()
+
+    def _allocate_cluster_ip(self) -> str:
+        return str(ipaddress.ip_address("10.96.0.0") + next(self._ips))
+
+    def _check_namespace(self, rt: ResourceType, ns: str) -> None:
+        if rt.namespaced and ("namespaces", "", ns) not in self._objects:
+            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
+
+    def do_create(self, rt: ResourceType, ns: str, body: dict) -> dict:
+        if not isinstance(body, dict):
+            raise bad_request(f"the body of a create must be a JSON object, not {type(body).__name__}")
+        self._check_kind(rt, body)
+        meta = body.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise bad_request("metadata must be an object")
+        if rt.namespaced:
+            if meta.get("namespace") not in (None, "", ns):
+                raise bad_request("the namespace of the provided object does not match the namespace sent "
+                                  "on the request")
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        if meta.get("resourceVersion"):
+            raise ApiError(500, "InternalError", "resourceVersion should not be set on objects to be created",
+                           {"causes": [{"message": "resourceVersion should not be set on objects to be created"}]})
+        with self._cond:
+            if not meta.get("name") and meta.get("generateName"):
+                while True:
+                    suffix = "".join(_GENERATE_ALPHABET[b % len(_GENERATE_ALPHABET)] for b in uuid.uuid4().bytes[:5])
+                    candidate = meta["generateName"] + suffix
+                    if (rt.storage_key, ns, candidate) not in self._objects:
+                        meta["name"] = candidate
+                        break
+            name = meta.get("name") or ""
+            if not name:
+                raise invalid(rt, "", [("FieldValueRequired", "metadata.name",
+                                        "Required value: name or generateName is required")])
+            causes = _name_errors(name, rt.name_rule)
+            if causes:
+                raise invalid(rt, name, causes)
+            self._check_namespace(rt, ns)
+            for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                      "generation", "managedFields", "selfLink"):
+                meta.pop(k, None)
+            if rt.status_reset_on_create:
+                body.pop("status", None)
+            if rt.prepare_create:
+                rt.prepare_create(self, body)
+            for hook in self.admission_hooks:
+                body = hook(rt, "CREATE", body, None)
+            if rt.validate:
+                causes = rt.validate(body)
+                if causes:
+                    raise invalid(rt, name, causes)
+            stored = rt.to_storage(body) if rt.to_storage else body
+            key = (rt.storage_key, ns, name)
+            if key in self._objects:
+                raise already_exists(rt, name)
+            smeta = stored["metadata"]
+            smeta["uid"] = str(uuid.uuid4())
+            smeta["creationTimestamp"] = _now()
+            if rt.generation:
+                smeta["generation"] = 1
+            smeta["resourceVersion"] = str(self._bump())
+            self._objects[key] = stored
+            self._record("ADDED", rt.storage_key, stored, None)
+            return self._view(rt, stored)
+
+    def _check_kind(self, rt: ResourceType, body: dict) -> None:
+        api_version, kind = body.get("apiVersion"), body.get("kind")
+        if api_version not in (None, "", rt.group_version):
+            raise bad_request(f"the API version in the data ({api_version}) does not match the expected API "
+                              f"version ({rt.group_version})")
+        if kind not in (None, "", rt.kind):
+            raise bad_request(f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})")
+        body["apiVersion"], body["kind"] = rt.group_version, rt.kind
+
+    def do_get(self, rt: ResourceType, ns: str, name: str) -> dict:
+        with self._cond:
+            stored = self._objects.get((rt.storage_key, ns, name))
+            if stored is None:
+                raise not_found(rt, name)
+            return self._view(rt, stored)
+
+    def do_update(self, rt: ResourceType, ns: str, name: str, mutate: Callable[[dict], dict],
+                  subresource: str | None = None) -> dict:
+        """Read, ``mutate(view) -> new view``, check, store: the one write path
+        of PUT, PATCH, status and binding."""
+        with self._cond:
+            key = (rt.storage_key, ns, name)
+            stored = self._objects.get(key)
+            if stored is None:
+                raise not_found(rt, name)
+            old = self._view(rt, stored)
+            new = mutate(copy.deepcopy(old))
+            if not isinstance(new, dict):
+                raise bad_request(f"the updated object must be a JSON object, not {type(new).__name__}")
+            self._check_kind(rt, new)
+            meta = new.get("metadata")
+            if not isinstance(meta, dict):
+                raise bad_request("metadata must be an object")
+            if meta.get("name") != name:
+                raise bad_request(f"the name of the object ({meta.get('name')}) does not match the name on "
+                                  f"the URL ({name})")
+            if rt.namespaced and meta.get("namespace") not in (None, "", ns):
+                raise bad_request("the namespace of the provided object does not match the namespace sent on "
+                                  "the request")
+            sent_rv = meta.get("resourceVersion")
+            if sent_rv not in (None, "") and sent_rv != old["metadata"]["resourceVersion"]:
+                raise stale(rt, name)
+            ometa = old["metadata"]
+            for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                      "generation", "resourceVersion"):
+                if k in ometa:
+                    meta[k] = ometa[k]
+                else:
+                    meta.pop(k, None)
+            if rt.namespaced:
+                meta["namespace"] = ns
+            if "status" in rt.subresources:
+                if subresource == "status":
+                    for k in set(new) | set(old):
+                        if k not in ("metadata", "status", "apiVersion", "kind"):
+                            if k in old:
+                                new[k] = old[k]
+                            else:
+                                new.pop(k, None)
+                    if "ownerReferences" in ometa:
+                        meta["ownerReferences"] = ometa["ownerReferences"]
+                    else:
+                        meta.pop("ownerReferences", None)
+                elif subresource is None:
+                    if "status" in old:
+                        new["status"] = old["status"]
+                    else:
+                        new.pop("status", None)
+            if rt.kind == "Secret" and rt.group == "":
+                _fold_string_data(new)
+            if subresource is None:
+                for hook in self.admission_hooks:
+                    new = hook(rt, "UPDATE", new, old)
+            if rt.validate_update and subresource is None:
+                causes = rt.validate_update(self, new, old)
+                if causes:
+                    raise invalid(rt, name, causes)
+            if rt.validate:
+                causes = rt.validate(new)
+                if causes:
+                    raise invalid(rt, name, causes)
+            if ometa.get("deletionTimestamp") and len(meta.get("finalizers") or []) > len(ometa.get("finalizers") or []):
+                raise invalid(rt, name, [("FieldValueForbidden", "metadata.finalizers",
+                                          "Forbidden: no new finalizers can be added if the object is being deleted")])
+            if new == old:
+                return old  # nothing changed: no write, no event
+            if rt.generation and _spec_of(new) != _spec_of(old):
+                meta["generation"] = int(ometa.get("generation", 0)) + 1
+            stored_new = rt.to_storage(new) if rt.to_storage else new
+            meta_s = stored_new["metadata"]
+            if (meta_s.get("deletionTimestamp") and not meta_s.get("finalizers")
+                    and meta_s.get("deletionGracePeriodSeconds", 0) == 0):
+                return self._remove(rt, key, stored_new)
+            meta_s["resourceVersion"] = str(self._bump())
+            self._objects[key] = stored_new
+            self._record("MODIFIED", rt.storage_key, stored_new, stored)
+            return self._view(rt, stored_new)
+
+    def _remove(self, rt: ResourceType, key, last: dict) -> dict:
+        prev = self._objects.pop(key)
+        last = copy.deepcopy(last)
+        last["metadata"]["resourceVersion"] = str(self._bump())
+        self._record("DELETED", rt.storage_key, last, prev)
+        return self._view(rt, last)
+
+    def do_delete(self, rt: ResourceType, ns: str, name: str, options: dict) -> tuple[dict, bool]:
+        """Returns (the object as it now is or was last, whether it is gone)."""
+        with self._cond:
+            key = (rt.storage_key, ns, name)
+            stored = self._objects.get(key)
+            if stored is None:
+                raise not_found(rt, name)
+            meta = stored["metadata"]
+            pre = options.get("preconditions") or {}
+            if pre.get("uid") and pre["uid"] != meta["uid"]:
+                raise conflict(rt, name, f"Precondition failed: UID in precondition: {pre['uid']}, UID in object "
+                                         f"meta: {meta['uid']}")
+            if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
+                raise conflict(rt, name, f"Precondition failed: ResourceVersion in precondition: "
+                                         f"{pre['resourceVersion']}, ResourceVersion in object meta: "
+                                         f"{meta['resourceVersion']}")
+            if rt.key == "namespaces":
+                for k in [k for k in self._objects if k[1] == name and k[0] != "namespaces"]:
+                    self._remove(self._storage_type(k[0]), k, self._objects[k])
+            grace = 0
+            if rt.graceful:
+                grace = options.get("gracePeriodSeconds")
+                if grace is None:
+                    grace = (stored.get("spec") or {}).get("terminationGracePeriodSeconds") or 0
+                if not (stored.get("spec") or {}).get("nodeName"):
+                    grace = 0
+                if (stored.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                    grace = 0
+                grace = 1 if grace < 0 else int(grace)
+                current = meta.get("deletionGracePeriodSeconds")
+                if current is not None and grace >= current and grace != 0:
+                    return self._view(rt, stored), False  # already deleting with a shorter or equal grace
+            if grace == 0 and not meta.get("finalizers"):
+                return self._remove(rt, key, stored), True
+            new = copy.deepcopy(stored)
+            nmeta = new["metadata"]
+            if not nmeta.get("deletionTimestamp") or grace < (nmeta.get("deletionGracePeriodSeconds") or 0):
+                nmeta["deletionTimestamp"] = _at(grace)
+            nmeta["deletionGracePeriodSeconds"] = grace
+            if new == stored:
+                return self._view(rt, stored), False
+            nmeta["resourceVersion"] = str(self._bump())
+            self._objects[key] = new
+            self._record("MODIFIED", rt.storage_key, new, stored)
+            return self._view(rt, new), False
+
+    def _storage_type(self, skey: str) -> ResourceType:
+        return next(rt for rt in self.types.values() if rt.key == skey)
+
+    def do_bind(self, ns: str, name: str, binding: dict) -> None:
+        rt = self.types[("", "v1", "pods")]
+        bmeta = binding.get("metadata") or {}
+        if bmeta.get("name", name) != name:
+            raise bad_request("name in URL does not match name in Binding object")
+        target = binding.get("target") or {}
+        if target.get("kind") not in (None, "", "Node"):
+            raise bad_request(f"a pod can only be bound to a Node, not a {target.get('kind')!r}")
+        node = target.get("name") or ""
+        if not node:
+            raise invalid(self.types[("", "v1", "pods")], name,
+                          [("FieldValueRequired", "target.name", "Required value")])
+
+        def bind(pod: dict) -> dict:
+            if pod["metadata"].get("deletionTimestamp"):
+                raise conflict(rt, name, f"pod {name} is being deleted, cannot be assigned to a host", "pods/binding")
+            spec = pod.setdefault("spec", {})
+            if spec.get("nodeName"):
+                raise conflict(rt, name, f'pod {name} is already assigned to node "{spec["nodeName"]}"',
+                               "pods/binding")
+            if spec.get("schedulingGates"):
+                raise conflict(rt, name, f"pod {name} has non-empty .spec.schedulingGates", "pods/binding")
+            if bmeta.get("uid") and bmeta["uid"] != pod["metadata"]["uid"]:
+                raise conflict(rt, name, f"Precondition failed: UID in precondition: {bmeta['uid']}, UID in "
+                                         f"object meta: {pod['metadata']['uid']}", "pods/binding")
+            spec["nodeName"] = node
+            for k in ("annotations", "labels"):
+                if bmeta.get(k):
+                    pod["metadata"].setdefault(k, {}).update(bmeta[k])
+            status = pod.setdefault("status", {})
+            status.pop("nominatedNodeName", None)
+            conds = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+            conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                          "lastTransitionTime": _now()})
+            status["conditions"] = conds
+            return pod
+
+        self.do_update(rt, ns, name, bind, subresource="binding")
+
+    def do_list(self, rt: ResourceType, ns: str | None, query: Mapping[str, str]) -> dict:
+        match = self._matcher(rt, query)
+        limit = int(query.get("limit") or 0)
+        token = query.get("continue")
+        with self._cond:
+            want_rv = query.get("resourceVersion")
+            if want_rv not in (None, "", "0") and not token:
+                self._wait_for_rv(_parse_rv(want_rv))
+            if token:
+                snap_id, _, start = _decode_continue(token)
+                snap = self._snapshots.get(snap_id)
+                if snap is None:
+                    raise expired("The provided continue parameter is too old to display a consistent list "
+                                  "result. You can start a new list without the continue parameter, or use the "
+                                  "continue token in this response to retrieve the remainder of the results. "
+                                  "Continuing with the provided token results in an inconsistent list - objects "
+                                  "that were created, modified, or deleted between the time the first chunk was "
+                                  "returned and now may show up in the list.")
+                items = snap.items[start:]
+                rv = snap.rv
+            else:
+                items = [self._view(rt, o) for (sk, ons, _n), o in sorted(self._objects.items())
+                         if sk == rt.storage_key and (ns is None or ons == ns) and match(self._view(rt, o))]
+                rv = self._rv
+                start = 0
+            meta: dict = {"resourceVersion": str(rv)}
+            if limit and len(items) > limit:
+                if not token:
+                    snap_id = str(next(self._snapshot_ids))
+                    self._snapshots[snap_id] = _Snapshot(rv, items)
+                    while len(self._snapshots) > 100:
+                        self._snapshots.pop(next(iter(self._snapshots)))
+                meta["continue"] = _encode_continue(snap_id, rv, start + limit)
+                meta["remainingItemCount"] = len(items) - limit
+                items = items[:limit]
+        for it in items:
+            it.pop("kind", None)
+            it.pop("apiVersion", None)
+        return {"kind": f"{rt.kind}List", "apiVersion": rt.group_version, "metadata": meta, "items": items}
+
+    def _wait_for_rv(self, rv: int) -> None:
+        deadline = time.monotonic() + 3
+        while self._rv < rv:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ApiError(504, "Timeout", f"Too large resource version: {rv}, current: {self._rv}",
+                               {"causes": [{"reason": "ResourceVersionTooLarge",
+                                            "message": "Too large resource version"}], "retryAfterSeconds": 1})
+            self._cond.wait(left)
+
+    def _matcher(self, rt: ResourceType, query: Mapping[str, str]) -> Callable[[dict], bool]:
+        labels = parse_label_selector(query["labelSelector"]) if query.get("labelSelector") else None
+        fields = parse_field_selector(rt, query["fieldSelector"]) if query.get("fieldSelector") else None
+
+        def match(obj: dict) -> bool:
+            if labels is not None and not labels((obj.get("metadata") or {}).get("labels") or {}):
+                return False
+            return fields is None or fields(obj)
+
+        return match
+
+    # -- watch ---------------------------------------------------------------
+
+    def watch(self, rt: ResourceType, ns: str | None, query: Mapping[str, str], emit: Callable[[dict], None]) -> None:
+        """Stream events to ``emit`` until the timeout, the server stops or
+        ``emit`` raises (the client went away)."""
+        match = self._matcher(rt, query)
+        timeout = query.get("timeoutSeconds")
+        deadline = time.monotonic() + (float(timeout) if timeout else 1800.0)
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        initial = query.get("sendInitialEvents") in ("true", "1")
+        want = query.get("resourceVersion") or ""
+
+        def mine(ev: _Event) -> bool:
+            m = ev.obj["metadata"]
+            return ev.skey == rt.storage_key and (ns is None or m.get("namespace", "") == ns)
+
+        def bookmark(rv: int, end_initial: bool = False) -> dict:
+            meta: dict = {"resourceVersion": str(rv)}
+            if end_initial:
+                meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+            return {"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.group_version, "metadata": meta}}
+
+        out: list[dict] = []
+        with self._cond:
+            if want in ("", "0") or initial:
+                for (sk, ons, _n), o in sorted(self._objects.items()):
+                    if sk == rt.storage_key and (ns is None or ons == ns):
+                        view = self._view(rt, o)
+                        if match(view):
+                            out.append({"type": "ADDED", "object": view})
+                position = self._rv
+                if initial and bookmarks:
+                    out.append(bookmark(position, end_initial=True))
+            else:
+                position = _parse_rv(want)
+                if position < self._oldest:
+                    out.append({"type": "ERROR", "object": expired(
+                        f"too old resource version: {position} ({self._oldest})").status()})
+                    position = None
+        for ev in out:
+            emit(ev)
+        if position is None:
+            return
+        next_bookmark = time.monotonic() + self.bookmark_interval
+        while True:
+            out = []
+            with self._cond:
+                while True:
+                    if self._stopped:
+                        return
+                    now = time.monotonic()
+                    if now >= deadline:
+                        return
+                    if position < self._oldest:
+                        out.append({"type": "ERROR", "object": expired(
+                            f"too old resource version: {position} ({self._oldest})").status()})
+                        break
+                    events = [ev for ev in self._history if ev.rv > position]
+                    if events:
+                        for ev in events:
+                            position = ev.rv
+                            if not mine(ev):
+                                continue
+                            new_view = self._view(rt, ev.obj)
+                            if ev.type == "ADDED":
+                                if match(new_view):
+                                    out.append({"type": "ADDED", "object": new_view})
+                            elif ev.type == "DELETED":
+                                old_view = self._view(rt, ev.prev) if ev.prev else new_view
+                                if match(old_view):
+                                    out.append({"type": "DELETED", "object": new_view})
+                            else:
+                                was, now_m = match(self._view(rt, ev.prev)), match(new_view)
+                                if was and now_m:
+                                    out.append({"type": "MODIFIED", "object": new_view})
+                                elif now_m:
+                                    out.append({"type": "ADDED", "object": new_view})
+                                elif was:
+                                    out.append({"type": "DELETED", "object": new_view})
+                        if out:
+                            break
+                        continue
+                    if bookmarks and now >= next_bookmark:
+                        position = max(position, self._rv)
+                        out.append(bookmark(self._rv))
+                        next_bookmark = now + self.bookmark_interval
+                        break
+                    wait = deadline - now
+                    if bookmarks:
+                        wait = min(wait, next_bookmark - now)
+                    self._cond.wait(max(wait, 0.001))
+            for ev in out:
+                emit(ev)
+            if out and out[-1]["type"] == "ERROR":
+                return
+
+
+def _spec_of(obj: dict) -> dict:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+def _parse_rv(text: str) -> int:
+    try:
+        rv = int(text)
+    except ValueError:
+        raise bad_request(f'invalid resource version "{text}": a decimal integer is accepted') from None
+    if rv < 0:
+        raise bad_request(f'invalid resource version "{text}": must not be negative')
+    return rv
+
+
+def _encode_continue(snap_id: str, rv: int, start: int) -> str:
+    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "snapshot": snap_id, "start": start}).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_continue(token: str) -> tuple[str, int, int]:
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        return str(raw["snapshot"]), int(raw["rv"]), int(raw["start"])
+    except (ValueError, KeyError, TypeError):
+        raise bad_request(f"invalid continue token {token!r}: pass the metadata.continue of a previous "
+                          f"list response") from None
+
+
+# ---------------------------------------------------------------------------
+# HTTP
+
+# gnostic openapi_v2.Document{swagger: "2.0", info: {title, version}} in protobuf
+def _openapi_v2_proto() -> bytes:
+    def ld(field_no: int, payload: bytes) -> bytes:
+        return bytes([field_no << 3 | 2, len(payload)]) + payload
+    info = ld(1, b"Kubernetes (hamid stand-in)") + ld(2, SERVER_VERSION["gitVersion"].encode())
+    return ld(1, b"2.0") + ld(2, info)
+
+
+_OPENAPI_V2_JSON = {"swagger": "2.0", "info": {"title": "Kubernetes (hamid stand-in)",
+                                                "version": SERVER_VERSION["gitVersion"]},
+                    "paths": {}, "definitions": {}}
+
+_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
+                "application/strategic-merge-patch+json")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: ApiServer
+    protocol_version = "HTTP/1.1"
+    server_version = "hamid-apiserver-standin"
+
+    def log_message(self, fmt, *args):  # quiet: structlog below
+        pass
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _send(self, code: int, body, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-cache, private")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        ctype = (self.headers.get("Content-Type") or "application/json").split(";")[0].strip()
+        try:
+            if ctype in ("application/yaml", "application/apply-patch+yaml"):
+                return yaml.safe_load(raw)
+            return json.loads(raw)
+        except (ValueError, yaml.YAMLError) as e:
+            raise bad_request(f"the body of the request is not valid {ctype}: {e}") from None
+
+    def _query(self) -> dict[str, str]:
+        q = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+        return {k: v[-1] for k, v in q.items()}
+
+    def _handle(self) -> None:
+        started = time.monotonic()
+        code = 200
+        try:
+            accept = self.headers.get("Accept") or "*/*"
+            path = urlsplit(self.path).path
+            if path.startswith("/openapi/v2"):
+                if "protobuf" in accept:
+                    self._send(200, _openapi_v2_proto(), "application/octet-stream")
+                else:
+                    self._send(200, _OPENAPI_V2_JSON)
+                return
+            if not any(t in accept for t in ("json", "*/*", "application/*")):
+                raise ApiError(406, "NotAcceptable", f"only the following media types are accepted: "
+                                                     f"application/json, application/yaml (asked: {accept})")
+            code = self._route(path)
+        except ApiError as e:
+            code = e.code
+            self._send(e.code, e.status())
+        except (BrokenPipeError, ConnectionResetError):
+            code = 499
+        except Exception as e:  # a bug in the stand-in: say so loudly
+            code = 500
+            log.exception("apiserver_standin_bug", method=self.command, path=self.path)
+            self._send(500, ApiError(500, "InternalError", f"stand-in bug: {e!r}").status())
+        finally:
+            log.debug("apiserver_standin_request", method=self.command, path=self.path, code=code,
+                      ms=round((time.monotonic() - started) * 1000, 2))
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _handle
+
+    # -- routing -------------------------------------------------------------
+
+    def _route(self, path: str) -> int:
+        api = self.api
+        parts = [p for p in path.split("/") if p]
+        if path in ("/healthz", "/livez", "/readyz"):
+            self._send(200, b"ok", "text/plain; charset=utf-8")
+            return 200
+        if path == "/version":
+            self._send(200, SERVER_VERSION)
+            return 200
+        if path == "/api":
+            self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": "%s:%d" % self.server.server_address[:2]}]})
+            return 200
+        if path == "/apis":
+            self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": self._groups()})
+            return 200
+        if parts[:1] == ["api"] and len(parts) >= 2:
+            group, version, rest = "", parts[1], parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 2:
+            group = parts[1]
+            if len(parts) == 2:
+                found = [g for g in self._groups() if g["name"] == group]
+                if not found:
+                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                self._send(200, {"kind": "APIGroup", "apiVersion": "v1", **found[0]})
+                return 200
+            version, rest = parts[2], parts[3:]
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        served = [rt for rt in api.types.values() if rt.group == group and rt.version == version]
+        if not served:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if not rest:
+            self._send(200, self._resource_list(group, version, served))
+            return 200
+        watch_path = rest[0] == "watch"
+        if watch_path:
+            rest = rest[1:]
+        ns: str | None = None
+        if rest[0] == "namespaces" and len(rest) >= 3 and any(rt.plural == rest[2] and rt.namespaced for rt in served):
+            ns, rest = rest[1], rest[2:]
+        plural, name, sub = rest[0], (rest[1] if len(rest) > 1 else None), (rest[2] if len(rest) > 2 else None)
+        if len(rest) > 3:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        rt = api.types.get((group, version, plural))
+        if rt is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if rt.namespaced and ns is None and name is not None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if sub is not None and sub not in rt.subresources:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        query = self._query()
+        method = self.command
+        if watch_path or query.get("watch") in ("1", "true"):
+            if method != "GET":
+                raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested "
+                                                        f"resource: {method} on a watch")
+            if name is not None:  # /watch/.../name: a watch on one object
+                query["fieldSelector"] = ",".join(filter(None, [query.get("fieldSelector"), f"metadata.name={name}"]))
+            self._watch(rt, ns, query)
+            return 200
+        ns_key = ns if rt.namespaced else ""
+        if name is None:
+            if method == "GET":
+                self._send(200, api.do_list(rt, ns if rt.namespaced else None, query))
+                return 200
+            if method == "POST":
+                if rt.namespaced and ns is None:
+                    raise ApiError(405, "MethodNotAllowed", f"POST to the cluster-wide {rt.plural} is not allowed: "
+                                                            f"create in /namespaces/<ns>/{rt.plural}")
+                self._send(201, api.do_create(rt, ns_key, self._body() or {}))
+                return 201
+            raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested "
+                                                    f"resource: {method} on a {rt.plural} collection (the stand-in "
+                                                    f"has no deletecollection)")
+        if sub == "binding":
+            if method != "POST":
+                raise ApiError(405, "MethodNotAllowed", "pods/binding accepts POST only")
+            api.do_bind(ns_key, name, self._body() or {})
+            self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+            return 201
+        if method in ("GET", "HEAD"):
+            self._send(200, api.do_get(rt, ns_key, name))
+            return 200
+        if method == "PUT":
+            body = self._body()
+            self._send(200, api.do_update(rt, ns_key, name, lambda _old: body, subresource=sub))
+            return 200
+        if method == "PATCH":
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            if ctype not in _PATCH_TYPES:
+                raise ApiError(415, "UnsupportedMediaType",
+                               f"the body of the request was in an unknown format ({ctype or 'none'}) - accepted "
+                               f"media types include: {', '.join(_PATCH_TYPES)} (the stand-in has no server-side "
+                               f"apply)")
+            patch = self._body()
+            self._send(200, api.do_update(rt, ns_key, name, lambda old: _apply_patch(rt, ctype, old, patch),
+                                          subresource=sub))
+            return 200
+        if method == "DELETE":
+            if sub is not None:
+                raise ApiError(405, "MethodNotAllowed", f"DELETE is not allowed on {rt.plural}/{sub}")
+            opts = self._body() or {}
+            if "gracePeriodSeconds" in query:
+                opts["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+            obj, gone = api.do_delete(rt, ns_key, name, opts)
+            if rt.return_deleted_object or not gone:
+                self._send(200, obj)
+            else:
+                details = {"name": name, "kind": rt.plural, "uid": obj["metadata"]["uid"]}
+                if rt.group:
+                    details["group"] = rt.group
+                self._send(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                 "details": details})
+            return 200
+        raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested "
+                                                f"resource: {method}")
+
+    def _groups(self) -> list[dict]:
+        groups: dict[str, list[str]] = {}
+        for rt in self.api.types.values():
+            if rt.group:
+                versions = groups.setdefault(rt.group, [])
+                if rt.version not in versions:
+                    versions.append(rt.version)
+        out = []
+        for g, versions in groups.items():
+            vs = [{"groupVersion": f"{g}/{v}", "version": v} for v in versions]
+            out.append({"name": g, "versions": vs, "preferredVersion": vs[0]})
+        return out
+
+    def _resource_list(self, group: str, version: str, served: list[ResourceType]) -> dict:
+        resources = []
+        for rt in served:
+            resources.append({"name": rt.plural, "singularName": rt.kind.lower(), "namespaced": rt.namespaced,
+                              "kind": rt.kind, "verbs": list(_ALL_VERBS), **({"shortNames": list(rt.short_names)}
+                                                                             if rt.short_names else {}),
+                              **({"categories": list(rt.categories)} if rt.categories else {})})
+            for sub in rt.subresources:
+                if sub == "binding":
+                    resources.append({"name": f"{rt.plural}/binding", "singularName": "", "namespaced": True,
+                                      "kind": "Binding", "verbs": ["create"]})
+                else:
+                    resources.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
+                                      "kind": rt.kind, "verbs": ["get", "patch", "update"]})
+        gv = f"{group}/{version}" if group else version
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
+
+    def _watch(self, rt: ResourceType, ns: str | None, query: dict[str, str]) -> None:
+        # validate before the 200: a bad selector is a 400, not a stream
+        self.api._matcher(rt, query)
+        if query.get("resourceVersion") not in (None, ""):
+            _parse_rv(query["resourceVersion"])
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.end_headers()
+
+        def emit(ev: dict) -> None:
+            data = json.dumps(ev).encode() + b"\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        try:
+            self.api.watch(rt, ns, query, emit)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
+
+
+def _apply_patch(rt: ResourceType, ctype: str, old: dict, patch) -> dict:
+    if ctype == "application/merge-patch+json":
+        if not isinstance(patch, dict):
+            raise bad_request("a merge patch must be a JSON object")
+        return merge_patch(old, patch)
+    if ctype == "application/strategic-merge-patch+json":
+        if not isinstance(patch, dict):
+            raise bad_request("a strategic merge patch must be a JSON object")
+        return strategic_merge_patch(old, patch, rt.merge_keys)
+    if not isinstance(patch, list):
+        raise bad_request("a JSON patch must be a JSON array of operations")
+    try:
+        return jsonpatch.apply_patch(old, patch)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+        # the real server's NewGenericServerResponse(422): the reason is in details.causes
+        raise ApiError(422, "Invalid", "the server rejected our request due to an error in our request",
+                       {"causes": [{"message": f"{type(e).__name__}: {e}"}]}) from None
