@@ -68,9 +68,16 @@ class NvmlBackend:
         except pynvml.NVMLError as e:
             raise _nvml_error(e, "cannot initialise NVML") from e
         self._lock = threading.Lock()  # NVML MIG calls are serialised per process
-        self.description = pynvml.nvmlSystemGetDriverVersion()
+        self.description = _text(pynvml.nvmlSystemGetDriverVersion())
+        self._last: dict[int, GpuInfo] = {}  # the last good reading of each index (a lost GPU keeps its UUID)
+        self._xid_bad: dict[str, float] = {}  # uuid -> monotonic time of its last critical XID
+        self._events: threading.Thread | None = None
+        self._closing = threading.Event()
 
     def close(self) -> None:
+        self._closing.set()
+        if self._events is not None:
+            self._events.join(timeout=2)
         try:
             pynvml.nvmlShutdown()
         except Exception:
@@ -80,8 +87,82 @@ class NvmlBackend:
 
     def gpus(self) -> list[GpuInfo]:
         with self._lock:
-            infos = [self._read(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            infos = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                try:
+                    info = self._read(i)
+                except pynvml.NVMLError as e:  # a GPU that stopped answering (lost, fallen off the bus)
+                    last = self._last.get(i)
+                    if last is None:
+                        raise _nvml_error(e, f"cannot read GPU {i}") from e
+                    info = replace(last, healthy=False)
+                else:
+                    self._last[i] = info
+                if self._xid_recent(info.uuid):
+                    info = replace(info, healthy=False)
+                infos.append(info)
             return self._with_links(infos)
+
+    # --- health: critical XID events ------------------------------------------
+
+    # XIDs an application causes, not the GPU (NVIDIA's device plugin skips the
+    # same ones): 13 graphics engine exception, 31 memory page fault, 43 GPU
+    # stopped processing, 45 preemptive cleanup, 68 video processor exception,
+    # 109 context switch timeout.
+    APP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+    XID_HOLD_S = 300.0  # a GPU stays unhealthy this long after its last critical XID
+
+    def _xid_recent(self, uuid: str) -> bool:
+        import time
+
+        at = self._xid_bad.get(uuid)
+        return at is not None and time.monotonic() - at < self.XID_HOLD_S
+
+    def watch_health_events(self) -> None:
+        """Start a thread that waits on NVML's critical-XID and ECC events and
+        marks the GPU unhealthy (for ``XID_HOLD_S`` after the last one). Idempotent."""
+        if self._events is not None:
+            return
+        try:
+            evset = pynvml.nvmlEventSetCreate()
+            kinds = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                try:
+                    pynvml.nvmlDeviceRegisterEvents(h, kinds, evset)
+                except pynvml.NVMLError:  # not supported on this GPU: ECC and loss are still read
+                    continue
+        except pynvml.NVMLError:
+            return
+        self._events = threading.Thread(target=self._event_loop, args=(evset,), name="hamid-nvml-events",
+                                        daemon=True)
+        self._events.start()
+
+    def _event_loop(self, evset) -> None:
+        import time
+
+        try:
+            while not self._closing.is_set():
+                try:
+                    ev = pynvml.nvmlEventSetWait_v2(evset, 1000)
+                except pynvml.NVMLError_Timeout:
+                    continue
+                except pynvml.NVMLError:
+                    time.sleep(1.0)
+                    continue
+                xid = int(ev.eventData)
+                if ev.eventType == pynvml.nvmlEventTypeXidCriticalError and xid in self.APP_XIDS:
+                    continue
+                try:
+                    uuid = _text(pynvml.nvmlDeviceGetUUID(ev.device))
+                except pynvml.NVMLError:
+                    continue
+                self._xid_bad[uuid] = time.monotonic()
+        finally:
+            try:
+                pynvml.nvmlEventSetFree(evset)
+            except Exception:
+                pass
 
     # --- topology: HAMi's link scores ------------------------------------------
 

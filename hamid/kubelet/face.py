@@ -217,6 +217,9 @@ class KubeletFace:
         return advertised(view.gpus, health)
 
     async def _watch_health(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        events = getattr(self.node.core.backend, "watch_health_events", None)
+        if events is not None:  # NVML: critical XID and ECC events, between readings too
+            await self.node.run_blocking(events)
         first = True
         while True:
             try:
