@@ -27,6 +27,7 @@ NEEDED = {
     "tar": "tar",
     "ip": "iproute2",  # gossip partition tests: network namespaces and veth pairs
     "iptables": "iptables",  # packet loss inside a namespace
+    "kubectl": "kubernetes-client",  # kubectl 1.20 against the API-server stand-in (tests/k8s)
 }
 
 
