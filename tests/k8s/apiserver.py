@@ -1504,7 +1504,7 @@ class _Handler(BaseHTTPRequestHandler):
         code = 200
         try:
             accept = self.headers.get("Accept") or "*/*"
-            path = urlsplit(self.path).path
+            path = urlsplit(self.path).path.rstrip("/") or "/"
             if path.startswith("/openapi/v2"):
                 if "protobuf" in accept:
                     self._send(200, _openapi_v2_proto(), "application/octet-stream")
@@ -1585,6 +1585,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         query = self._query()
         method = self.command
+        if query.get("dryRun"):
+            # refused rather than ignored: an ignored dryRun would write
+            raise bad_request(f"dryRun={query['dryRun']!r}: the API-server stand-in does not implement dry runs")
         if watch_path or query.get("watch") in ("1", "true"):
             if method != "GET":
                 raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested "

@@ -14,7 +14,7 @@ import time
 
 import httpx
 import pytest
-from apiserver import strategic_merge_patch
+from apiserver import META_MERGE_KEYS, ResourceType, strategic_merge_patch
 from kubernetes import client, watch
 
 
@@ -349,6 +349,22 @@ def test_leases_nodes_and_events(api_server, v1):
     assert events.read_namespaced_event("e1", "default").note == "on n1"
     assert [e.metadata.name for e in v1.list_namespaced_event(
         "default", field_selector="involvedObject.name=a,reason=Placed").items] == ["e1"]
+
+
+def test_a_registered_kind_is_served_and_discovered(api_server, v1):
+    api_server.register(ResourceType("admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration",
+                                     "mutatingwebhookconfigurations", False, merge_keys=META_MERGE_KEYS,
+                                     generation=True))
+    groups = {g.name for g in client.ApisApi(v1.api_client).get_api_versions().groups}
+    assert "admissionregistration.k8s.io" in groups
+    adm = client.AdmissionregistrationV1Api(v1.api_client)
+    made = adm.create_mutating_webhook_configuration({"metadata": {"name": "hamid"}, "webhooks": []})
+    assert made.metadata.generation == 1
+    assert [m.metadata.name for m in adm.list_mutating_webhook_configuration().items] == ["hamid"]
+    assert api_server.get("MutatingWebhookConfiguration", None, "hamid")["metadata"]["uid"] == made.metadata.uid
+    with pytest.raises(client.ApiException) as e:
+        adm.delete_mutating_webhook_configuration("hamid", dry_run="All")
+    assert e.value.status == 400 and "dry runs" in status_of(e.value)["message"]
 
 
 # -- kubectl -------------------------------------------------------------------
