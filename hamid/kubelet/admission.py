@@ -157,6 +157,11 @@ class PodAdmission:
         owner = Owner("pod", meta["uid"], name=f"{ns}/{name}")
         slots = {c: slot_of(i) for c, i in held.items()}
         containers = [c for c, s in slots.items() if s == slot]
+        if not containers:  # a plain init container (kubelet does not list those): which one, from the spec
+            init = self._init_container_for(pod, ids, res_slots=self._known_slots(owner.key))
+            held = {**held, init: ids}
+            slots[init] = slot
+            containers = [init]
         try:
             self._reserve(owner, pod, held, slots)
             res = self.core.prepare(owner.key, user=None)
@@ -173,6 +178,31 @@ class PodAdmission:
             raise AdmissionError(str(e)) from None
         log.info("container tied to its pod", owner=owner.key, pod=owner.name, containers=containers, slot=slot)
         return owner.key
+
+    def _known_slots(self, key: str) -> dict[str, str]:
+        res = self.core.ledger.get(key)
+        return dict(res.details.get("container_slots") or {}) if res is not None else {}
+
+    def _init_container_for(self, pod: dict[str, Any], ids: tuple[str, ...], res_slots: dict[str, str]) -> str:
+        """The init container of ``pod`` that these devices were given to: the first
+        one asking for as many of our devices whose slot is not known yet, or the one
+        already keyed to this slot (a restart)."""
+        slot = slot_of(ids)
+        for c, s in res_slots.items():
+            if s == slot:
+                return c
+        resource = self.pods.resource
+        for c in (pod.get("spec") or {}).get("initContainers") or ():
+            limits = ((c.get("resources") or {}).get("limits") or {})
+            try:
+                n = int(str(limits.get(resource, "0")))
+            except ValueError:
+                continue
+            if n == len(ids) and c.get("name") not in res_slots:
+                return c["name"]
+        raise AdmissionError(f"devices {sorted(ids)} belong to pod {(pod.get('metadata') or {}).get('name')} "
+                             "but to none of its containers that kubelet lists, and no init container of it "
+                             f"asks for {len(ids)} of {resource}")
 
     def _reserve(self, owner: Owner, pod: dict[str, Any], held: dict[str, tuple[str, ...]],
                  slots: dict[str, str]) -> None:

@@ -13,6 +13,12 @@ What runs (one trio task each, in the face's own nursery):
 - **health**: the devices' health read from the backend every
   ``healthCheckInterval`` (NVML: ECC errors, a GPU that stops answering; the
   simulated backend: marks a test sets); a change is sent to kubelet at once.
+- **node resources**: ``nvidia.com/gpumem`` (MiB), ``gpumem-percentage``,
+  ``gpucores`` and ``priority`` (as renamed in the config) advertised in the
+  node's status as node-level extended resources, so that kube-scheduler's
+  resource fit and kubelet's admission, which know nothing of hamid, accept
+  pods that ask for them: they see each as one sum per node (total MiB of the
+  GPUs, 100 per GPU...), a coarse bound; the per-GPU fit is hamid's own.
 - **pods**: the pods bound to this node, watched through the API server
   (resumed from the last resourceVersion, listed again on ``410 Gone``); a
   deleted, succeeded or failed pod's reservation is released at once, a
@@ -55,6 +61,7 @@ class KubeletFace:
     def __init__(self, node: NodeService, *, kubelet_dir: str, resource: str, strategy: str, cdi_dir: str,
                  defaults: Defaults, api: Any, health_interval: float = 5.0, check_interval: float = 1.0,
                  watch_timeout_s: int = 300) -> None:
+        self.defaults = defaults
         self.node = node
         self.dir = os.path.join(kubelet_dir, DEVICE_PLUGINS_DIR)
         self.resource = resource
@@ -299,6 +306,39 @@ class KubeletFace:
                 except Exception as e:  # a race with a release: nothing to do
                     log.debug("state change skipped", owner=key, error=str(e))
 
+    # --- node-level extended resources -----------------------------------------------------
+
+    def node_resources(self) -> dict[str, str]:
+        """What the node's status advertises besides the device plugin's own resource."""
+        view = self.node.core.ledger.view()
+        gpus = [g for g in view.gpus if not g.filtered]
+        n = self.defaults.names
+        return {n.memory: str(sum(g.mem_total for g in gpus) // max(1, self.defaults.memory_factor)),
+                n.memory_percentage: str(100 * len(gpus)),
+                n.cores: str(sum(g.cores_total for g in gpus)),
+                n.priority: str(sum(g.slots_total for g in gpus))}
+
+    def _patch_node(self) -> None:
+        from kubernetes import client
+
+        res = self.node_resources()
+        client.CoreV1Api(self.pods.api).patch_node_status(
+            self.pods.node, {"status": {"capacity": res, "allocatable": res}}, _request_timeout=10)
+
+    async def _advertise(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        delay = 1.0
+        while True:
+            try:
+                await trio.to_thread.run_sync(self._patch_node)
+            except Exception as e:  # the API server down, or RBAC: keep trying, slower
+                log.warning("cannot advertise the node's GPU resources; trying again", error=str(e))
+                await trio.sleep(delay)
+                delay = min(delay * 2, 60.0)
+                continue
+            log.info("node resources advertised", resources=self.node_resources())
+            return
+
     # --- the face ---------------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -307,6 +347,7 @@ class KubeletFace:
             await nursery.start(self._keep_registered)
             if self.pods.api is not None:
                 await nursery.start(self._follow_pods)
+                await nursery.start(self._advertise)
             task_status.started()
 
 

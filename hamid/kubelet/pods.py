@@ -72,14 +72,22 @@ class PodDirectory:
         return out
 
     def holder(self, device_ids: tuple[str, ...]) -> tuple[str, str, dict[str, tuple[str, ...]]]:
-        """The pod whose containers hold exactly ``device_ids``: (namespace, name, its containers' devices)."""
+        """The pod that holds ``device_ids``: (namespace, name, its listed containers' devices).
+
+        Exactly: a listed container holds exactly these IDs. Kubelet's List
+        leaves out plain init containers, whose devices a later container of
+        the same pod takes over first: then the one pod whose containers hold
+        any of these IDs (kubelet never gives one device to two live pods).
+        Nothing else is guessed: no pod, or several, is an error."""
         want = set(device_ids)
-        found = [(ns, name, conts) for (ns, name), conts in self.allocations().items()
-                 if any(set(ids) == want for ids in conts.values())]
+        allocs = self.allocations()
+        exact = [(ns, n, c) for (ns, n), c in allocs.items() if any(set(i) == want for i in c.values())]
+        found = exact or [(ns, n, c) for (ns, n), c in allocs.items() if any(want & set(i) for i in c.values())]
         if not found:
             raise PodLookupError(f"kubelet reports no pod on this node holding devices {sorted(want)} of "
-                                 f"{self.resource} (pod-resources List)")
-        if len(found) > 1:  # kubelet never gives one device to two live pods
+                                 f"{self.resource} (pod-resources List; an init container whose devices no "
+                                 "later container takes over is not listed by kubelet)")
+        if len(found) > 1:
             raise PodLookupError(f"kubelet reports devices {sorted(want)} held by several pods: "
                                  + ", ".join(f"{ns}/{n}" for ns, n, _ in found))
         return found[0]

@@ -213,8 +213,10 @@ class NodeCore:
             return res
         if mig.wanted(res):
             mig.destroy_instances(self.backend, res)
-        for c in res.decision.containers:
-            self._remove_container_files(slot_name(res, c.name))
+        kind, _, uid = key.partition(":")
+        for c in res.decision.containers:  # the slot a face keyed it to, and the default one it had before
+            for slot in {slot_name(res, c.name), layout.slot(kind, uid, c.name)}:
+                self._remove_container_files(slot)
         for path in res.details.get("extra_files") or ():  # a face's own files for it (CDI specs)
             try:
                 os.unlink(path)

@@ -1,0 +1,139 @@
+"""One Kubernetes node for the tests: the API-server stand-in, the kubelet
+stand-in and a real ``hamid run`` process between them (simulated GPUs).
+
+``NodeEnv`` starts the three, creates the Node object, and offers what a test
+does as a cluster would: create a pod bound to the node, have kubelet admit
+it and start its containers, delete it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from hamid.shimlimits import decode
+from kubelet import KubeletStandIn
+
+RESOURCE = "nvidia.com/gpu"
+HAMID = [sys.executable, "-m", "hamid.cli.main"]
+
+
+class NodeEnv:
+    def __init__(self, root: Path, api, *, node: str = "node-a", simulate: str = "H100:2", split: int = 10,
+                 strategy: str = "envvar", pick: str = "first", seed: int = 0, mode: str = "hami-core",
+                 extra_config: str = "") -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.api = api
+        self.node = node
+        self.split = split
+        self.gpus = len(simulate.split(",")) if ":" not in simulate else int(simulate.rsplit(":", 1)[1])
+        self.state = root / "state"
+        self.kubelet_dir = root / "kubelet"
+        self.cdi = root / "cdi"
+        self.kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+        self.config = root / "hamid.yaml"
+        self.config.write_text(
+            f"simulate: {simulate}\ndeviceSplitCount: {split}\noperatingMode: {mode}\n"
+            f"deviceListStrategy: {strategy}\ncdiSpecDir: {self.cdi}\nhealthCheckInterval: 0.2\n"
+            f"reconcileInterval: 1\nmetricsPort: 0\n{extra_config}")
+        self.kubelet = KubeletStandIn(self.kubelet_dir, node_name=node, cdi_dirs=[self.cdi], pick=pick, seed=seed)
+        self.proc: subprocess.Popen | None = None
+        self.log = root / "hamid.log"
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> "NodeEnv":
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node}})
+        except Exception:
+            pass  # already there (a restart)
+        self.kubelet.start()
+        self.start_hamid()
+        return self
+
+    def start_hamid(self) -> None:
+        log = open(self.log, "a")
+        self.proc = subprocess.Popen([*HAMID, "run", "--config", str(self.config), "--state-dir", str(self.state),
+                                      "--node-name", self.node, "--kubelet-dir", str(self.kubelet_dir),
+                                      "--kubeconfig", self.kubeconfig, "--log-format", "json"],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_for_devices()
+
+    def wait_for_devices(self, n: int | None = None, timeout: float = 30.0) -> list[str]:
+        want = self.gpus * self.split if n is None else n
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"hamid exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+            if len(self.kubelet.healthy(RESOURCE)) >= want:
+                return self.kubelet.healthy(RESOURCE)
+            time.sleep(0.05)
+        raise AssertionError(f"kubelet never saw {want} healthy devices: {self.log.read_text()[-3000:]}")
+
+    def stop_hamid(self, sig=signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def stop(self) -> None:
+        self.stop_hamid()
+        self.kubelet.stop()
+
+    # --- pods ------------------------------------------------------------------------
+
+    def pod(self, name: str, containers: list[dict], *, init: list[dict] | None = None, namespace: str = "default",
+            annotations: dict | None = None, node: str | None = "") -> dict:
+        """Create a pod (bound to this node unless ``node`` is None) in the API server and return it."""
+        def spec(c):
+            return {"name": c["name"], "image": "busybox",
+                    "resources": {"limits": {k: str(v) for k, v in c.get("limits", {}).items()}}}
+
+        obj = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
+               "spec": {"containers": [spec(c) for c in containers]}}
+        if init:
+            obj["spec"]["initContainers"] = [spec(c) for c in init]
+        if node is not None:
+            obj["spec"]["nodeName"] = node or self.node
+        return self.api.create(obj)
+
+    def delete(self, pod: dict) -> None:
+        self.kubelet.remove_pod(pod)
+        m = pod["metadata"]
+        self.api.delete("Pod", m["namespace"], m["name"], grace_period=0)
+
+    def limits_of(self, cfg) -> dict:
+        """The limits file a container got, decoded (``ContainerConfig`` from the kubelet stand-in)."""
+        m = cfg.mount("/usr/local/vgpu/hamid.limits")
+        data = Path(m.host_path).read_bytes()
+        return decode(data)
+
+    def reservations(self) -> list[dict]:
+        from hamid.localapi.client import LocalClient
+
+        with LocalClient(self.state) as c:
+            return c.reservations()
+
+
+def uid() -> str:
+    return str(uuid.uuid4())
+
+
+def mib(n: int) -> int:
+    return n << 20
+
+
+__all__ = ["NodeEnv", "RESOURCE", "json", "os"]
