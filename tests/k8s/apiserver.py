@@ -850,7 +850,7 @@ class ApiServer:
 
     def start(self) -> ApiServer:
         handler = type("Handler", (_Handler,), {"api": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = _Server(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="apiserver-standin",
                                         kwargs={"poll_interval": 0.05}, daemon=True)
@@ -1455,6 +1455,15 @@ _OPENAPI_V2_JSON = {"swagger": "2.0", "info": {"title": "Kubernetes (hamid stand
 
 _PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
                 "application/strategic-merge-patch+json")
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        import sys
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+            return  # a client that hung up (or dropped a pooled connection)
+        log.error("apiserver_standin_connection_error", client=client_address, error=repr(exc))
 
 
 class _Handler(BaseHTTPRequestHandler):
