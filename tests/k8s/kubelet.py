@@ -642,6 +642,7 @@ class KubeletStandIn:
                 return
             self._devices[ep.resource] = {
                 d.ID: Device(d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in devices}
+            self._write_checkpoint()  # kubelet checkpoints the registered devices on every update
             self._changed.notify_all()
 
     def _endpoint_stopped(self, ep: _Endpoint) -> None:

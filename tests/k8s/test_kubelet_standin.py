@@ -8,7 +8,6 @@ import json
 import queue
 import shutil
 import tempfile
-import threading
 import time
 from concurrent import futures
 from pathlib import Path
@@ -36,6 +35,7 @@ class TinyPlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
         self.events: list[tuple] = []
         self.lists: queue.Queue = queue.Queue()
         self.allocate_error = self.pre_start_error = None
+        self.allocate_fail_from = 1  # the first Allocate call (1-based) that fails with allocate_error
         self.cdi: list[str] = []
         self.numa = numa or {}
         self.send(ids)
@@ -76,7 +76,7 @@ class TinyPlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
         (c,) = request.container_requests
         ids = tuple(c.devices_ids)
         self.events.append(("Allocate", ids))
-        if self.allocate_error:
+        if self.allocate_error and len(self.calls("Allocate")) >= self.allocate_fail_from:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.allocate_error)
         return dp.AllocateResponse(container_responses=[dp.ContainerAllocateResponse(
             envs={"TINY_IDS": ",".join(ids)},
@@ -93,8 +93,7 @@ class TinyPlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
 
     def serve(self):
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        deviceplugin_grpc = deviceplugin_pb2_grpc
-        deviceplugin_grpc.add_DevicePluginServicer_to_server(self, self.server)
+        deviceplugin_pb2_grpc.add_DevicePluginServicer_to_server(self, self.server)
         self.server.add_insecure_port(f"unix:{self.dir / self.name}")
         self.server.start()
         return self
@@ -302,8 +301,11 @@ def test_get_preferred_allocation_is_asked_and_honoured(kubelet, plugins):
 def test_allocate_and_prestart_errors_carry_the_plugins_message(kubelet, plugins):
     p = plugin(kubelet, plugins, pre_start=True)
     p.allocate_error = "no reservation for these devices"
+    p.allocate_fail_from = 2  # container a gets its device, b's Allocate fails
     got = kubelet.admit(pod("p", [("a", 1), ("b", 1)]))
     assert not got.admitted and got.reason == "UnexpectedAdmissionError"
+    assert p.calls("Allocate") == [("Allocate", ("d0",)), ("Allocate", ("d1",))]
+    # The failed pod frees what container a had.
     assert "no reservation for these devices" in got.message and "FAILED_PRECONDITION" in got.message
     assert kubelet.free(RES) == ["d0", "d1", "d2", "d3"] and kubelet.allocations("uid-p") == {}
     p.allocate_error = None
@@ -387,6 +389,14 @@ def test_checkpoint_survives_restart_and_the_plugin_registers_again(kubelet, plu
     assert again.calls("GetDevicePluginOptions") and kubelet.free(RES) == ["d2", "d3"]
     assert kubelet.admit(pod("new", [("c", 2)])).devices == {"c": {RES: ["d2", "d3"]}}
     assert again.calls("Allocate") == [("Allocate", ("d2", "d3"))]
+
+
+def test_a_resource_registered_before_a_restart_has_no_devices_until_its_plugin_returns(kubelet, plugins):
+    plugin(kubelet, plugins)
+    kubelet.restart()  # no pod ever held a device: the registration itself is checkpointed
+    assert kubelet.read_checkpoint()["registeredDevices"] == {RES: ["d0", "d1", "d2", "d3"]}
+    failed = kubelet.admit(pod("p", [("c", 1)]))
+    assert not failed.admitted and "Requested: 1, Available: 0" in failed.message
 
 
 def test_pod_resources_list_get_and_allocatable(root, plugins):
