@@ -157,11 +157,17 @@ class PodAdmission:
         owner = Owner("pod", meta["uid"], name=f"{ns}/{name}")
         slots = {c: slot_of(i) for c, i in held.items()}
         containers = [c for c, s in slots.items() if s == slot]
+        known = self._known_slots(owner.key)
         if not containers:  # a plain init container (kubelet does not list those): which one, from the spec
-            init = self._init_container_for(pod, ids, res_slots=self._known_slots(owner.key))
+            init = self._init_container_for(pod, ids, res_slots=known)
             held = {**held, init: ids}
             slots[init] = slot
             containers = [init]
+        else:  # plain init containers whose devices kubelet handed on to these: they share the slot
+            for init in self._unlisted_inits(pod, held, len(ids), known, slot):
+                held = {**held, init: ids}
+                slots[init] = slot
+                containers.append(init)
         try:
             self._reserve(owner, pod, held, slots)
             res = self.core.prepare(owner.key, user=None)
@@ -182,6 +188,22 @@ class PodAdmission:
     def _known_slots(self, key: str) -> dict[str, str]:
         res = self.core.ledger.get(key)
         return dict(res.details.get("container_slots") or {}) if res is not None else {}
+
+    def _unlisted_inits(self, pod: dict[str, Any], held: dict, n: int, known: dict[str, str],
+                        slot: str) -> list[str]:
+        """Plain init containers (not listed by kubelet) that asked for ``n`` of our
+        devices and are not keyed to another slot: kubelet hands their devices on to
+        the next containers first, so they share this slot (a larger share over more
+        containers only ever stays within what the pod books)."""
+        out = []
+        for c in (pod.get("spec") or {}).get("initContainers") or ():
+            name = c.get("name")
+            if name in held or c.get("restartPolicy") == "Always" or known.get(name, slot) != slot:
+                continue
+            limits = ((c.get("resources") or {}).get("limits") or {})
+            if str(limits.get(self.pods.resource, "0")) == str(n):
+                out.append(name)
+        return out
 
     def _init_container_for(self, pod: dict[str, Any], ids: tuple[str, ...], res_slots: dict[str, str]) -> str:
         """The init container of ``pod`` that these devices were given to: the first

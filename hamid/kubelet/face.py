@@ -75,6 +75,7 @@ class KubeletFace:
         self.registrations = 0
         self.owner_liveness = {"pod": self._pod_alive} if api is not None else {}
         self._server: grpc.Server | None = None
+        self._generation = 0
         self._kubelet_id: tuple[int, int] | None = None
 
     # --- the RPCs, in the trio loop ----------------------------------------------------
@@ -133,22 +134,35 @@ class KubeletFace:
     # --- serving and registering ---------------------------------------------------------
 
     def _serve(self, token: trio.lowlevel.TrioToken) -> None:
-        """(Re)start the gRPC server on our socket (blocking; a worker thread)."""
+        """(Re)start the gRPC server on our socket (blocking; a worker thread).
+
+        grpcio unlinks a unix socket's path when its server shuts down, so a
+        server bound straight to ``hamid-nvidia.sock`` would, when replaced,
+        delete its successor's socket. Each server binds a name of its own and
+        the socket is renamed onto ``hamid-nvidia.sock``; the old server is
+        stopped afterwards and removes only its own, already renamed, name."""
         from concurrent.futures import ThreadPoolExecutor
 
-        self._stop_server()
         os.makedirs(self.dir, exist_ok=True)
         path = os.path.join(self.dir, PLUGIN_SOCKET)
+        self._generation += 1
+        tmp = os.path.join(self.dir, f".hd{self._generation}")  # short: a socket path fits in 107 bytes
         try:
-            os.unlink(path)  # a stale socket of ours
+            os.unlink(tmp)
         except FileNotFoundError:
             pass
         server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="hamid-dp"))
         pb_grpc.add_DevicePluginServicer_to_server(
             DevicePluginService(self.board, token, allocate=self._allocate, prestart=self._prestart,
                                 prefer=self._prefer), server)
-        server.add_insecure_port(f"unix:{path}")
+        try:
+            server.add_insecure_port(f"unix:{tmp}")
+        except RuntimeError:
+            raise OSError(f"cannot serve the device plugin on {path} (a unix socket path is at most 107 "
+                          f"bytes; this one is {len(path)})") from None
         server.start()
+        os.replace(tmp, path)
+        self._stop_server()
         self._server = server
 
     def _stop_server(self) -> None:
@@ -187,6 +201,8 @@ class KubeletFace:
                     except grpc.RpcError as e:
                         log.warning("registration with kubelet failed; trying again", error=e.details(),
                                     code=e.code().name)
+                    except OSError as e:
+                        log.error("the device plugin cannot serve; trying again", error=str(e))
                     else:
                         self._kubelet_id = kid
                         self.registrations += 1

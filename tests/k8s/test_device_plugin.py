@@ -181,3 +181,109 @@ def test_no_swaps_with_reservations_made_before_kubelet(tmp_path, api_server, st
             assert booked <= 81559
     finally:
         env.stop()
+
+
+def test_a_mig_pod_gets_its_instance_through_cdi(tmp_path, api_server):
+    env = NodeEnv(tmp_path / "n", api_server, strategy="cdi-cri", mode="mig", split=7).start()
+    try:
+        pod = env.pod("mig", [{"name": "main", "limits": {RESOURCE: 1, "nvidia.com/gpumem": 9000}}],
+                      annotations={"nvidia.com/vgpu-mode": "mig"})
+        assert env.kubelet.admit(pod).admitted
+        cfg = env.kubelet.start_container(pod, "main")
+        (res,) = env.reservations()
+        (gpu, inst), = res["mig"].items()
+        assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == inst["uuid"] and inst["uuid"].startswith("MIG-")
+        assert res["decision"]["containers"][0]["devices"][0]["mig_profile"] == "1g.10gb"
+        from hamid.devices.simulated import SimulatedBackend, parse_simulate_spec
+
+        b = SimulatedBackend(parse_simulate_spec("H100:2"), env.node, mig_enabled=True,
+                             state_file=env.state / "simulated-mig.json")
+        assert [i.uuid for g in b.gpus() for i in g.mig_instances] == [inst["uuid"]]
+        env.delete(pod)
+        deadline = time.time() + 5
+        while (env.reservations() or [i for g in b.gpus() for i in g.mig_instances]) and time.time() < deadline:
+            time.sleep(0.05)
+        assert env.reservations() == [] and not [i for g in b.gpus() for i in g.mig_instances]
+        assert not list(env.cdi.glob("*.json"))  # its CDI spec went with it
+    finally:
+        env.stop()
+
+
+def test_a_multi_container_pod_with_an_init_container(node):
+    pod = node.pod("multi", [{"name": "a", "limits": {RESOURCE: 1, "nvidia.com/gpumem": 2048}},
+                             {"name": "b", "limits": {RESOURCE: 1, "nvidia.com/gpumem": 3072}},
+                             {"name": "cpu-only", "limits": {}}],
+                   init=[{"name": "prep", "limits": {RESOURCE: 1, "nvidia.com/gpumem": 6144}}])
+    got = node.kubelet.admit(pod)
+    assert got.admitted, got.message
+    assert got.devices["prep"][RESOURCE] == got.devices["a"][RESOURCE]  # kubelet hands prep's device to a
+    prep = node.kubelet.start_container(pod, "prep")
+    a = node.kubelet.start_container(pod, "a")
+    b = node.kubelet.start_container(pod, "b")
+    # prep and a share kubelet's device, so their slot carries the larger share; b has its own
+    assert decode_limits(node, prep)[0] == 6144 and decode_limits(node, a)[0] == 6144
+    assert decode_limits(node, b)[0] == 3072
+    assert prep.mount("/run/hamid").host_path == a.mount("/run/hamid").host_path != b.mount("/run/hamid").host_path
+    (res,) = node.reservations()
+    assert sorted(c["name"] for c in res["decision"]["containers"]) == ["a", "b", "cpu-only", "prep"]
+
+
+def test_kubelet_restart_re_registers_and_running_pods_keep_their_limits(node):
+    pod = _gpu_pod(node, "keep", 5000, cores=20)
+    assert node.kubelet.admit(pod).admitted
+    before = node.kubelet.start_container(pod, "main")
+    t0 = time.time()
+    node.kubelet.restart()
+    assert node.kubelet.healthy(RESOURCE) == []  # until the plugin registers again
+    node.wait_for_devices(timeout=10)
+    assert time.time() - t0 < 5  # within a few seconds
+    again = node.kubelet.start_container(pod, "main")  # the container restarts after kubelet did
+    assert decode_limits(node, again) == decode_limits(node, before) == (5000, 20)
+    late = _gpu_pod(node, "late", 1000)
+    assert node.kubelet.admit(late).admitted
+    assert decode_limits(node, node.kubelet.start_container(late, "main")) == (1000, 0)
+
+
+def test_health_changes_reach_kubelet_and_back(node):
+    from hamid.devices.simulated import SimulatedBackend, gpu_uuid, parse_simulate_spec
+
+    b = SimulatedBackend(parse_simulate_spec("H100:2"), node.node, state_file=node.state / "simulated-mig.json")
+    bad = gpu_uuid(node.node, 1)
+
+    def unhealthy():
+        return sorted({i.rsplit("-", 1)[0] for i, d in node.kubelet.devices(RESOURCE).items()
+                       if d.health != "Healthy"})
+
+    b.set_healthy(1, False)
+    deadline = time.time() + 5
+    while unhealthy() != [bad] and time.time() < deadline:
+        time.sleep(0.05)
+    assert unhealthy() == [bad] and len(node.kubelet.healthy(RESOURCE)) == 10
+    b.set_healthy(1, True)
+    deadline = time.time() + 5
+    while unhealthy() and time.time() < deadline:
+        time.sleep(0.05)
+    assert unhealthy() == [] and len(node.kubelet.healthy(RESOURCE)) == 20
+
+
+def test_a_daemon_restarted_while_pods_run_reconciles_to_exactly_the_running_ones(node, api_server):
+    keep = [_gpu_pod(node, f"k{i}", 2000) for i in range(3)]
+    for p in keep:
+        assert node.kubelet.admit(p).admitted
+        node.kubelet.start_container(p, "main")
+    gone = _gpu_pod(node, "gone", 2000)
+    assert node.kubelet.admit(gone).admitted
+    node.kubelet.start_container(gone, "main")
+    ended = _gpu_pod(node, "ended", 2000)
+    assert node.kubelet.admit(ended).admitted
+    node.kubelet.start_container(ended, "main")
+    node.stop_hamid()
+    # while the daemon is down: one pod is deleted, one ends
+    node.delete(gone)
+    api_server.set_status("Pod", "default", "ended", {"phase": "Succeeded"})
+    node.start_hamid()
+    deadline = time.time() + 10
+    want = {f"pod:{p['metadata']['uid']}" for p in keep}
+    while {r["owner"] for r in node.reservations()} != want and time.time() < deadline:
+        time.sleep(0.1)
+    assert {r["owner"] for r in node.reservations()} == want
