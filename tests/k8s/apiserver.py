@@ -102,6 +102,7 @@ as it does for a kind it has no schema for.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import datetime as _dt
 import ipaddress
@@ -839,6 +840,8 @@ class ApiServer:
         # issue 14: called as hook(rt, operation, obj, old) -> obj (mutated) or raises ApiError
         self.admission_hooks: list[Callable[[ResourceType, str, dict, dict | None], dict]] = []
         self._stopped = False
+        self._watch_epoch = 0  # close_watches() ends every stream started in an earlier epoch
+        self._watches_held = 0  # while > 0, new watch requests wait (hold_watches)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         for rt in types:
@@ -964,6 +967,28 @@ class ApiServer:
         if not pod["metadata"].get("deletionTimestamp"):
             raise ValueError(f"pod {namespace}/{name} is not being deleted; delete it first")
         return self.delete("Pod", namespace, name, grace_period=0)
+
+    def close_watches(self) -> None:
+        """End every open watch stream, as a restarting API server (or a proxy's
+        idle timeout) does; clients resume from the last resourceVersion they saw."""
+        with self._cond:
+            self._watch_epoch += 1
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def hold_watches(self):
+        """Close the open watches and make new ones wait until the block ends, so a
+        test can move the store on (writes, compact()) while no watch follows it:
+        a client resuming from its last resourceVersion then meets the 410."""
+        with self._cond:
+            self._watches_held += 1
+        self.close_watches()
+        try:
+            yield self
+        finally:
+            with self._cond:
+                self._watches_held -= 1
+                self._cond.notify_all()
 
     def compact(self) -> int:
         """Drop the watch history and list snapshots, like an etcd compaction:
@@ -1337,6 +1362,9 @@ class ApiServer:
 
         out: list[dict] = []
         with self._cond:
+            while self._watches_held and not self._stopped:
+                self._cond.wait(0.05)
+            epoch = self._watch_epoch
             if want in ("", "0") or initial:
                 for (sk, ons, _n), o in sorted(self._objects.items()):
                     if sk == rt.storage_key and (ns is None or ons == ns):
@@ -1361,7 +1389,7 @@ class ApiServer:
             out = []
             with self._cond:
                 while True:
-                    if self._stopped:
+                    if self._stopped or self._watch_epoch != epoch:
                         return
                     now = time.monotonic()
                     if now >= deadline:

@@ -287,3 +287,70 @@ def test_a_daemon_restarted_while_pods_run_reconciles_to_exactly_the_running_one
     while {r["owner"] for r in node.reservations()} != want and time.time() < deadline:
         time.sleep(0.1)
     assert {r["owner"] for r in node.reservations()} == want
+
+
+def test_a_pod_and_a_docker_container_never_both_get_past_the_cards_memory(tmp_path, api_server):
+    """One H100 (81559 MiB); in each round a pod asking 50000 MiB and a Docker container asking 50000 MiB
+    of the same GPU are admitted at the same moment: one of them is refused, every time."""
+    import threading
+
+    from hamid.localapi.client import Conflict, LocalClient
+
+    env = NodeEnv(tmp_path / "n", api_server, simulate="H100:1").start()
+    try:
+        for rnd in range(6):
+            pod = _gpu_pod(env, f"race{rnd}", 50000)
+            assert env.kubelet.admit(pod).admitted
+            out = {}
+
+            def start_pod():
+                try:
+                    env.kubelet.start_container(pod, "main")
+                    out["pod"] = "ok"
+                except StartContainerError as e:
+                    out["pod"] = str(e)
+
+            def start_docker():
+                try:
+                    with LocalClient(env.state) as c:
+                        c.call("POST", "/v1/containers", {"id": f"dock{rnd}", "env": [
+                            "HAMI_VISIBLE_DEVICES=0", "HAMI_VGPU_SPEC=mem=50000"]})
+                    out["docker"] = "ok"
+                except Conflict as e:
+                    out["docker"] = str(e)
+
+            ts = [threading.Thread(target=start_pod), threading.Thread(target=start_docker)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(30)
+            assert sorted(v == "ok" for v in out.values()) == [False, True], out
+            booked = sum(d["mem_mib"] for r in env.reservations() for c in r["decision"]["containers"]
+                         for d in c["devices"])
+            assert booked == 50000
+            env.delete(pod)
+            with LocalClient(env.state) as c:
+                c.release(f"docker:dock{rnd}")
+            deadline = time.time() + 5
+            while env.reservations() and time.time() < deadline:
+                time.sleep(0.02)
+            assert env.reservations() == []
+    finally:
+        env.stop()
+
+
+def test_the_pod_watch_lists_again_after_410_gone(node, api_server):
+    pod = _gpu_pod(node, "after-gone", 3000)
+    assert node.kubelet.admit(pod).admitted
+    node.kubelet.start_container(pod, "main")
+    with api_server.hold_watches():  # the daemon's watch ends; it cannot resume until the block ends
+        other = _gpu_pod(node, "bump", 100)
+        node.delete(pod)
+        api_server.compact()  # its last resourceVersion is now too old: resuming gives 410 Gone
+    log = node.log.read_text()
+    deadline = time.time() + 10
+    while any(r["name"] == "default/after-gone" for r in node.reservations()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(r["name"] == "default/after-gone" for r in node.reservations())
+    assert other["metadata"]["uid"]
+    assert "listing again" in node.log.read_text() and "listing again" not in log
