@@ -354,3 +354,24 @@ def test_the_pod_watch_lists_again_after_410_gone(node, api_server):
     assert not any(r["name"] == "default/after-gone" for r in node.reservations())
     assert other["metadata"]["uid"]
     assert "listing again" in node.log.read_text() and "listing again" not in log
+
+
+def test_metrics_carry_the_pods_namespace_name_and_container(node, api_server):
+    from hamid.ledger import Ledger
+    from hamid.metrics.exporter import LedgerCollector, SlotLabeler
+
+    api_server.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
+    pod = _gpu_pod(node, "metered", 2048, namespace="team-a")
+    assert node.kubelet.admit(pod).admitted
+    cfg = node.kubelet.start_container(pod, "main")
+    led = Ledger(node.state / "ledger.db")
+    try:
+        samples = [s for fam in LedgerCollector(led, lambda: "sim").collect()
+                   if fam.name == "hami_vgpu_memory_allocated_bytes" for s in fam.samples]
+        (s,) = samples
+        assert (s.labels["namespace"], s.labels["pod"], s.labels["container"]) == ("team-a", "metered", "main")
+        assert s.value == 2048 << 20
+        slot = cfg.mount("/run/hamid").host_path.rsplit("/", 1)[1]
+        assert SlotLabeler(led)(slot) == ("team-a", "metered", "main")  # the region metrics' labels
+    finally:
+        led.close()
