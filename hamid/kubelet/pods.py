@@ -57,12 +57,23 @@ class PodDirectory:
 
     def allocations(self) -> dict[tuple[str, str], dict[str, tuple[str, ...]]]:
         """Every pod kubelet holds our devices for: (namespace, name) -> container -> device IDs."""
-        try:
-            with grpc.insecure_channel(f"unix:{self.socket}") as ch:
-                got = pr_grpc.PodResourcesListerStub(ch).List(pr.ListPodResourcesRequest(), timeout=5)
-        except grpc.RpcError as e:
-            raise PodLookupError(f"kubelet's pod-resources API at {self.socket} did not answer: "
-                                 f"{e.code().name} {e.details()}") from None
+        import time
+
+        delay = 0.02
+        with grpc.insecure_channel(f"unix:{self.socket}") as ch:
+            stub = pr_grpc.PodResourcesListerStub(ch)
+            for attempt in range(8):
+                try:
+                    got = stub.List(pr.ListPodResourcesRequest(), timeout=5)
+                    break
+                except grpc.RpcError as e:
+                    # kubelet rate-limits this API (100 qps, burst 10): wait and ask again
+                    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and attempt < 7:
+                        time.sleep(delay)
+                        delay *= 2
+                        continue
+                    raise PodLookupError(f"kubelet's pod-resources API at {self.socket} did not answer: "
+                                         f"{e.code().name} {e.details()}") from None
         out: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
         for p in got.pod_resources:
             for c in p.containers:
