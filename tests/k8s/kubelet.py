@@ -13,16 +13,21 @@ speaks the real protocols (gRPC over unix sockets, the generated code in
   when the current stream ends, every device of the resource is unhealthy.
 * Admission (:meth:`KubeletStandIn.admit`): init containers first, then the
   app containers; per container and per resource a registered plugin serves:
-  devices an earlier (non-restartable) init container had are reused first,
-  then free healthy devices are chosen (``GetPreferredAllocation`` when the
-  plugin advertises it, its answer honoured for the IDs that are valid, the
-  rest by the ``pick`` strategy), then ``Allocate`` with one
-  ``ContainerAllocateRequest``, then the checkpoint is written. A failed RPC
-  fails the pod's admission (``UnexpectedAdmissionError``) and frees what the
-  pod held, as kubelet frees a terminated pod's devices.
-* Container start (:meth:`KubeletStandIn.start_container`): ``PreStartContainer``
-  when the plugin asked for it (30 s), a fresh ``Allocate`` if the container has
-  no allocation (kubelet's restart race), then what containerd or CRI-O would
+  kubelet's checks (a changed count; no healthy device at all; held devices
+  gone unhealthy), devices an earlier (non-restartable) init container had
+  are reused first, then free healthy devices are chosen
+  (``GetPreferredAllocation`` when the plugin advertises it, its answer
+  honoured for the IDs that are valid, the rest by the ``pick`` strategy),
+  then ``Allocate`` with one ``ContainerAllocateRequest``, then the checkpoint
+  is written. An error fails the pod's admission (``UnexpectedAdmissionError``,
+  "Allocate failed due to ..., which is unexpected") and frees what the pod
+  held, as kubelet frees a terminated pod's devices. ``pick="first"`` takes
+  the lowest IDs; kubelet itself takes them in Go's map order, which is
+  unordered: ``"random"`` (seeded) models that, ``"reverse"`` is adversarial.
+* Container start (:meth:`KubeletStandIn.start_container`), per resource:
+  ``PreStartContainer`` when the plugin asked for it (30 s; an error, as in
+  kubelet, when nothing is cached for the container), then a fresh ``Allocate``
+  if the container has no allocation (kubelet's restart race), then what containerd or CRI-O would
   put in the container: the ``Allocate`` answers' envs, mounts and device nodes,
   and the CDI devices named in ``cdi_devices`` or in ``cdi.k8s.io/*``
   annotations, resolved from the CDI spec files in ``cdi_dirs`` (later
@@ -437,7 +442,10 @@ def _unix_target(path: Path) -> str:
 
 
 def _rpc_message(e: grpc.RpcError) -> str:
-    return f"rpc error: code = {e.code().name} desc = {e.details()}"
+    """A gRPC error as Go's grpc prints it (kubelet's messages carry this)."""
+    name = e.code().name
+    go = {"OK": "OK", "CANCELLED": "Canceled"}.get(name) or "".join(w.capitalize() for w in name.split("_"))
+    return f"rpc error: code = {go} desc = {e.details()}"
 
 
 # ---------------------------------------------------------------------------
@@ -541,6 +549,7 @@ class KubeletStandIn:
         self._devices: dict[str, dict[str, Device]] = {}
         self._pods: dict[str, _Pod] = {}
         self._alloc: dict[tuple[str, str, str], _Allocation] = {}  # (uid, container, resource)
+        self._removed: set[str] = set()  # UIDs of pods removed (terminated): never active again
 
     # ---- lifecycle
 
@@ -694,6 +703,8 @@ class KubeletStandIn:
         p = _parse_pod(pod, self.node_name)
         with self._admit_lock:
             with self._lock:
+                if p.uid in self._removed:
+                    raise ValueError(f"pod {p.namespace}/{p.name} ({p.uid}) was removed; kubelet admits it no more")
                 known = self._pods.get(p.uid)
                 if known is not None and known != p:
                     raise ValueError(f"pod uid {p.uid} was admitted with another spec")
@@ -709,8 +720,9 @@ class KubeletStandIn:
                             reuse[r] = [i for i in reuse.get(r, ()) if i not in ids]
             except AdmissionError as e:
                 self._drop_pod(p.uid)
-                log.info("pod admission failed", pod=f"{p.namespace}/{p.name}", message=e.message)
-                return AdmitResult(False, "UnexpectedAdmissionError", e.message)
+                message = f"Allocate failed due to {e.message}, which is unexpected"
+                log.info("pod admission failed", pod=f"{p.namespace}/{p.name}", message=message)
+                return AdmitResult(False, "UnexpectedAdmissionError", message)
         return AdmitResult(True, devices=self.allocations(pod))
 
     def allocations(self, pod: dict[str, Any] | str) -> dict[str, dict[str, list[str]]]:
@@ -724,6 +736,8 @@ class KubeletStandIn:
             return out
 
     def _allocate_container(self, p: _Pod, c: _Container, reuse: dict[str, list[str]]) -> dict[str, list[str]]:
+        """One container's devices, per resource, in kubelet's order of checks;
+        raises :class:`AdmissionError` with kubelet's error text."""
         got = {}
         for resource in sorted(c.limits):
             needed = c.limits[resource]
@@ -732,31 +746,37 @@ class KubeletStandIn:
                     continue  # not a device-plugin resource: not the device manager's
                 key = (p.uid, c.name, resource)
                 have = self._alloc.get(key)
+                if have is not None and len(have.device_ids) != needed:
+                    raise AdmissionError(f"pod {p.uid!r} container {c.name!r} changed request for resource "
+                                         f"{resource!r} from {len(have.device_ids)} to {needed}")
+                healthy = set(self.healthy(resource))
+                # Checked before the count (even for a count of 0), as kubelet does.
+                if not healthy:
+                    raise AdmissionError(f"no healthy devices present; cannot allocate unhealthy devices {resource}")
+                if have is not None and not set(have.device_ids) <= healthy:
+                    raise AdmissionError("previously allocated devices are no longer healthy; cannot allocate "
+                                         f"unhealthy devices {resource}")
                 if have is not None:
-                    if len(have.device_ids) != needed:
-                        raise AdmissionError(f"pod {p.uid!r} container {c.name!r} changed request for resource "
-                                             f"{resource!r} from {len(have.device_ids)} to {needed}")
                     got[resource] = have.device_ids
                     continue
                 if needed == 0:
                     continue
                 ep = self._endpoints[resource]
-                reused = list(reuse.get(resource, ()))[:needed]
-                healthy = set(self.healthy(resource))
-                available = sorted(healthy - self._in_use(resource) - set(reused))
-            if len(reused) < needed and len(available) < needed - len(reused):
-                raise AdmissionError(f"Allocate failed due to requested number of devices unavailable for "
-                                     f"{resource}. Requested: {needed}, Available: {len(available)}, "
-                                     "which is unexpected")
-            if ep is None:
-                raise AdmissionError(f"Allocate failed due to endpoint not found in cache for a registered "
-                                     f"resource: {resource}, which is unexpected")
-            chosen = list(reused)
-            if len(chosen) < needed and ep.options.get_preferred_allocation_available:
-                chosen += self._preferred(ep, resource, available, chosen, needed)
+                chosen = list(reuse.get(resource, ()))[:needed]
+                available = sorted(healthy - self._in_use(resource) - set(chosen))
             if len(chosen) < needed:
-                rest = [i for i in available if i not in chosen]
-                chosen += self._pick(rest, needed - len(chosen))
+                short = needed - len(chosen)
+                if len(available) < short:
+                    raise AdmissionError(f"requested number of devices unavailable for {resource}. "
+                                         f"Requested: {short}, Available: {len(available)}")
+                if ep is None:  # unreachable while it has no devices; kept as kubelet's guard
+                    raise AdmissionError(f"endpoint for {resource} has been stopped")
+                if ep.options.get_preferred_allocation_available:
+                    chosen += self._preferred(ep, resource, available, chosen, needed)
+                if len(chosen) < needed:
+                    chosen += self._pick([i for i in available if i not in chosen], needed - len(chosen))
+            if ep is None:
+                raise AdmissionError(f"endpoint for {resource} has been stopped")
             resp = self._allocate(ep, resource, chosen)
             with self._lock:
                 self._alloc[key] = _Allocation(chosen, resp)
@@ -781,8 +801,8 @@ class KubeletStandIn:
         try:
             resp = ep.stub.GetPreferredAllocation(req, timeout=self.rpc_timeout)
         except grpc.RpcError as e:
-            raise AdmissionError(f"Allocate failed due to device plugin GetPreferredAllocation rpc failed "
-                                 f"with err: {_rpc_message(e)}, which is unexpected") from None
+            raise AdmissionError(f"device plugin GetPreferredAllocation rpc failed with err: "
+                                 f"{_rpc_message(e)}") from None
         # Advisory: the answer's IDs that are free are taken (up to the size),
         # anything else in it is ignored and the rest is picked as without it.
         named = list(resp.container_responses[0].deviceIDs) if resp.container_responses else []
@@ -802,43 +822,53 @@ class KubeletStandIn:
         try:
             resp = ep.stub.Allocate(req, timeout=self.rpc_timeout)
         except grpc.RpcError as e:
-            raise AdmissionError(f"Allocate failed due to {_rpc_message(e)}, which is unexpected") from None
+            raise AdmissionError(_rpc_message(e)) from None
         if not resp.container_responses:
-            raise AdmissionError("Allocate failed due to no containers return in allocation response, "
-                                 "which is unexpected")
+            raise AdmissionError(f"no containers return in allocation response {resp}")
         return resp.container_responses[0]
 
     # ---- container start
 
     def start_container(self, pod: dict[str, Any], container_name: str) -> ContainerConfig:
-        """PreStartContainer (if the plugin asked for it), then the container's
-        config as the runtime builds it. Raises :class:`StartContainerError`."""
+        """As kubelet starts (or restarts) a container: per device-plugin
+        resource, ``PreStartContainer`` if the plugin asked for it (an error if
+        nothing is cached for it then), a fresh ``Allocate`` if nothing is
+        cached (kubelet's restart race), then the container's config as the
+        runtime builds it. Raises :class:`StartContainerError`."""
         p = _parse_pod(pod, self.node_name)
         c = p.container(container_name)
         with self._lock:
+            if p.uid in self._removed:
+                raise ValueError(f"pod {p.namespace}/{p.name} ({p.uid}) was removed; kubelet starts no container of it")
             self._pods.setdefault(p.uid, p)
-            missing = [r for r in c.limits if r in self._endpoints and c.limits[r]
-                       and (p.uid, c.name, r) not in self._alloc]
-        if missing:  # kubelet's restart race: a fresh Allocate for this container
+            resources = [r for r in sorted(c.limits) if r in self._endpoints and c.limits[r]]
+        reallocate = False
+        for resource in resources:
+            with self._lock:
+                ep = self._endpoints[resource]
+                a = self._alloc.get((p.uid, c.name, resource))
+            if ep is not None and ep.options.pre_start_required:
+                if a is None:
+                    raise StartContainerError(f"no devices found allocated in local cache for pod {p.uid}, "
+                                              f"container {c.name}, resource {resource}")
+                self._record("PreStartContainer", resource, a.device_ids)
+                try:
+                    ep.stub.PreStartContainer(
+                        deviceplugin_pb2.PreStartContainerRequest(devices_ids=a.device_ids),
+                        timeout=PRE_START_TIMEOUT_S)
+                except grpc.RpcError as e:
+                    raise StartContainerError(f"device plugin PreStartContainer rpc failed with err: "
+                                              f"{_rpc_message(e)}") from None
+            reallocate = reallocate or a is None
+        if reallocate:
             with self._admit_lock:
                 try:
                     self._allocate_container(p, c, {})
                 except AdmissionError as e:
                     raise StartContainerError(e.message) from None
         with self._lock:
-            allocs = [(r, self._alloc[(p.uid, c.name, r)], self._endpoints.get(r))
-                      for r in sorted(c.limits) if (p.uid, c.name, r) in self._alloc]
-        for resource, a, ep in allocs:
-            if ep is None or not ep.options.pre_start_required:
-                continue
-            self._record("PreStartContainer", resource, a.device_ids)
-            try:
-                ep.stub.PreStartContainer(deviceplugin_pb2.PreStartContainerRequest(devices_ids=a.device_ids),
-                                          timeout=PRE_START_TIMEOUT_S)
-            except grpc.RpcError as e:
-                raise StartContainerError(f"device plugin PreStartContainer rpc failed with err: "
-                                          f"{_rpc_message(e)}") from None
-        return self._runtime_config(a for _, a, _ in allocs)
+            allocs = [self._alloc[(p.uid, c.name, r)] for r in resources if (p.uid, c.name, r) in self._alloc]
+        return self._runtime_config(allocs)
 
     def _runtime_config(self, allocs) -> ContainerConfig:
         config = ContainerConfig()
@@ -874,6 +904,8 @@ class KubeletStandIn:
         uid = pod if isinstance(pod, str) else (pod.get("metadata") or {}).get("uid")
         if not uid:
             raise ValueError("remove_pod needs a pod manifest with metadata.uid, or the UID")
+        with self._lock:
+            self._removed.add(uid)
         self._drop_pod(uid)
 
     def _drop_pod(self, uid: str) -> None:

@@ -261,8 +261,8 @@ def test_pick_strategies_and_not_enough_devices(root, plugins):
             assert k.admit(pod("p", [("c", 2)])).devices == {"c": {RES: want}}
             failed = k.admit(pod("q", [("c", 3)]))
             assert not failed.admitted and failed.reason == "UnexpectedAdmissionError"
-            assert "requested number of devices unavailable for example.com/gpu. Requested: 3, Available: 2" \
-                in failed.message
+            assert failed.message == ("Allocate failed due to requested number of devices unavailable for "
+                                      "example.com/gpu. Requested: 3, Available: 2, which is unexpected")
         finally:
             k.stop()
     seen = []
@@ -306,7 +306,8 @@ def test_allocate_and_prestart_errors_carry_the_plugins_message(kubelet, plugins
     assert not got.admitted and got.reason == "UnexpectedAdmissionError"
     assert p.calls("Allocate") == [("Allocate", ("d0",)), ("Allocate", ("d1",))]
     # The failed pod frees what container a had.
-    assert "no reservation for these devices" in got.message and "FAILED_PRECONDITION" in got.message
+    assert got.message == ("Allocate failed due to rpc error: code = FailedPrecondition desc = no reservation "
+                           "for these devices, which is unexpected")
     assert kubelet.free(RES) == ["d0", "d1", "d2", "d3"] and kubelet.allocations("uid-p") == {}
     p.allocate_error = None
     manifest = pod("q", [("a", 1)])
@@ -314,6 +315,36 @@ def test_allocate_and_prestart_errors_carry_the_plugins_message(kubelet, plugins
     p.pre_start_error = "limits file not ready"
     with pytest.raises(StartContainerError, match="PreStartContainer rpc failed.*limits file not ready"):
         kubelet.start_container(manifest, "a")
+
+
+def test_a_start_with_nothing_cached_allocates_afresh_unless_prestart_needs_the_cache(kubelet, plugins):
+    p = plugin(kubelet, plugins)
+    never = pod("never", [("c", 1)])  # kubelet restarted before it admitted/checkpointed this pod
+    assert kubelet.start_container(never, "c").env == {"TINY_IDS": "d0"}
+    assert p.calls("Allocate") == [("Allocate", ("d0",))] and kubelet.allocations(never) == {"c": {RES: ["d0"]}}
+    p.options.pre_start_required = True
+    kubelet.restart()
+    p.stop()
+    plugins.remove(p)
+    p2 = plugin(kubelet, plugins, pre_start=True)
+    with pytest.raises(StartContainerError, match="no devices found allocated in local cache for pod uid-x, "
+                                                  "container c, resource example.com/gpu"):
+        kubelet.start_container(pod("x", [("c", 1)]), "c")
+    assert p2.calls("Allocate", "PreStartContainer") == []
+    kubelet.remove_pod(never)
+    with pytest.raises(ValueError, match="was removed"):
+        kubelet.start_container(never, "c")
+
+
+def test_held_devices_gone_unhealthy_fail_a_second_admission(kubelet, plugins):
+    p = plugin(kubelet, plugins)
+    manifest = pod("p", [("c", 1)])
+    assert kubelet.admit(manifest).devices == {"c": {RES: ["d0"]}}
+    p.send(["d0", "d1", "d2", "d3"], unhealthy=["d0"])
+    kubelet.wait_for_devices(RES, 3)
+    again = kubelet.admit(manifest)
+    assert not again.admitted and "previously allocated devices are no longer healthy" in again.message
+    assert len(p.calls("Allocate")) == 1
 
 
 def test_container_config_from_allocate_and_cdi_specs(root, plugins):
@@ -380,7 +411,7 @@ def test_checkpoint_survives_restart_and_the_plugin_registers_again(kubelet, plu
     assert kubelet.socket.exists() and kubelet.checkpoint.exists()
     assert kubelet.healthy(RES) == [] and kubelet.allocations(old) == {"c": {RES: ["d0", "d1"]}}
     failed = kubelet.admit(pod("early", [("c", 1)]))
-    assert not failed.admitted and "Available: 0" in failed.message
+    assert not failed.admitted and "no healthy devices present; cannot allocate unhealthy devices" in failed.message
     # The checkpointed answer serves the old pod's start: no Allocate, no plugin needed.
     assert kubelet.start_container(old, "c").env == {"TINY_IDS": "d0,d1"}
     p.stop()
@@ -395,8 +426,9 @@ def test_a_resource_registered_before_a_restart_has_no_devices_until_its_plugin_
     plugin(kubelet, plugins)
     kubelet.restart()  # no pod ever held a device: the registration itself is checkpointed
     assert kubelet.read_checkpoint()["registeredDevices"] == {RES: ["d0", "d1", "d2", "d3"]}
-    failed = kubelet.admit(pod("p", [("c", 1)]))
-    assert not failed.admitted and "Requested: 1, Available: 0" in failed.message
+    failed = kubelet.admit(pod("p", [("c", 0)]))  # even a count of 0, as kubelet checks health first
+    assert not failed.admitted and failed.message == ("Allocate failed due to no healthy devices present; cannot "
+                                                      "allocate unhealthy devices example.com/gpu, which is unexpected")
 
 
 def test_pod_resources_list_get_and_allocatable(root, plugins):
