@@ -30,8 +30,32 @@ def _anyio_abandon_on_cancel() -> None:
     assert "abandon_on_cancel" in inspect.signature(anyio.to_thread.run_sync).parameters
 
 
+def _generated_grpc() -> str:
+    """The grpcio the generated device-plugin code demands (it refuses an older one at import)."""
+    from hamid.kubelet.api import deviceplugin_pb2_grpc, podresources_pb2_grpc  # noqa: F401 - the probe
+
+    return deviceplugin_pb2_grpc.GRPC_GENERATED_VERSION
+
+
+def _generated_protobuf() -> str:
+    """The protobuf runtime the generated *_pb2.py demand: the version in their runtime check."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "hamid/kubelet/api/deviceplugin_pb2.py").read_text()
+    m = re.search(r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,\s*(\d+),\s*(\d+),\s*(\d+)",
+                  text)
+    assert m, "the generated deviceplugin_pb2.py has no protobuf runtime check"
+    return ".".join(m.groups())
+
+
+def _probe_generated() -> None:
+    from hamid.kubelet.api import deviceplugin_pb2, podresources_pb2  # noqa: F401 - importing is the probe
+
+
 # package -> (first version with the feature, probe of the feature)
 NEEDED = {
+    "grpcio": (_generated_grpc(), _probe_generated),  # the generated gRPC stubs of hamid/kubelet/api
+    "protobuf": (_generated_protobuf(), _probe_generated),  # the generated messages
     "cbor2": (codec.CBOR2_MIN, codec.check_cbor2),  # loads(max_depth=): the gossip codec
     "anyio": ("4.1.0", _anyio_abandon_on_cancel),  # to_thread.run_sync(abandon_on_cancel=): metrics scrapes
 }

@@ -65,7 +65,25 @@ class NodeEnv:
                                       "--node-name", self.node, "--kubelet-dir", str(self.kubelet_dir),
                                       "--kubeconfig", self.kubeconfig, "--log-format", "json"],
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_for_api()
         self.wait_for_devices()
+
+    def wait_for_api(self, timeout: float = 30.0) -> None:
+        """Until the daemon's local API answers (its faces start after it; a kubelet that
+        still lists the last daemon's devices proves nothing about this one)."""
+        from hamid.localapi.client import LocalClient
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"hamid exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+            try:
+                with LocalClient(self.state) as c:
+                    c.status()
+                return
+            except Exception:
+                time.sleep(0.05)
+        raise AssertionError(f"hamid's local API never answered: {self.log.read_text()[-3000:]}")
 
     def wait_for_devices(self, n: int | None = None, timeout: float = 30.0) -> list[str]:
         want = self.gpus * self.split if n is None else n
