@@ -1,0 +1,251 @@
+"""Gate mode: the leader places pods that carry hamid's scheduling gate.
+
+The webhook adds the gate ``hamid.io/placement`` to every GPU pod at
+creation, so kube-scheduler leaves it alone. The leader (and only while it
+leads) takes each gated pod and:
+
+1. chooses a node and GPUs with the one placement engine on the cluster view
+   (:mod:`.placer`), among the nodes kube-scheduler would also take it to;
+2. commits the choice on that node's ledger through the peer API (the node
+   re-checks it: two leaders for a moment cannot double-book);
+3. in one update carrying the pod's ``resourceVersion``: writes HAMi's
+   allocation annotations, narrows the pod's required node affinity to that
+   node and removes the gate; kube-scheduler then binds it as any pod.
+
+A commit whose pod update fails (the pod changed, was deleted) is released.
+When no node fits, the pod stays gated with an Event and a condition
+(``hamid.io/Placed`` False) giving the reasons per node in kube-scheduler's
+style, and is tried again whenever pods, nodes or the cluster's capacity
+change.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import trio
+
+from ..errors import HamidError
+from ..logs import get_logger
+from ..node.identity import Owner
+from ..placement import Decision
+from ..request import parse_pod
+from ..request.model import Defaults
+from . import annotations
+from .informer import Informer
+from .placer import ClusterView, choose
+
+log = get_logger("control")
+
+GATE = "hamid.io/placement"
+CONDITION = "hamid.io/Placed"
+ATTEMPTS = 3
+
+
+def gated(pod: dict) -> bool:
+    return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or ())
+
+
+def placed_on(pod: dict) -> str | None:
+    """The node a pod is bound to, or placed on by hamid and not bound yet."""
+    spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
+    return spec.get("nodeName") or (meta.get("annotations") or {}).get(annotations.VGPU_NODE)
+
+
+class GateController:
+    def __init__(self, api, peer, cluster: ClusterView, *, defaults: Defaults, node_policy: str,
+                 ignored: set[str], workers: int = 16, retry_s: float = 2.0) -> None:
+        from kubernetes import client
+
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.peer = peer
+        self.cluster = cluster
+        self.defaults = defaults
+        self.node_policy = node_policy
+        self.ignored = ignored
+        self.workers = workers
+        self.retry_s = retry_s
+        self.pods = Informer(api, self.core.list_pod_for_all_namespaces, name="pods")
+        self.nodes = Informer(api, self.core.list_node, name="nodes")
+        self.placed = 0  # pods placed since this controller started (metrics, bench)
+        self._inflight: set[str] = set()
+        self._last_reason: dict[str, str] = {}
+
+    # --- the loop --------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        send, receive = trio.open_memory_channel(0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.pods.run)
+            await nursery.start(self.nodes.run)
+            for _ in range(self.workers):
+                nursery.start_soon(self._worker, receive.clone())
+            task_status.started()
+            await self.pods.synced.wait()
+            await self.nodes.synced.wait()
+            while True:
+                seen = self.pods.version, self.nodes.version
+                for pod in self.pods.snapshot():
+                    uid = (pod.get("metadata") or {}).get("uid")
+                    if gated(pod) and uid not in self._inflight:
+                        self._inflight.add(uid)
+                        await send.send(pod)
+                with trio.move_on_after(self.retry_s):  # capacity may free without a pod event (gossip)
+                    while (self.pods.version, self.nodes.version) == seen:
+                        await trio.sleep(0.02)
+
+    async def _worker(self, receive) -> None:
+        async for pod in receive:
+            uid = pod["metadata"]["uid"]
+            try:
+                await self.place(pod)
+            except Exception as e:  # one pod's trouble must not stop the others
+                log.exception("placing a gated pod failed", pod=_name(pod), error=str(e))
+            finally:
+                self._inflight.discard(uid)
+
+    # --- one pod ----------------------------------------------------------------------------
+
+    def _pods_by_node(self) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for p in self.pods.snapshot():
+            n = placed_on(p)
+            if n and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                out.setdefault(n, []).append(p)
+        return out
+
+    async def place(self, pod: dict) -> bool:
+        """Place one gated pod; True if it was placed."""
+        meta = pod["metadata"]
+        try:
+            request = parse_pod(pod, self.defaults)
+        except HamidError as e:  # the webhook refuses these; one created before hamid was installed may not be
+            await self._unschedulable(pod, f"the pod's GPU request cannot be read: {e}")
+            return False
+        owner = Owner("pod", meta["uid"], name=_name(pod))
+        nodes = {(n.get("metadata") or {}).get("name"): n for n in self.nodes.snapshot()}
+        excluded: list[str] = []
+        for _ in range(ATTEMPTS):
+            members = self.cluster.members()
+            choice = choose(request, pod, members, nodes, self._pods_by_node(), node_policy=self.node_policy,
+                            ignored=self.ignored, exclude=excluded)
+            if choice.decision is None:
+                from .nodefit import summarize
+
+                await self._unschedulable(pod, summarize(choice.reasons, len(nodes)))
+                return False
+            try:
+                await self.peer.commit(choice.peer, owner, choice.decision, request=request.to_dict(),
+                                       details={"placed_by": "gate"})
+            except HamidError as e:  # refused by the node's ledger (a stale view), or unreachable
+                log.info("commit refused; choosing again", pod=owner.name, node=choice.decision.node, error=str(e))
+                excluded.append(choice.decision.node)
+                continue
+            self.cluster.committed(choice.decision)
+            if await self._open_gate(pod, choice.decision):
+                self.placed += 1
+                self._last_reason.pop(meta["uid"], None)
+                log.info("placed", pod=owner.name, node=choice.decision.node,
+                         gpus=[d.uuid for c in choice.decision.containers for d in c.devices])
+                return True
+            await self._undo(owner, choice)
+            return False
+        await self._unschedulable(pod, "nodes kept refusing the placement (their ledgers changed); trying again")
+        return False
+
+    async def _undo(self, owner: Owner, choice) -> None:
+        try:
+            await self.peer.release(choice.peer, owner.key, node=choice.decision.node)
+        except HamidError as e:  # the node's reconciler releases it once the pod is gone
+            log.warning("could not release a placement whose pod update failed", owner=owner.key, error=str(e))
+        self.cluster.forget(choice.decision)
+
+    async def _open_gate(self, pod: dict, decision: Decision) -> bool:
+        """One update (with the pod's resourceVersion): annotations, narrowed affinity, gate removed."""
+        from kubernetes.client.exceptions import ApiException
+
+        from .nodefit import narrow_to_node
+
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        current = pod
+        for _ in range(5):
+            if not gated(current):
+                return False  # someone else opened it: ours is not the placement that counts
+            new = copy.deepcopy(current)
+            new["metadata"].setdefault("annotations", {}).update(annotations.allocation(decision))
+            new["spec"]["schedulingGates"] = [g for g in new["spec"].get("schedulingGates") or ()
+                                              if g.get("name") != GATE]
+            if not new["spec"]["schedulingGates"]:
+                del new["spec"]["schedulingGates"]
+            new["spec"] = narrowed_spec(new["spec"], narrow_to_node, decision.node)
+            try:
+                await trio.to_thread.run_sync(
+                    lambda: self.core.replace_namespaced_pod(name, ns, new, _request_timeout=10))
+                return True
+            except ApiException as e:
+                if e.status == 404:
+                    return False
+                if e.status != 409:
+                    log.warning("the placed pod could not be updated", pod=f"{ns}/{name}", status=e.status,
+                                error=e.reason)
+                    return False
+            try:  # 409: the pod changed; read it again and retry if it is still gated and ours to open
+                fresh = await trio.to_thread.run_sync(lambda: self.core.read_namespaced_pod(name, ns,
+                                                                                            _request_timeout=10))
+            except ApiException:
+                return False
+            current = self.api.sanitize_for_serialization(fresh)
+            if current["metadata"]["uid"] != pod["metadata"]["uid"]:
+                return False
+        return False
+
+    async def _unschedulable(self, pod: dict, message: str) -> None:
+        """The condition and an Event saying why the pod stays gated (only when the reason changes)."""
+        uid = pod["metadata"]["uid"]
+        if self._last_reason.get(uid) == message:
+            return
+        self._last_reason[uid] = message
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        cond = {"type": CONDITION, "status": "False", "reason": "Unschedulable", "message": message,
+                "lastTransitionTime": now, "lastProbeTime": None}
+
+        def write() -> None:
+            from kubernetes import client
+
+            try:
+                self.core.patch_namespaced_pod_status(name, ns, {"status": {"conditions": [cond]}},
+                                                      _request_timeout=10)
+            except Exception as e:
+                log.warning("could not set the pod's placement condition", pod=f"{ns}/{name}", error=str(e))
+            ev = client.CoreV1Event(
+                metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=ns),
+                involved_object=client.V1ObjectReference(kind="Pod", namespace=ns, name=name, uid=uid,
+                                                         api_version="v1"),
+                reason="FailedScheduling", message=message[:1024], type="Warning", count=1,
+                source=client.V1EventSource(component="hamid"))
+            try:
+                self.core.create_namespaced_event(ns, ev, _request_timeout=10)
+            except Exception as e:
+                log.warning("could not record the placement event", pod=f"{ns}/{name}", error=str(e))
+
+        log.info("pod stays gated", pod=f"{ns}/{name}", why=message)
+        await trio.to_thread.run_sync(write)
+
+
+def narrowed_spec(spec: dict[str, Any], narrow_to_node, node: str) -> dict[str, Any]:
+    """``spec`` with its required node affinity narrowed to ``node`` (nodefit's rule)."""
+    got = narrow_to_node({"spec": spec}, node)
+    if isinstance(got, dict):  # a new spec fragment
+        return {**spec, **got.get("spec", got)}
+    import jsonpatch
+
+    return jsonpatch.apply_patch({"spec": spec}, got)["spec"]
+
+
+def _name(pod: dict) -> str:
+    m = pod.get("metadata") or {}
+    return f"{m.get('namespace')}/{m.get('name')}"

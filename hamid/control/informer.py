@@ -1,0 +1,116 @@
+"""A cache of one kind of Kubernetes object, kept current by list and watch.
+
+What client-go calls an informer, small: a worker thread lists the objects,
+then watches from the list's ``resourceVersion`` (with bookmarks), resuming
+where it left off and listing again on ``410 Gone``; the cache is a dict by
+``namespace/name`` the trio side reads at any time, and every change sets a
+trio event so a controller can wake. The blocking client runs only in the
+thread; the trio loop never waits on the API server.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from ..logs import get_logger
+
+log = get_logger("informer")
+
+
+def key_of(obj: dict) -> str:
+    m = obj.get("metadata") or {}
+    return f"{m.get('namespace') or ''}/{m.get('name')}"
+
+
+class Informer:
+    """``lister(**kw)`` is a list call of the official client (e.g.
+    ``CoreV1Api.list_pod_for_all_namespaces``), ``api`` the ApiClient that
+    turns its answers into plain dicts."""
+
+    def __init__(self, api, lister: Callable, *, name: str, watch_timeout_s: int = 300, **selectors) -> None:
+        self.api = api
+        self.lister = lister
+        self.name = name
+        self.selectors = selectors
+        self.watch_timeout_s = watch_timeout_s
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.synced = trio.Event()
+        self._changed = trio.Event()
+        self._lock = threading.Lock()
+        self.version = 0  # bumped on every change seen
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.objects.values())
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self.objects.get(key)
+
+    async def changed(self) -> None:
+        """Wait for the next change (or a relist)."""
+        await self._changed.wait()
+
+    def _notify(self, token) -> None:
+        def wake():
+            self.version += 1
+            ev, self._changed = self._changed, trio.Event()
+            ev.set()
+            if not self.synced.is_set():
+                self.synced.set()
+
+        try:
+            trio.from_thread.run_sync(wake, trio_token=token)
+        except trio.RunFinishedError:
+            raise
+        except Exception:  # the loop is shutting down
+            raise trio.RunFinishedError from None
+
+    def _run(self, token) -> None:
+        from kubernetes import watch
+
+        rv = None
+        while True:
+            try:
+                if rv is None:
+                    got = self.api.sanitize_for_serialization(self.lister(_request_timeout=60, **self.selectors))
+                    with self._lock:
+                        self.objects = {key_of(o): o for o in got.get("items") or []}
+                    rv = got["metadata"]["resourceVersion"]
+                    self._notify(token)
+                w = watch.Watch()
+                for ev in w.stream(self.lister, resource_version=rv, allow_watch_bookmarks=True,
+                                   timeout_seconds=self.watch_timeout_s, _request_timeout=self.watch_timeout_s + 10,
+                                   **self.selectors):
+                    kind, obj = ev["type"], ev["object"]
+                    obj = obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
+                    if kind == "ERROR":
+                        rv = None
+                        break
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if kind == "BOOKMARK":
+                        continue
+                    with self._lock:
+                        if kind == "DELETED":
+                            self.objects.pop(key_of(obj), None)
+                        else:
+                            self.objects[key_of(obj)] = obj
+                    self._notify(token)
+            except trio.RunFinishedError:
+                return
+            except Exception as e:  # a lost connection, a 410 raised by the client, the API server down
+                if getattr(e, "status", None) != 410:
+                    log.warning("watch interrupted; listing again", what=self.name, error=str(e)[:300])
+                    time.sleep(1.0)
+                rv = None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: trio.to_thread.run_sync(self._run, token, abandon_on_cancel=True))
+            task_status.started()
