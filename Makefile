@@ -14,7 +14,13 @@ $(STAMP): pyproject.toml contrib/docker/hamid-runtime
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+CLIENT := $(VENV)/bin/hamid-runtime-client
+
+# The runtime's create path without Python (see its header); beside the launcher.
+$(CLIENT): contrib/docker/hamid-runtime-client.c $(STAMP)
+	$(CC) -O2 -Wall -Wextra -Werror -o $@ $<
+
+venv: $(STAMP) $(CLIENT)
 
 # The shim is built when its sources exist; the daemon installs it on start.
 shim:

@@ -24,7 +24,7 @@ from hamid.ledger import Reservation
 from hamid.node import devnodes
 from hamid.node.layout import LIMITS_IN_CONTAINER
 from hamid.node.realize import RealizeError, realize
-from hamid.runtime import spec as ocispec
+from hamid.docker import spec as ocispec
 from nodeharness import make_node
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "old_runtime_edits.json").read_text())

@@ -33,7 +33,7 @@ from ..node.capacity import capacity_views
 from ..node.core import NodeCore
 from ..node.face import Face, collector_of, liveness_of
 from ..node.facts import NodeFacts, write_facts
-from ..node.layout import CONTAINERS_DIR, LEDGER_NAME, LOCK_NAME, SHIM_DIR, SOCKET_NAME
+from ..node.layout import CONTAINERS_DIR, DOCKER_SOCKET_NAME, LEDGER_NAME, LOCK_NAME, SHIM_DIR, SOCKET_NAME
 from ..node.service import NodeService
 from ..request.model import Defaults, ResourceNames
 
@@ -112,6 +112,7 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
                 log.warning("GPU MIG mode differs from operatingMode; the GPU's real mode wins",
                             gpu=g.index, mig_enabled=g.mig_enabled, operating_mode=settings.operatingMode)
         _clear_stale_socket(state_dir / SOCKET_NAME)
+        _clear_stale_socket(state_dir / DOCKER_SOCKET_NAME)
         ledger = Ledger(state_dir / LEDGER_NAME)
         ledger.set_inventory(node, capacity_views(gpus, settings), settings.gpuSchedulerPolicy)
         shim = install_shim_for(config, state_dir)
@@ -224,7 +225,8 @@ def build_faces(d: Daemon):
     faces.append(LocalApiFace(d.service, str(d.state_dir / SOCKET_NAME), defaults=request_defaults(d),
                               cluster=gossip.cluster_document if gossip is not None else None))
     faces.append(DockerFace(d.service, poll_interval=c.releasePollInterval, net_interval=c.reconcileInterval,
-                            start_grace=c.dockerStartGrace))
+                            start_grace=c.dockerStartGrace, socket_path=str(d.state_dir / DOCKER_SOCKET_NAME),
+                            defaults=request_defaults(d)))
     if gossip is not None:
         faces.append(gossip)
     if c.kubernetes or c.kubeconfig:
@@ -284,10 +286,11 @@ async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
                      metrics_port=d.config.metricsPort or None)
             task_status.started()
     finally:
-        try:
-            sock.unlink()
-        except FileNotFoundError:
-            pass
+        for path in (sock, d.state_dir / DOCKER_SOCKET_NAME):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
         d.close()
         log.info("stopped")
 

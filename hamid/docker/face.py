@@ -1,4 +1,14 @@
-"""The Docker face: release markers drained as they appear; runc liveness.
+"""The Docker face: container creates, release markers drained as they appear; runc liveness.
+
+Creates: ``DIR/docker.sock`` (mode 0600, root only) answers ``POST /v1/create``
+from the compiled ``hamid-runtime-client`` that the runtime launcher runs for
+a container asking for GPUs: ``{"bundle", "id", "runc_root", "hook",
+"deadline"}``. The daemon itself reads and edits the bundle's ``config.json``
+(:func:`hamid.docker.bundle.prepare_bundle`), so a container start costs no
+Python start-up. 200 ``{"ours": bool}``; 409 (no room) or 400 with
+``{"error"}``, which the client shows in ``docker run``'s output; 410 when the
+request's deadline passed before the daemon got to it (nothing committed: the
+client then runs the Python runtime, which works without the daemon).
 
 The poststop hook drops ``released/<id>`` (see :mod:`hamid.node.released`).
 An inotify watch on that directory wakes this face (an idle daemon does not
@@ -13,11 +23,15 @@ import os
 
 import trio
 
+from ..dirwatch import DirWatch
+from ..errors import HamidError
+from ..ledger import Abandoned, LedgerConflict
 from ..logs import get_logger
 from ..node import released
+from ..node.identity import Owner
 from ..node.layout import RELEASED_DIR
 from ..node.service import NodeService
-from ..dirwatch import DirWatch
+from ..request.model import Defaults
 from .liveness import docker_alive
 
 log = get_logger("docker")
@@ -27,14 +41,87 @@ class DockerFace:
     name = "docker"
 
     def __init__(self, node: NodeService, *, poll_interval: float, net_interval: float,
-                 start_grace: float) -> None:
+                 start_grace: float, socket_path: str | None = None, defaults: Defaults = Defaults()) -> None:
         self.node = node
+        self.socket_path = socket_path
+        self.defaults = defaults
         self.poll_interval = poll_interval
         self.net_interval = net_interval
         self.owner_liveness = {"docker": docker_alive(start_grace)}
         self._state_dir = str(node.core.state_dir)
 
+    # --- creates -----------------------------------------------------------------------
+
+    def _create(self, body: dict) -> bool:
+        """Prepare one bundle (blocking; the node service's threads)."""
+        from ..request import parse_docker_env
+        from .bundle import prepare_bundle
+
+        for k in ("bundle", "id", "runc_root", "hook"):
+            if not isinstance(body.get(k), str) or not body[k]:
+                raise HamidError(f"{k}: a non-empty string is required")
+        deadline = body.get("deadline")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))):
+            raise HamidError(f"deadline: expected seconds since the epoch, got {deadline!r}")
+        core = self.node.core
+
+        def admit(cid: str, env: list, user: tuple, details: dict) -> dict:
+            request = parse_docker_env(env, cid, self.defaults)
+            if request is None:
+                return {"ours": False}
+            got = core.admit(Owner("docker", cid, name=cid[:12]), request, user=user, details=details,
+                             deadline=deadline)
+            return {"ours": True, **got.to_dict()}
+
+        return prepare_bundle(body["bundle"], body["id"], runc_root=body["runc_root"], hook=body["hook"],
+                              state_dir=self._state_dir, admit=admit, release=core.release)
+
+    def app(self):
+        import json
+
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        async def create(req):
+            raw = await req.body()
+            if len(raw) > 64 * 1024:
+                return JSONResponse({"error": "request body over 65536 bytes"}, 413)
+            try:
+                body = json.loads(raw)
+                if not isinstance(body, dict):
+                    raise ValueError
+            except ValueError:
+                return JSONResponse({"error": "request body must be a JSON object"}, 400)
+            try:
+                ours = await self.node.run_blocking(self._create, body)
+            except LedgerConflict as e:
+                return JSONResponse({"error": f"no room for this container: {e}"}, 409)
+            except Abandoned as e:
+                return JSONResponse({"error": str(e)}, 410)
+            except HamidError as e:
+                return JSONResponse({"error": str(e)}, 400)
+            except Exception as e:  # a bug: say so, and log it whole
+                log.exception("create failed", bundle=body.get("bundle"))
+                return JSONResponse({"error": f"internal error in the daemon: {e!r}"}, 500)
+            if ours:
+                log.info("container admitted", id=body["id"][:12])
+            return JSONResponse({"ours": ours})
+
+        return Starlette(routes=[Route("/v1/create", create, methods=["POST"])])
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            if self.socket_path:
+                from ..serving import serve_asgi
+
+                await nursery.start(lambda task_status: serve_asgi(self.app(), f"unix:{self.socket_path}",
+                                                                   what="the Docker face", task_status=task_status))
+                os.chmod(self.socket_path, 0o600)
+            await nursery.start(self._drain)
+            task_status.started()
+
+    async def _drain(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         rdir = os.path.join(self._state_dir, RELEASED_DIR)
         watch: DirWatch | None = None
         polling = False

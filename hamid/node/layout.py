@@ -20,6 +20,7 @@ LEDGER_NAME = "ledger.db"
 LOCK_NAME = "hamid.lock"
 FACTS_NAME = "node.json"
 SOCKET_NAME = "hamid.sock"
+DOCKER_SOCKET_NAME = "docker.sock"  # the Docker face's creates (hamid-runtime-client)
 CONTAINERS_DIR = "containers"
 LIMITS_DIR = "limits"
 RELEASED_DIR = "released"
