@@ -138,3 +138,53 @@ def test_launcher_decides_pass_through_without_starting_python(tmp_path, fake_ru
     assert (tmp_path / "python-started").exists() == python
     if not python:
         assert (tmp_path / "runc.args").read_text().split() == ["--root", "/r", "create", *flag, "cid"]
+
+
+CLIENT = BIN / "hamid-runtime-client"
+
+
+@pytest.mark.skipif(not CLIENT.exists(), reason="make builds hamid-runtime-client")
+def test_the_client_admits_through_the_daemon_and_falls_back_to_python_without_one(tmp_path, fake_runc, free_port):
+    from test_daemon import start, stop
+
+    state = tmp_path / "s"
+
+    def bundle(name):
+        b = tmp_path / name
+        (b / "rootfs").mkdir(parents=True)
+        (b / "config.json").write_text(json.dumps({"process": {"env": ["HAMI_VGPU_SPEC=mem=1g"], "args": ["true"]},
+                                                   "root": {"path": "rootfs"}}))
+        return b
+
+    daemon = start(state, free_port, "--simulate", "T4")
+    try:
+        b = bundle("b1")
+        r = subprocess.run([str(CLIENT), "--state-dir", str(state), "--runc", str(fake_runc), "--root", "/r",
+                            "create", "--bundle", str(b), "via-daemon"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / "runc.args").read_text().split() == ["--root", "/r", "create", "--bundle", str(b),
+                                                                "via-daemon"]
+        spec = json.loads((b / "config.json").read_text())
+        assert "CUDA_DEVICE_MEMORY_LIMIT_0=1024m" in spec["process"]["env"]
+        big = bundle("b2")
+        spec2 = json.loads((big / "config.json").read_text())
+        spec2["process"]["env"] = ["HAMI_VGPU_SPEC=mem=100g"]
+        (big / "config.json").write_text(json.dumps(spec2))
+        log = tmp_path / "log.json"
+        r = subprocess.run([str(CLIENT), "--state-dir", str(state), "--runc", str(fake_runc), "--log", str(log),
+                            "--log-format", "json", "create", "--bundle", str(big), "too-big"],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and "no room for this container" in r.stderr
+        assert "no room for this container" in json.loads(log.read_text().splitlines()[-1])["msg"]
+    finally:
+        stop(daemon)
+    b = bundle("b3")  # no daemon now: the Python runtime admits it through the ledger
+    r = subprocess.run([str(CLIENT), "--state-dir", str(state), "--runc", str(fake_runc), "create", "--bundle",
+                        str(b), "no-daemon"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0=1024m" in json.loads((b / "config.json").read_text())["process"]["env"]
+    from hamid.ledger import Ledger
+
+    led = Ledger(state / "ledger.db")
+    assert {x.owner for x in led.list()} == {"docker:via-daemon", "docker:no-daemon"}
+    led.close()
