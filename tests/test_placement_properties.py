@@ -211,3 +211,42 @@ def test_nofit_only_when_no_gpu_has_room(sc, mem):
                and g.slots_used < g.slots_total and not g.exclusive and g.cores_used < g.cores_total
                for n in nodes for g in n.gpus)
     assert isinstance(got, Decision) == room
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.sampled_from([None, "mutex", "binpack,numa", "topology-aware", "spread"]))
+def test_feasible_agrees_with_fit_node(sc, policy):
+    """The extender's fast feasibility check says yes exactly when the engine can place the request,
+    on nodes filling up as the workload is placed."""
+    from dataclasses import replace
+
+    from hamid.placement.engine import feasible, fit_node
+
+    nodes, work = sc
+    caps = {n.name: _bare(n) for n in nodes}
+    decided: dict[str, list[Decision]] = {n.name: [] for n in nodes}
+    views = {n.name: n for n in nodes}
+    for req in work:
+        req = replace(req, gpu_policy=policy)
+        for v in views.values():
+            assert (feasible(req, v) == []) == isinstance(fit_node(req, v), Decision), (req, v.name)
+        got = place(req, list(views.values()))
+        if isinstance(got, Decision):
+            decided[got.node].append(got)
+            views[got.node] = with_usage(got.node, caps[got.node], decided[got.node], views[got.node].gpu_policy)
+
+
+def test_feasible_keeps_the_mutex_rule():
+    """A GPU that has a tenant is no candidate under mutex, though its room would fit."""
+    from dataclasses import replace
+
+    from hamid.placement.engine import feasible, fit_node
+    from hamid.request import parse_docker_env
+
+    n = node_view("n", "H100:1")
+    first = place(parse_docker_env({"HAMI_VGPU_SPEC": "mem=1g"}, "a"), [n])
+    busy = with_usage("n", _bare(n), [first], n.gpu_policy)
+    req = replace(parse_docker_env({"HAMI_VGPU_SPEC": "mem=1g"}, "b"), gpu_policy="mutex")
+    assert feasible(replace(req, gpu_policy="spread"), busy) == []
+    assert not isinstance(fit_node(req, busy), Decision)
+    assert feasible(req, busy) and "mutex" in " ".join(feasible(req, busy))

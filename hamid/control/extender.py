@@ -37,7 +37,7 @@ from ..errors import HamidError
 from ..logs import get_logger
 from ..node.identity import Owner
 from ..placement import Decision
-from ..placement.engine import fit_node
+from ..placement.engine import feasible, fit_node
 from ..request import parse_pod
 from ..request.model import Defaults, Request
 from . import annotations
@@ -89,11 +89,11 @@ class Extender:
                 if m is None:
                     failed[name] = "hamid: no hamid daemon publishes this node's GPUs"
                     continue
-                got = fit_node(request, m.view)
-                if isinstance(got, Decision):
+                why = feasible(request, m.view)
+                if not why:
                     ok.append(name)
                 else:
-                    failed[name] = "hamid: " + "; ".join(got or ["no GPUs"])
+                    failed[name] = "hamid: " + "; ".join(why)
         out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": {}, "Error": ""}
         if by_names:
             out["NodeNames"] = ok
@@ -118,7 +118,7 @@ class Extender:
         for name in names:
             score = 0
             m = members.get(name)
-            if request is not None and m is not None and isinstance(fit_node(request, m.view), Decision):
+            if request is not None and m is not None and not feasible(request, m.view):
                 total = sum(g.mem_total for g in m.view.gpus) or 1
                 used = sum(g.mem_used for g in m.view.gpus) / total
                 score = round(10 * (used if self.node_policy == "binpack" else 1 - used))

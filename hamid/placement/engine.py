@@ -239,6 +239,35 @@ def fit_node(request: Request, node: NodeView, quick: bool = True) -> Decision |
     return Decision(node.name, tuple(out))
 
 
+def feasible(request: Request, node: NodeView) -> list[str]:
+    """``[]`` when ``request`` fits on ``node``, else the reasons: what the
+    extender's filter asks of every node. For one GPU container (the common
+    pod) it stops at the first GPUs that fit, without scoring or ranking
+    them: the node policies change which GPUs are chosen, not whether enough
+    fit. Anything else (several GPU containers, init containers, numa-bind, all
+    GPUs) goes through :func:`fit_node`, which answers the same."""
+    conts = [c for c in request.containers if c.gpu is not None]
+    if len(conts) != 1 or conts[0].init or conts[0].gpu.numa_bind or conts[0].gpu.count is None:
+        got = fit_node(request, node)
+        return [] if isinstance(got, Decision) else got
+    req = conts[0].gpu
+    why = _quick_reject(req, node)
+    if why:
+        return [why]
+    primary = (request.gpu_policy or node.gpu_policy).partition(",")[0]
+    use = _NodeUse(node)
+    n = 0
+    for g in node.gpus:
+        u = use.app_use(g)
+        if isinstance(try_gpu(req, g, u), str) or (primary == "mutex" and u.slots > 0):
+            continue
+        n += 1
+        if n >= req.count:
+            return []
+    got = fit_node(request, node, quick=False)  # it does not fit: every GPU's reason
+    return [] if isinstance(got, Decision) else got
+
+
 _BY_SCORE = attrgetter("usage_score")
 
 
