@@ -21,6 +21,7 @@ from hamid.shimlimits import decode
 from kubelet import KubeletStandIn
 
 RESOURCE = "nvidia.com/gpu"
+NODE_RESOURCES = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 HAMID = [sys.executable, "-m", "hamid.cli.main"]
 
 
@@ -52,7 +53,9 @@ class NodeEnv:
     def start(self) -> "NodeEnv":
         self.root.mkdir(parents=True, exist_ok=True)
         try:
-            self.api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node}})
+            self.api.create({"apiVersion": "v1", "kind": "Node",
+                             "metadata": {"name": self.node, "labels": {"kubernetes.io/hostname": self.node}},
+                             "status": {"capacity": dict(NODE_RESOURCES), "allocatable": dict(NODE_RESOURCES)}})
         except Exception:
             pass  # already there (a restart)
         self.kubelet.start()
