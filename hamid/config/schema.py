@@ -286,6 +286,20 @@ class Config(NodeSettings, ResourceNameSettings):
     CDI (containerd >= 1.7 with CDI on, containerd 2, CRI-O) and Kubernetes
     >= 1.31."""
 
+    controlMode: Literal["gate", "extender", "off"] = "gate"
+    """How GPU pods are placed on the cluster (with ``kubernetes``). ``gate``:
+    the webhook gates every GPU pod and the elected leader places it, then
+    kube-scheduler binds it; needs no scheduler configuration, so it works on
+    managed clusters (EKS, GKE, AKS). ``extender``: kube-scheduler calls
+    hamid's extender (``contrib/kubelet/``). ``off``: this daemon runs no
+    control face (pods then arrive with ``spec.nodeName`` or no reservation
+    and are admitted by their node)."""
+
+    extenderListen: str = "0.0.0.0:9998"
+    """``HOST:PORT`` of the extender's HTTP server (``controlMode: extender``).
+    Every daemon serves it and forwards to the leader; the Service selecting
+    the leader's label is what kube-scheduler's ``urlPrefix`` names."""
+
     cdiSpecDir: str = "/var/run/cdi"
     """Where ``cdi-cri`` specs are written: the dynamic spec directory every
     CDI-aware runtime reads."""
