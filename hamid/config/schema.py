@@ -286,12 +286,12 @@ class Config(NodeSettings, ResourceNameSettings):
     CDI (containerd >= 1.7 with CDI on, containerd 2, CRI-O) and Kubernetes
     >= 1.31."""
 
-    controlMode: Literal["gate", "extender", "off"] = "gate"
+    controlMode: Literal["gate", "extender", "none"] = "gate"
     """How GPU pods are placed on the cluster (with ``kubernetes``). ``gate``:
     the webhook gates every GPU pod and the elected leader places it, then
     kube-scheduler binds it; needs no scheduler configuration, so it works on
     managed clusters (EKS, GKE, AKS). ``extender``: kube-scheduler calls
-    hamid's extender (``contrib/kubelet/``). ``off``: this daemon runs no
+    hamid's extender (``contrib/kubelet/``). ``none``: this daemon runs no
     control face (pods then arrive with ``spec.nodeName`` or no reservation
     and are admitted by their node)."""
 

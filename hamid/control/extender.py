@@ -62,6 +62,7 @@ class Extender:
         self.is_leader = is_leader
         self.leader_url = leader_url
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), trust_env=False)
+        self.bound = 0  # pods bound through this daemon (metrics)
 
     def _request(self, pod: dict) -> Request | None:
         """The pod's GPU request, or None when it asks for no GPU (then every node will do)."""
@@ -169,6 +170,7 @@ class Extender:
                     log.warning("could not release after a failed binding", owner=owner.key, error=str(err))
                 self.cluster.forget(got)
             return {"Error": f"hamid: binding {ns}/{name} to {node} failed: {e}"}
+        self.bound += 1
         log.info("bound", pod=f"{ns}/{name}", node=node)
         return {"Error": ""}
 

@@ -229,12 +229,15 @@ def build_faces(d: Daemon):
                             defaults=request_defaults(d)))
     if gossip is not None:
         faces.append(gossip)
-    if c.kubernetes or c.kubeconfig:
-        faces.append(kubelet_face(d))
     if c.peerListen:
         from ..peer.server import PeerFace
 
         faces.append(PeerFace.from_config(d.service, c, _keyring(c)))
+    if c.kubernetes or c.kubeconfig:
+        kf = kubelet_face(d)
+        faces.append(kf)
+        if c.controlMode != "none" and kf.pods.api is not None:
+            faces.extend(control_faces(d, kf.pods.api, gossip))
     for f in faces:
         col = collector_of(f)
         if col is not None:
@@ -259,6 +262,44 @@ def kubelet_face(d: Daemon):
     return KubeletFace(d.service, kubelet_dir=c.kubeletDir, resource=c.resourceCountName,
                        strategy=c.deviceListStrategy, cdi_dir=c.cdiSpecDir, defaults=request_defaults(d),
                        api=api, health_interval=c.healthCheckInterval)
+
+
+def control_faces(d: Daemon, api, gossip) -> list:
+    """The webhook (every daemon) and the control face (the leader's work, the extender)."""
+    from ..control.face import ControlFace
+    from ..control.leader import LeaderElector
+    from ..control.placer import ClusterView
+    from ..gossip.capacity import view_from_doc
+    from ..peer.client import PeerClient
+
+    c = d.config
+    if gossip is None or not c.peerListen:
+        raise HamidError(f"controlMode {c.controlMode} needs gossipListen and peerListen: the leader places pods "
+                         "on the gossiped view of every node and commits on the chosen node through the peer API "
+                         "(or set controlMode: none)")
+    names = request_defaults(d).names
+    ignored = {names.count, names.memory, names.memory_percentage, names.cores, names.priority}
+    elector = LeaderElector.from_config(c, api, d.node)
+    cluster = ClusterView(read=gossip.membership.live_docs, to_view=view_from_doc)
+    peer = PeerClient.from_config(c, _keyring(c), name=d.node)
+    extender_port = c.extenderListen.rsplit(":", 1)[1]
+
+    def leader_url() -> str | None:
+        ident = elector.leader_identity
+        m = gossip.membership.members.get(ident) if ident else None
+        return f"http://{m.addr.rsplit(':', 1)[0]}:{extender_port}" if m is not None else None
+
+    faces: list = []
+    try:
+        from ..control.webhook import WebhookFace
+    except ImportError:  # pragma: no cover - the webhook module ships with the control face
+        WebhookFace = None
+    if WebhookFace is not None:
+        faces.append(WebhookFace.from_config(c, defaults=request_defaults(d)))
+    faces.append(ControlFace(api=api, peer=peer, cluster=cluster, elector=elector, mode=c.controlMode,
+                             defaults=request_defaults(d), node_policy=d.settings.nodeSchedulerPolicy,
+                             ignored=ignored, extender_listen=c.extenderListen, leader_extender_url=leader_url))
+    return faces
 
 
 async def _reconcile_loop(d: Daemon, liveness) -> None:

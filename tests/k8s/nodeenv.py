@@ -44,6 +44,8 @@ class NodeEnv:
             f"simulate: {simulate}\ndeviceSplitCount: {split}\noperatingMode: {mode}\n"
             f"deviceListStrategy: {strategy}\ncdiSpecDir: {self.cdi}\nhealthCheckInterval: 0.2\n"
             f"reconcileInterval: 1\nmetricsPort: 0\n{extra_config}")
+        if "controlMode" not in extra_config:  # one node alone: no cluster placement
+            self.config.write_text(self.config.read_text() + "controlMode: none\n")
         self.kubelet = KubeletStandIn(self.kubelet_dir, node_name=node, cdi_dirs=[self.cdi], pick=pick, seed=seed)
         self.proc: subprocess.Popen | None = None
         self.log = root / "hamid.log"

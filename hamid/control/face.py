@@ -1,0 +1,86 @@
+"""The control face: the cluster half of Kubernetes, on every daemon.
+
+- the Lease election (:mod:`.leader`) among the daemons;
+- while this daemon leads, in gate mode, the gate controller (:mod:`.gates`):
+  the work is cancelled the instant the term ends;
+- in extender mode, the extender's HTTP server (:mod:`.extender`), on every
+  daemon, a follower forwarding to the leader.
+
+The webhook is a face of its own (served by every daemon whether or not it
+leads). Placement reads the cluster view the daemon hands in (every node's
+gossiped capacity), commits go through the peer API to the chosen node,
+whose ledger re-checks them: nothing here assumes there is exactly one
+leader.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from ..logs import get_logger
+from ..request.model import Defaults
+from .extender import Extender
+from .gates import GateController
+from .placer import ClusterView
+
+log = get_logger("control")
+
+
+class ControlFace:
+    name = "control"
+
+    def __init__(self, *, api, peer, cluster: ClusterView, elector, mode: str, defaults: Defaults,
+                 node_policy: str, ignored: set[str], extender_listen: str | None = None,
+                 leader_extender_url=None) -> None:
+        self.api = api
+        self.peer = peer
+        self.cluster = cluster
+        self.elector = elector
+        self.mode = mode
+        self.defaults = defaults
+        self.node_policy = node_policy
+        self.ignored = ignored
+        self.extender_listen = extender_listen
+        self.gates: GateController | None = None
+        self.extender = Extender(api, peer, cluster, defaults=defaults, node_policy=node_policy,
+                                 is_leader=lambda: self.elector.is_leader,
+                                 leader_url=leader_extender_url or (lambda: None))
+
+    def collector(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        face = self
+
+        class _Collector:
+            def collect(self):
+                lead = GaugeMetricFamily("hamid_leader", "1 while this daemon holds the leader Lease")
+                lead.add_metric([], 1 if face.elector.is_leader else 0)
+                yield lead
+                placed = CounterMetricFamily("hamid_pods_placed", "GPU pods placed by this daemon as leader",
+                                             labels=["mode"])
+                placed.add_metric(["gate"], face.gates.placed if face.gates else 0)
+                placed.add_metric(["extender"], face.extender.bound)
+                yield placed
+
+        return _Collector()
+
+    async def _lead(self) -> None:
+        """The leader's work for one term (cancelled when the term ends)."""
+        self.gates = GateController(self.api, self.peer, self.cluster, defaults=self.defaults,
+                                    node_policy=self.node_policy, ignored=self.ignored)
+        log.info("leading: placing gated pods")
+        await self.gates.run()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.elector.run)
+            if self.mode == "gate":
+                nursery.start_soon(self.elector.run_while_leading, self._lead)
+            elif self.mode == "extender" and self.extender_listen:
+                from ..serving import serve_asgi
+
+                await nursery.start(lambda task_status: serve_asgi(self.extender.app(), self.extender_listen,
+                                                                   what="extenderListen", task_status=task_status))
+            task_status.started()
