@@ -471,6 +471,63 @@ class Config(NodeSettings, ResourceNameSettings):
     gossip's connect timeout, declares a stuck node unreachable quickly enough
     for the leader to place elsewhere."""
 
+    # --- leader election and gossip seeds in Kubernetes (hamid/control/leader.py, seeds.py) ---
+
+    leaderElectionLeaseDuration: int = Field(15, ge=1, le=3600)
+    """Seconds a candidate waits, on its own clock, without seeing the Lease
+    change before it takes over from a silent leader. 15, client-go's
+    default; whole seconds because the Lease's ``leaseDurationSeconds`` is an
+    integer. It bounds how long the cluster has no leader after one dies
+    without releasing (SIGKILL, a lost node)."""
+
+    leaderElectionRenewDeadline: float = Field(10.0, gt=0, le=3600)
+    """Seconds the leader keeps trying to renew before it stops leading (and
+    cancels its cluster-wide work). 10, client-go's default; it must be below
+    the lease duration so a cut-off leader stops before another may start."""
+
+    leaderElectionRetryPeriod: float = Field(2.0, gt=0, le=600)
+    """Seconds between renewals, and between a candidate's tries (jittered up
+    to 2.2 times it). 2, client-go's default: one small Lease write every 2 s
+    per cluster, and room for several retries within the renew deadline."""
+
+    leaderElectionLeaseName: str = Field("hamid-leader", pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    """Name of the ``coordination.k8s.io/v1`` Lease the daemons compete for.
+    Two hamid installs in one namespace need different names."""
+
+    leaderElectionNamespace: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    """Namespace of that Lease. Unset: the daemon's own (``POD_NAMESPACE``
+    from the downward API), else ``kube-system``, so the Lease sits beside
+    the DaemonSet and its RBAC stays namespaced."""
+
+    daemonPodSelector: str = Field("app.kubernetes.io/name=hamid", min_length=1)
+    """Label selector of the DaemonSet's pods in their namespace: the gossip
+    seeds are listed with it, and the leader removes its label
+    ``hamid.io/leader`` from every other pod it matches. The chart's own
+    label; change it only with the DaemonSet's labels."""
+
+    gossipSeedsFromPods: bool = True
+    """With ``kubernetes`` and ``gossipListen``: at start, join gossip through
+    the pod IPs of the other DaemonSet pods (``daemonPodSelector``, listed
+    through the API) at ``gossipListen``'s port, so no address is configured
+    by hand. Off: only ``gossipJoin`` and ``gossipSeedsService``."""
+
+    gossipSeedsService: str | None = None
+    """A headless Service's DNS name (e.g. ``hamid-gossip.kube-system.svc``)
+    whose A/AAAA records are the daemons' pod IPs; each becomes a seed at
+    ``gossipListen``'s port. Unset: not used. Give the Service
+    ``publishNotReadyAddresses: true`` so starting pods find each other."""
+
+    @model_validator(mode="after")
+    def _leader_election_timing(self):
+        from ..control.leasetiming import ElectionConfigError, validate_timing
+
+        try:
+            validate_timing(self.leaderElectionLeaseDuration, self.leaderElectionRenewDeadline,
+                            self.leaderElectionRetryPeriod)
+        except ElectionConfigError as e:
+            raise PydanticCustomError("leader_election_timing", "{msg}", {"msg": str(e)}) from None
+        return self
+
     @model_validator(mode="after")
     def _gossip_key_off_loopback(self):
         if self.gossipListen and not self.gossipKeyFile and not self.gossipInsecure:
