@@ -127,7 +127,10 @@ class KubeRest:
             except (ValueError, AttributeError):
                 reason = (resp.data or b"")[:200].decode(errors="replace")
             raise ApiError(resp.status, f"{what}: {resp.status} {reason}".rstrip())
-        return json.loads(resp.data) if resp.data else {}
+        try:
+            return json.loads(resp.data) if resp.data else {}
+        except ValueError:
+            raise ApiError(resp.status, f"{what}: the answer is not JSON: {resp.data[:200]!r}") from None
 
 
 # --- the election record --------------------------------------------------------------
