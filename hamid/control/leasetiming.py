@@ -16,9 +16,9 @@ class ElectionConfigError(HamidError):
 def validate_timing(lease_duration: float, renew_deadline: float, retry_period: float) -> None:
     if retry_period <= 0:
         raise ElectionConfigError(f"leaderElectionRetryPeriod {retry_period} s: must be > 0")
-    if int(lease_duration) < 1:
+    if lease_duration != int(lease_duration) or lease_duration < 1:
         raise ElectionConfigError(f"leaderElectionLeaseDuration {lease_duration} s: the Lease records whole "
-                                  "seconds, so it must be at least 1")
+                                  "seconds, so it must be a whole number of seconds, at least 1")
     if not renew_deadline > JITTER_FACTOR * retry_period:
         raise ElectionConfigError(
             f"leaderElectionRenewDeadline {renew_deadline} s must be greater than {JITTER_FACTOR} x "
