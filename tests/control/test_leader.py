@@ -117,6 +117,7 @@ async def test_sigkilled_leader_is_replaced_within_the_lease_duration_not_before
     # the survivor waits for the record to stay unchanged a full lease on its own clock from when it
     # saw the last renewal (one renew interval before the kill at the earliest, one jittered try after
     # it at the latest), then takes it at its next jittered try (at most 2.2 retry periods)
+    print(f"takeover after SIGKILL: {took:.2f} s (lease {lease} s, retry {retry} s)")
     assert lease - retry - 0.1 <= took <= lease + 2 * 2.2 * retry + 0.3, took
     assert spec["holderIdentity"] == "survivor" and spec["leaseTransitions"] == 1
 
@@ -137,6 +138,7 @@ async def test_clean_stop_hands_over_at_once(api_server, kubeconfig):
         released = first.terms  # first left cleanly
         spec = lease_spec(api_server)
         nursery.cancel_scope.cancel()
+    print(f"handover after a clean stop: {took:.2f} s (lease {FAST['lease_duration']} s)")
     # released: the second takes it at its next try (at most 2.2 retry periods), far before the lease ends
     assert took <= 2.2 * FAST["retry_period"] + 0.3, took
     assert released == 1 and not first.is_leader
@@ -186,6 +188,8 @@ async def test_cut_off_leader_stops_within_the_renew_deadline_and_before_anyone_
     finally:
         proxy.close()
     took = events["stopped"] - events["cut"]
+    print(f"cut-off leader stopped after {took:.2f} s; the other led {events['other leads'] - events['cut']:.2f} s "
+          f"after the cut")
     assert took <= timing["retry_period"] + timing["renew_deadline"] + 0.3, events
     # the work under the lead was cancelled at that instant, and it was no longer leading then
     assert abs(events["work cancelled"] - events["stopped"]) < 0.1 and events["leading when cancelled"] is False
