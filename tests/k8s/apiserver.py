@@ -15,7 +15,9 @@ What it does, as the real server does:
   core ``events`` and the same objects as ``events.k8s.io/v1`` events (one
   storage, converted as the real server does); ``coordination.k8s.io/v1``
   leases; configmaps; secrets (``stringData`` folded into ``data``);
-  services (a ClusterIP allocated from 10.96.0.0/16).
+  services (a ClusterIP allocated from 10.96.0.0/16);
+  ``admissionregistration.k8s.io/v1`` mutating and validating webhook
+  configurations (defaulted and validated as the real server does).
 * metadata: ``uid`` (uuid4), ``creationTimestamp``, ``generation`` (kinds
   with ``generation=True``: 1 at create, +1 when anything outside metadata
   and status changes), one global ``resourceVersion`` counter (a string)
@@ -83,11 +85,50 @@ What it does, as the real server does:
   ``binding`` sets ``spec.nodeName`` and the ``PodScheduled`` condition and is
   409 when the pod is bound, being deleted or gated; the main resource ignores
   ``status`` and ``status`` ignores everything but status, labels and annotations.
+* scheduling gates (KEP-3521/3838, GA 1.30): gates only at creation (with
+  ``spec.nodeName`` forbidden beside them), then only removed, in any order;
+  while the old pod is gated ``nodeSelector`` may only gain entries and the
+  required node affinity may only be narrowed (set when it had no terms;
+  otherwise the same number of ORed terms, each keeping its
+  ``matchExpressions``/``matchFields`` as a prefix and appending); preferred
+  terms are free; one update may narrow and remove the last gate; a gated pod
+  has ``PodScheduled=False`` reason ``SchedulingGated`` and cannot be bound.
+* writes are optimistic (etcd's GuaranteedUpdate): no lock is held while an
+  update's patch, admission and validation run; if the object changed
+  meanwhile they run again on the new one, so of racing writers carrying the
+  same ``resourceVersion`` (two daemons renewing one Lease) exactly one wins.
+* admission webhooks (:class:`WebhookDispatcher`), as kube-apiserver calls
+  them: on CREATE/UPDATE/DELETE of any kind but the webhook configurations
+  themselves (``pods/status`` as UPDATE of that subresource, ``pods/binding``
+  as CREATE of a ``Binding``); ``rules`` (operations, apiGroups, apiVersions,
+  resources with ``*``, ``pods/*``, ``*/*``, scope), ``namespaceSelector``
+  (the namespace's labels; cluster-scoped objects always match),
+  ``objectSelector`` (the object's or the old object's labels); HTTPS only,
+  the certificate verified against ``caBundle`` (else the system roots) and
+  the URL's host, or ``<name>.<namespace>.svc`` for a ``service`` reference
+  (reached through ``webhooks.service_resolver``: there is no cluster network);
+  ``?timeout=<timeoutSeconds>s`` on the URL and that deadline on the call;
+  an AdmissionReview v1 with uid, kind, resource, subResource, requestKind,
+  requestResource, name (empty for generateName), namespace, operation,
+  userInfo (always ``system:admin``: no authentication), object, oldObject,
+  dryRun and options. Mutating webhooks run one after the other, configurations
+  by name, each seeing the last one's JSONPatch applied (then the defaults
+  again); validating ones in parallel after validation. A call that fails
+  (connection, TLS, deadline, non-200, bad review, uid mismatch) is
+  ``failurePolicy``'s: Fail is 500 ``Internal error occurred: failed calling
+  webhook "<name>": ...``, Ignore admits; a denial is the webhook's status
+  code (400 when under 400) with ``admission webhook "<name>" denied the
+  request: <message>``, which kubectl prints; a patch that does not apply is a
+  500 whatever the policy. Not done, refused when configured:
+  ``reinvocationPolicy: IfNeeded``, ``matchConditions`` (CEL), reviews other
+  than v1. ``matchPolicy: Equivalent`` is treated as Exact (each kind is
+  served in one version), ``sideEffects`` only validated (no dry runs),
+  ``warnings`` and ``auditAnnotations`` dropped.
 
 What it does NOT do (tests must not rely on these): authentication,
 authorization, admission plugins (no ServiceAccount token volume, no default
-tolerations, no LimitRange/ResourceQuota), admission webhooks (issue 14 adds
-them through :attr:`ApiServer.admission_hooks`), server-side apply
+tolerations, no LimitRange/ResourceQuota; :attr:`ApiServer.admission_hooks`
+are in-process stand-ins for them, run before the webhooks), server-side apply
 (``application/apply-patch+yaml`` is 415) and ``managedFields``, protobuf
 (JSON only; a request accepting only protobuf is 406), Table output (kubectl
 prints from the JSON itself), ``dryRun``, ``deletecollection``, the
@@ -110,6 +151,7 @@ import itertools
 import json
 import re
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -120,6 +162,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import jsonpatch
 import yaml
 
@@ -255,7 +298,8 @@ class ResourceType:
     return_deleted_object: bool = False
     status_reset_on_create: bool = False
     name_rule: str = "subdomain"  # or "label"
-    prepare_create: Callable[[ApiServer, dict], None] | None = None
+    defaults: Callable[[dict], None] | None = None  # before admission and after each webhook patch
+    prepare_create: Callable[[ApiServer, dict], None] | None = None  # after admission
     validate: Callable[[dict], list] | None = None
     validate_update: Callable[[ApiServer, dict, dict], list] | None = None
     storage: str | None = None  # another type's key whose objects this one shows (converted)
@@ -320,6 +364,7 @@ POD_MERGE_KEYS = {
 NODE_MERGE_KEYS = {**META_MERGE_KEYS, "spec.podCIDRs": "", "status.conditions": "type",
                    "status.addresses": "type"}
 SERVICE_MERGE_KEYS = {**META_MERGE_KEYS, "spec.ports": "port"}
+WEBHOOK_MERGE_KEYS = {**META_MERGE_KEYS, "webhooks": "name"}
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -342,7 +387,9 @@ def _name_errors(name: str, rule: str) -> list[tuple[str, str, str]]:
 # -- pods ---------------------------------------------------------------------
 
 
-def _pod_prepare_create(server: ApiServer, pod: dict) -> None:
+def _pod_defaults(pod: dict) -> None:
+    """The scheme's defaults (applied at decode, and again to what a mutating
+    webhook's patch returns)."""
     spec = pod.setdefault("spec", {})
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", 30)
@@ -365,6 +412,11 @@ def _pod_prepare_create(server: ApiServer, pod: dict) -> None:
                 requests = res.setdefault("requests", {})
                 for k, v in limits.items():
                     requests.setdefault(k, v)
+
+
+def _pod_prepare_create(server: ApiServer, pod: dict) -> None:
+    """The pod strategy's PrepareForCreate: after admission."""
+    spec = pod.setdefault("spec", {})
     pod["status"] = {"phase": "Pending", "qosClass": _qos_class(spec)}
     if spec.get("schedulingGates"):
         pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
@@ -440,15 +492,62 @@ def _pod_validate_update(server: ApiServer, new: dict, old: dict) -> list:
     if all(t in new_tol for t in old_tol):
         ns.pop("tolerations", None)
         os_.pop("tolerations", None)
-    if gated:
-        for k in ("nodeSelector", "affinity"):
-            ns.pop(k, None)
-            os_.pop(k, None)
+    if gated:  # KEP-3838: while gated, placement may only be narrowed
+        causes.extend(_gated_narrowing_errors(ns, os_))
+        ns.pop("nodeSelector", None)
+        os_.pop("nodeSelector", None)
+        for spec in (ns, os_):
+            aff = spec.get("affinity")
+            if isinstance(aff, dict):
+                aff = {k: v for k, v in aff.items() if k != "nodeAffinity" and v}
+                if aff:
+                    spec["affinity"] = aff
+                else:
+                    spec.pop("affinity")
     if ns != os_:
         causes.append(("FieldValueForbidden", "spec",
                        f"Forbidden: pod updates may not change fields other than {_POD_MUTABLE}"))
     for hook in server.pod_update_hooks:
         causes.extend(hook(new, old))
+    return causes
+
+
+def _gated_narrowing_errors(new: dict, old: dict) -> list:
+    """The real pod validation's rules (KEP-3838, GA 1.30) for a pod whose old
+    version has scheduling gates: ``nodeSelector`` only gains entries; a nil
+    ``nodeAffinity`` or one with no required terms may be set to anything;
+    otherwise the required ``nodeSelectorTerms`` (ORed) keep their number and
+    each term keeps its ``matchExpressions``/``matchFields`` (ANDed) as a
+    prefix, new requirements appended; preferred terms are free."""
+    causes = []
+    old_sel, new_sel = old.get("nodeSelector") or {}, new.get("nodeSelector") or {}
+    if any(k not in new_sel or new_sel[k] != v for k, v in old_sel.items()):
+        causes.append(("FieldValueInvalid", "spec.nodeSelector",
+                       f"Invalid value: {json.dumps(new_sel, sort_keys=True)}: only additions to spec.nodeSelector "
+                       f"are allowed (no mutations or deletions)"))
+
+    def terms(spec: dict) -> list | None:
+        req = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+        return None if req is None else (req.get("nodeSelectorTerms") or [])
+
+    old_terms, new_terms = terms(old), terms(new) or []
+    if not old_terms:  # nil affinity, nil required, or no terms: anything may be set
+        return causes
+    path = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    if len(old_terms) != len(new_terms):
+        causes.append(("FieldValueInvalid", path, f"Invalid value: {json.dumps(new_terms)}: no additions/deletions to "
+                                                  f"non-empty NodeSelectorTerms list are allowed while pod is gated"))
+        return causes
+    for i, (o, n) in enumerate(zip(old_terms, new_terms, strict=True)):
+        ok = True
+        for k in ("matchExpressions", "matchFields"):
+            ol, nl = o.get(k) or [], n.get(k) or []
+            if len(nl) < len(ol) or nl[:len(ol)] != ol:
+                ok = False
+        if not ok:
+            causes.append(("FieldValueInvalid", f"{path}[{i}]",
+                           f"Invalid value: {json.dumps(n)}: only additions are allowed (no mutations or deletions) "
+                           f"while pod is gated"))
     return causes
 
 
@@ -540,6 +639,141 @@ _EVENT_V1_FIELDS = {
     "regarding.fieldPath": "involvedObject.fieldPath", "reason": "reason",
     "reportingController": "reportingComponent", "type": "type",
 }
+# -- admission webhook configurations -----------------------------------------
+
+_WEBHOOK_OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT", "*")
+
+
+def _webhook_defaults(obj: dict) -> None:
+    """admissionregistration.k8s.io/v1 defaulting, as the real server stores it."""
+    mutating = obj.get("kind") == "MutatingWebhookConfiguration"
+    for wh in obj.get("webhooks") or []:
+        if not isinstance(wh, dict):
+            continue
+        wh.setdefault("failurePolicy", "Fail")
+        wh.setdefault("matchPolicy", "Equivalent")
+        wh.setdefault("namespaceSelector", {})
+        wh.setdefault("objectSelector", {})
+        wh.setdefault("timeoutSeconds", 10)
+        if mutating:
+            wh.setdefault("reinvocationPolicy", "Never")
+        for rule in wh.get("rules") or []:
+            if isinstance(rule, dict):
+                rule.setdefault("scope", "*")
+        svc = (wh.get("clientConfig") or {}).get("service")
+        if isinstance(svc, dict):
+            svc.setdefault("port", 443)
+
+
+def _webhook_config_prepare(server: ApiServer, obj: dict) -> None:
+    _webhook_defaults(obj)
+
+
+def _webhook_config_validate(obj: dict) -> list:
+    """The real validation's checks and messages, plus the stand-in's own
+    limits (v1 reviews only, reinvocationPolicy Never, no matchConditions),
+    refused rather than ignored."""
+    _webhook_defaults(obj)  # updates are defaulted too
+    causes: list[tuple[str, str, str]] = []
+    mutating = obj.get("kind") == "MutatingWebhookConfiguration"
+    names: set[str] = set()
+    for i, wh in enumerate(obj.get("webhooks") or []):
+        p = f"webhooks[{i}]"
+        if not isinstance(wh, dict):
+            causes.append(("FieldValueInvalid", p, "Invalid value: a webhook must be an object"))
+            continue
+        name = wh.get("name") or ""
+        if not name:
+            causes.append(("FieldValueRequired", f"{p}.name", "Required value"))
+        elif name.count(".") < 2 or not _SUBDOMAIN.match(name):
+            causes.append(("FieldValueInvalid", f"{p}.name",
+                           f'Invalid value: "{name}": should be a domain with at least three segments separated '
+                           f"by dots"))
+        elif name in names:
+            causes.append(("FieldValueDuplicate", f"{p}.name", f'Duplicate value: "{name}"'))
+        names.add(name)
+        versions = wh.get("admissionReviewVersions") or []
+        if not versions:
+            causes.append(("FieldValueRequired", f"{p}.admissionReviewVersions",
+                           "Required value: must specify one of v1, v1beta1"))
+        elif "v1" not in versions:
+            causes.append(("FieldValueInvalid", f"{p}.admissionReviewVersions",
+                           f"Invalid value: {json.dumps(versions)}: the API-server stand-in sends "
+                           f"admission.k8s.io/v1 reviews only: include v1"))
+        side = wh.get("sideEffects")
+        if not side:
+            causes.append(("FieldValueRequired", f"{p}.sideEffects",
+                           "Required value: must specify one of None, NoneOnDryRun"))
+        elif side not in ("None", "NoneOnDryRun"):
+            causes.append(("FieldValueNotSupported", f"{p}.sideEffects",
+                           f'Unsupported value: "{side}": supported values: "None", "NoneOnDryRun"'))
+        timeout = wh.get("timeoutSeconds")
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= 30:
+            causes.append(("FieldValueInvalid", f"{p}.timeoutSeconds",
+                           f"Invalid value: {json.dumps(timeout)}: the timeout value must be between 1 and 30 "
+                           f"seconds"))
+        if wh.get("failurePolicy") not in ("Fail", "Ignore"):
+            causes.append(("FieldValueNotSupported", f"{p}.failurePolicy",
+                           f'Unsupported value: "{wh.get("failurePolicy")}": supported values: "Fail", "Ignore"'))
+        if wh.get("matchPolicy") not in ("Exact", "Equivalent"):
+            causes.append(("FieldValueNotSupported", f"{p}.matchPolicy",
+                           f'Unsupported value: "{wh.get("matchPolicy")}": supported values: "Equivalent", '
+                           f'"Exact"'))
+        if mutating and wh.get("reinvocationPolicy") != "Never":
+            causes.append(("FieldValueNotSupported", f"{p}.reinvocationPolicy",
+                           f'Unsupported value: "{wh.get("reinvocationPolicy")}": the API-server stand-in '
+                           f'implements "Never" only'))
+        if wh.get("matchConditions"):
+            causes.append(("FieldValueForbidden", f"{p}.matchConditions",
+                           "Forbidden: the API-server stand-in has no CEL: leave matchConditions out"))
+        cc = wh.get("clientConfig") or {}
+        if bool(cc.get("url")) == bool(cc.get("service")):
+            causes.append(("FieldValueRequired", f"{p}.clientConfig",
+                           "Required value: exactly one of url or service is required"))
+        elif cc.get("url"):
+            u = urlsplit(cc["url"])
+            if u.scheme != "https":
+                causes.append(("FieldValueInvalid", f"{p}.clientConfig.url",
+                               f"Invalid value: \"{cc['url']}\": 'https' is the only allowed URL scheme"))
+            elif u.username or u.password or u.query or u.fragment or not u.hostname:
+                causes.append(("FieldValueInvalid", f"{p}.clientConfig.url",
+                               f"Invalid value: \"{cc['url']}\": a host is required and user info, query "
+                               f"parameters and fragments are not allowed"))
+        else:
+            svc = cc["service"]
+            for k in ("namespace", "name"):
+                if not svc.get(k):
+                    causes.append(("FieldValueRequired", f"{p}.clientConfig.service.{k}", "Required value"))
+            port = svc.get("port")
+            if not isinstance(port, int) or not 1 <= port <= 65535:
+                causes.append(("FieldValueInvalid", f"{p}.clientConfig.service.port",
+                               f"Invalid value: {json.dumps(port)}: port is not valid: must be between 1 and 65535"))
+            if svc.get("path") and not str(svc["path"]).startswith("/"):
+                causes.append(("FieldValueInvalid", f"{p}.clientConfig.service.path",
+                               f"Invalid value: \"{svc['path']}\": must start with a '/'"))
+        if cc.get("caBundle"):
+            try:
+                base64.b64decode(cc["caBundle"], validate=True)
+            except (ValueError, TypeError):
+                causes.append(("FieldValueInvalid", f"{p}.clientConfig.caBundle",
+                               "Invalid value: a caBundle is base64-encoded PEM (JSON []byte)"))
+        for j, rule in enumerate(wh.get("rules") or []):
+            rp = f"{p}.rules[{j}]"
+            for k in ("operations", "apiGroups", "apiVersions", "resources"):
+                if not rule.get(k):
+                    causes.append(("FieldValueRequired", f"{rp}.{k}", "Required value"))
+            for op in rule.get("operations") or []:
+                if op not in _WEBHOOK_OPERATIONS:
+                    causes.append(("FieldValueNotSupported", f"{rp}.operations",
+                                   f'Unsupported value: "{op}": supported values: "*", "CONNECT", "CREATE", '
+                                   f'"DELETE", "UPDATE"'))
+            if rule.get("scope") not in ("*", "Cluster", "Namespaced"):
+                causes.append(("FieldValueNotSupported", f"{rp}.scope",
+                               f'Unsupported value: "{rule.get("scope")}": supported values: "*", "Cluster", '
+                               f'"Namespaced"'))
+    return causes
+
+
 _ALL_VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
 
 
@@ -554,7 +788,8 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
                   "status.phase": "status.phase", "status.podIP": "status.podIP",
                   "status.nominatedNodeName": "status.nominatedNodeName"},
                  POD_MERGE_KEYS, generation=True, graceful=True, return_deleted_object=True,
-                 status_reset_on_create=True, prepare_create=_pod_prepare_create, validate=_pod_validate,
+                 status_reset_on_create=True, defaults=_pod_defaults, prepare_create=_pod_prepare_create,
+                 validate=_pod_validate,
                  validate_update=_pod_validate_update),
     ResourceType("", "v1", "Node", "nodes", False, ("no",), (), ("status",),
                  {"spec.unschedulable": lambda o: bool(_get(o, "spec.unschedulable"))},
@@ -570,6 +805,12 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "Service", "services", True, ("svc",), ("all",), ("status",), {},
                  SERVICE_MERGE_KEYS, name_rule="label", return_deleted_object=True,
                  status_reset_on_create=True, prepare_create=_service_prepare_create),
+    ResourceType("admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration",
+                 "mutatingwebhookconfigurations", False, (), ("api-extensions",), (), {}, WEBHOOK_MERGE_KEYS,
+                 generation=True, prepare_create=_webhook_config_prepare, validate=_webhook_config_validate),
+    ResourceType("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration",
+                 "validatingwebhookconfigurations", False, (), ("api-extensions",), (), {}, WEBHOOK_MERGE_KEYS,
+                 generation=True, prepare_create=_webhook_config_prepare, validate=_webhook_config_validate),
 )
 
 # ---------------------------------------------------------------------------
@@ -658,6 +899,330 @@ def parse_field_selector(rt: ResourceType, text: str) -> Callable[[dict], bool]:
         return True
 
     return match
+
+
+# ---------------------------------------------------------------------------
+# admission webhooks (admission.k8s.io/v1 AdmissionReview)
+
+
+def label_selector_matches(selector: Mapping | None, labels: Mapping[str, str]) -> bool:
+    """A metav1.LabelSelector (``matchLabels``, ``matchExpressions`` with In,
+    NotIn, Exists, DoesNotExist) over labels; empty or missing matches all."""
+    if not selector:
+        return True
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if op == "In":
+            ok = key in labels and labels[key] in values
+        elif op == "NotIn":
+            ok = key not in labels or labels[key] not in values
+        elif op == "Exists":
+            ok = key in labels
+        elif op == "DoesNotExist":
+            ok = key not in labels
+        else:
+            raise bad_request(f'"{op}" is not a valid label selector operator: accepted In, NotIn, Exists, '
+                              f"DoesNotExist")
+        if not ok:
+            return False
+    return True
+
+
+class _CallError(Exception):
+    """webhookutil.ErrCallingWebhook: failurePolicy decides."""
+
+
+USER_INFO = {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]}
+
+
+class WebhookDispatcher:
+    """Calls the webhooks of the stored ``MutatingWebhookConfiguration`` and
+    ``ValidatingWebhookConfiguration`` objects as kube-apiserver's admission
+    does. Mutating: configurations by name, webhooks in order, one after the
+    other, each seeing the previous one's patch (reinvocation ``Never``).
+    Validating: all matching ones in parallel; any denial refuses.
+
+    ``service_resolver``: there is no cluster network here, so a webhook with
+    ``clientConfig.service`` is reached through this callable,
+    ``(namespace, name, port) -> "host:port"``, which a test sets; the Service
+    object must exist (as for the real server), and the certificate is still
+    verified for ``<name>.<namespace>.svc``. Unset, such a call fails (and the
+    webhook's failurePolicy decides), as one to an unreachable service does.
+    """
+
+    def __init__(self, server: ApiServer) -> None:
+        self.server = server
+        self.service_resolver: Callable[[str, str, int], str] | None = None
+        self._clients: dict[str, httpx.Client] = {}
+        self._clients_lock = threading.Lock()
+        self.calls = 0  # webhook HTTP calls made (for tests)
+
+    def close(self) -> None:
+        with self._clients_lock:
+            for c in self._clients.values():
+                c.close()
+            self._clients.clear()
+
+    def configured(self) -> bool:
+        with self.server._cond:
+            return any(k[0] in ("mutatingwebhookconfigurations.admissionregistration.k8s.io",
+                                "validatingwebhookconfigurations.admissionregistration.k8s.io")
+                       for k in self.server._objects)
+
+    # -- matching ------------------------------------------------------------
+
+    def _hooks(self, plural: str) -> list[dict]:
+        skey = f"{plural}.admissionregistration.k8s.io"
+        with self.server._cond:
+            configs = sorted((k[2], v) for k, v in self.server._objects.items() if k[0] == skey)
+            return [copy.deepcopy(wh) for _name, cfg in configs for wh in cfg.get("webhooks") or []]
+
+    def _namespace_labels(self, rt: ResourceType, ns: str, obj: dict | None, old: dict | None) -> dict | None:
+        """None: the object is cluster-scoped and not a namespace (every
+        namespaceSelector matches)."""
+        if rt.group == "" and rt.plural == "namespaces":
+            return ((obj or old or {}).get("metadata") or {}).get("labels") or {}
+        if not rt.namespaced:
+            return None
+        with self.server._cond:
+            nsobj = self.server._objects.get(("namespaces", "", ns))
+            if nsobj is None:
+                raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
+            return dict((nsobj["metadata"].get("labels") or {}))
+
+    @staticmethod
+    def _rule_matches(rule: dict, rt: ResourceType, sub: str, operation: str) -> bool:
+        if not any(o in ("*", operation) for o in rule.get("operations") or []):
+            return False
+        if not any(g in ("*", rt.group) for g in rule.get("apiGroups") or []):
+            return False
+        if not any(v in ("*", rt.version) for v in rule.get("apiVersions") or []):
+            return False
+        scope = rule.get("scope", "*")
+        if scope == "Cluster" and rt.namespaced or scope == "Namespaced" and not rt.namespaced:
+            return False
+        for res in rule.get("resources") or []:
+            r, _, s = res.partition("/")
+            if r in ("*", rt.plural) and s in ("*", sub):
+                return True
+        return False
+
+    def _matching(self, plural: str, rt: ResourceType, sub: str, operation: str, ns: str,
+                  obj: dict | None, old: dict | None) -> list[dict]:
+        if rt.group == "admissionregistration.k8s.io":
+            return []  # never called for webhook configurations (no lock-out)
+        hooks = self._hooks(plural)
+        if not hooks:
+            return []
+        ns_labels = None
+        out = []
+        for wh in hooks:
+            if not any(self._rule_matches(r, rt, sub, operation) for r in wh.get("rules") or []):
+                continue
+            if wh.get("namespaceSelector"):
+                if ns_labels is None:
+                    ns_labels = self._namespace_labels(rt, ns, obj, old)
+                if ns_labels is not None and not label_selector_matches(wh["namespaceSelector"], ns_labels):
+                    continue
+            sel = wh.get("objectSelector")
+            if sel and not any(o is not None and label_selector_matches(
+                    sel, (o.get("metadata") or {}).get("labels") or {}) for o in (obj, old)):
+                continue
+            out.append(wh)
+        return out
+
+    # -- the call ------------------------------------------------------------
+
+    def _review(self, rt: ResourceType, sub: str, operation: str, ns: str, obj: dict | None,
+                old: dict | None, options: dict) -> dict:
+        shown = obj if obj is not None else old
+        kind = shown.get("kind") or rt.kind
+        group, _, version = (shown.get("apiVersion") or rt.group_version).rpartition("/")
+        gvk = {"group": group, "version": version, "kind": kind}
+        gvr = {"group": rt.group, "version": rt.version, "resource": rt.plural}
+        req = {"uid": str(uuid.uuid4()), "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
+               "name": (shown.get("metadata") or {}).get("name") or "", "operation": operation,
+               "userInfo": copy.deepcopy(USER_INFO), "object": obj, "oldObject": old, "dryRun": False,
+               "options": options or {"kind": f"{operation.capitalize()}Options", "apiVersion": "meta.k8s.io/v1"}}
+        if sub:
+            req["subResource"] = req["requestSubResource"] = sub
+        if ns:
+            req["namespace"] = ns
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+
+    def _client(self, ca_bundle: str) -> httpx.Client:
+        with self._clients_lock:
+            c = self._clients.get(ca_bundle)
+            if c is None:
+                if ca_bundle:
+                    ctx = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode())
+                else:
+                    ctx = ssl.create_default_context()  # the system roots, as the real server
+                c = httpx.Client(verify=ctx)
+                self._clients[ca_bundle] = c
+            return c
+
+    def _call(self, wh: dict, review: dict) -> dict:
+        cc = wh.get("clientConfig") or {}
+        timeout = int(wh.get("timeoutSeconds") or 10)
+        headers = {"Content-Type": "application/json", "Accept": "application/json, */*"}
+        extensions: dict = {}
+        if cc.get("url"):
+            shown = connect = cc["url"]
+        else:
+            svc = cc["service"]
+            host = f"{svc['name']}.{svc['namespace']}.svc"
+            port, path = int(svc.get("port") or 443), svc.get("path") or ""
+            shown = f"https://{host}:{port}{path}"
+            with self.server._cond:
+                if ("services", svc["namespace"], svc["name"]) not in self.server._objects:
+                    raise _CallError(f'failed to call webhook: service "{svc["name"]}" not found')
+            if self.service_resolver is None:
+                raise _CallError(f'failed to call webhook: Post "{shown}?timeout={timeout}s": the API-server '
+                                 f"stand-in has no cluster network and no service_resolver was set to reach "
+                                 f"service {svc['namespace']}/{svc['name']} port {port}")
+            connect = f"https://{self.service_resolver(svc['namespace'], svc['name'], port)}{path}"
+            headers["Host"] = f"{host}:{port}"
+            extensions["sni_hostname"] = host
+        sep = "&" if "?" in connect else "?"
+        post = f'Post "{shown}?timeout={timeout}s"'
+        self.calls += 1
+        try:
+            r = self._client(cc.get("caBundle") or "").post(
+                f"{connect}{sep}timeout={timeout}s", content=json.dumps(review), headers=headers,
+                timeout=timeout, extensions=extensions)
+        except httpx.TimeoutException:
+            raise _CallError(f"failed to call webhook: {post}: context deadline exceeded") from None
+        except (httpx.HTTPError, ssl.SSLError, OSError) as e:
+            cause: BaseException | None = e
+            while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+                cause = cause.__cause__ or cause.__context__
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                why = f"tls: failed to verify certificate: {cause.verify_message}"
+            elif "CERTIFICATE_VERIFY_FAILED" in str(e):  # httpcore re-raises without the chain
+                why = f"tls: failed to verify certificate: {e}"
+            else:
+                why = f"{type(e).__name__}: {e}"
+            raise _CallError(f"failed to call webhook: {post}: {why}") from None
+        if r.status_code != 200:
+            raise _CallError(f'failed to call webhook: an error on the server ("{r.text[:200]}") has prevented '
+                             f"the request from succeeding (status {r.status_code})")
+        try:
+            answer = r.json()
+        except ValueError as e:
+            raise _CallError(f"received invalid webhook response: {e}") from None
+        if not isinstance(answer, dict) or answer.get("apiVersion") != "admission.k8s.io/v1" \
+                or answer.get("kind") != "AdmissionReview":
+            got = answer if not isinstance(answer, dict) else f"{answer.get('apiVersion')}, Kind={answer.get('kind')}"
+            raise _CallError(f"received invalid webhook response: expected webhook response of "
+                             f"admission.k8s.io/v1, Kind=AdmissionReview, got {got}")
+        resp = answer.get("response")
+        if not isinstance(resp, dict):
+            raise _CallError("received invalid webhook response: webhook response was absent")
+        if resp.get("uid") != review["request"]["uid"]:
+            raise _CallError(f'received invalid webhook response: expected response.uid="{review["request"]["uid"]}", '
+                             f'got "{resp.get("uid")}"')
+        if resp.get("patch") and resp.get("patchType") is None:
+            raise _CallError("received invalid webhook response: webhook returned response.patch but not "
+                             "response.patchType")
+        if resp.get("patchType") not in (None, "JSONPatch"):
+            raise _CallError(f'received invalid webhook response: webhook returned invalid response.patchType of '
+                             f'"{resp["patchType"]}"')
+        return resp
+
+    @staticmethod
+    def _denied(name: str, status: dict | None) -> ApiError:
+        status = dict(status or {})
+        code = int(status.get("code") or 0)
+        if code < 400:
+            code = 400
+        denied = f'admission webhook "{name}" denied the request'
+        if status.get("message"):
+            message = f"{denied}: {status['message']}"
+        elif status.get("reason"):
+            message = f"{denied}: {status['reason']}"
+        else:
+            message = f"{denied} without explanation"
+        return ApiError(code, status.get("reason") or "", message, status.get("details"))
+
+    @staticmethod
+    def _internal(text: str) -> ApiError:
+        return ApiError(500, "InternalError", f"Internal error occurred: {text}", {"causes": [{"message": text}]})
+
+    def _ask(self, wh: dict, review: dict) -> dict | None:
+        """The webhook's response, or None when it could not be called and its
+        failurePolicy is Ignore; raises the real server's errors."""
+        name = wh.get("name")
+        try:
+            return self._call(wh, review)
+        except _CallError as e:
+            text = f'failed calling webhook "{name}": {e}'
+            if wh.get("failurePolicy") == "Ignore":
+                log.warning("apiserver_standin_webhook_failing_open", webhook=name, error=text)
+                return None
+            log.warning("apiserver_standin_webhook_failing_closed", webhook=name, error=text)
+            raise self._internal(text) from None
+
+    def mutate(self, rt: ResourceType, sub: str, operation: str, ns: str, obj: dict | None, old: dict | None,
+               options: dict) -> dict | None:
+        for wh in self._matching("mutatingwebhookconfigurations", rt, sub, operation, ns, obj, old):
+            review = self._review(rt, sub, operation, ns, obj, old, options)
+            resp = self._ask(wh, review)
+            if resp is None:
+                continue
+            if not resp.get("allowed"):
+                raise self._denied(wh["name"], resp.get("status"))
+            if not resp.get("patch"):
+                continue
+            try:
+                ops = json.loads(base64.b64decode(resp["patch"], validate=True))
+            except (ValueError, TypeError) as e:
+                raise self._internal(f"webhook {wh['name']!r} returned a patch that is not base64 JSON: {e}") from None
+            if not ops:
+                continue
+            if obj is None:
+                raise self._internal(f'admission webhook "{wh["name"]}" attempted to modify the object, which is '
+                                     f"not supported for this operation")
+            try:
+                obj = jsonpatch.apply_patch(obj, ops)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as e:
+                raise self._internal(str(e)) from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+                raise self._internal(f'admission webhook "{wh["name"]}" patched the object into something that '
+                                     f"is not an object with metadata")
+            if rt.defaults and not sub:
+                rt.defaults(obj)  # the patched object is decoded (and defaulted) again
+        return obj
+
+    def validate(self, rt: ResourceType, sub: str, operation: str, ns: str, obj: dict | None, old: dict | None,
+                 options: dict) -> None:
+        hooks = self._matching("validatingwebhookconfigurations", rt, sub, operation, ns, obj, old)
+        if not hooks:
+            return
+        errors: list[ApiError | None] = [None] * len(hooks)
+
+        def one(i: int, wh: dict) -> None:
+            try:
+                resp = self._ask(wh, self._review(rt, sub, operation, ns, obj, old, options))
+                if resp is not None and resp.get("patch"):
+                    raise self._internal(f'failed calling webhook "{wh["name"]}": received invalid webhook '
+                                         f"response: validating webhook may not return response.patch")
+                if resp is not None and not resp.get("allowed"):
+                    raise self._denied(wh["name"], resp.get("status"))
+            except ApiError as e:
+                errors[i] = e
+
+        threads = [threading.Thread(target=one, args=(i, wh), daemon=True) for i, wh in enumerate(hooks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for e in errors:
+            if e is not None:
+                raise e
 
 
 # ---------------------------------------------------------------------------
@@ -817,10 +1382,17 @@ _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 class ApiServer:
     """The stand-in; ``with ApiServer() as api:`` or :meth:`start`/:meth:`stop`.
 
-    ``url`` is its base address. Test helpers (direct, not over HTTP):
+    ``url`` is its base address. Test helpers (direct, not over HTTP, but
+    through the same admission, webhooks included):
     :meth:`create`, :meth:`get`, :meth:`list`, :meth:`update`, :meth:`delete`,
     :meth:`set_status`, :meth:`finish_deletion`, :meth:`compact`,
-    :meth:`write_kubeconfig`, :meth:`register`.
+    :meth:`write_kubeconfig`, :meth:`register`, :meth:`close_watches`,
+    :meth:`hold_watches`. Hooks: :attr:`admission_hooks` (in-process mutating
+    admission, ``hook(rt, operation, obj, old) -> obj`` or raise
+    :class:`ApiError`), :attr:`pod_update_hooks` (extra pod update checks,
+    ``hook(new, old) -> [(reason, field, message)]``), :attr:`webhooks` (the
+    :class:`WebhookDispatcher`; set ``webhooks.service_resolver`` for
+    webhooks referenced by Service).
     """
 
     def __init__(self, *, history: int = 10000, bookmark_interval: float = 1.0,
@@ -839,6 +1411,7 @@ class ApiServer:
         self.pod_update_hooks: list[Callable[[dict, dict], list]] = []
         # issue 14: called as hook(rt, operation, obj, old) -> obj (mutated) or raises ApiError
         self.admission_hooks: list[Callable[[ResourceType, str, dict, dict | None], dict]] = []
+        self.webhooks = WebhookDispatcher(self)  # see its docstring (service_resolver)
         self._stopped = False
         self._watch_epoch = 0  # close_watches() ends every stream started in an earlier epoch
         self._watches_held = 0  # while > 0, new watch requests wait (hold_watches)
@@ -865,6 +1438,7 @@ class ApiServer:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+        self.webhooks.close()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -1025,6 +1599,10 @@ class ApiServer:
             raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
 
     def do_create(self, rt: ResourceType, ns: str, body: dict) -> dict:
+        """Create as the real server orders it: defaults, the in-process
+        :attr:`admission_hooks`, mutating webhooks, then names, validation,
+        validating webhooks, store. No lock is held while a webhook is called
+        (a webhook may call this server)."""
         if not isinstance(body, dict):
             raise bad_request(f"the body of a create must be a JSON object, not {type(body).__name__}")
         self._check_kind(rt, body)
@@ -1042,6 +1620,21 @@ class ApiServer:
             raise ApiError(500, "InternalError", "resourceVersion should not be set on objects to be created",
                            {"causes": [{"message": "resourceVersion should not be set on objects to be created"}]})
         with self._cond:
+            self._check_namespace(rt, ns)
+        for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                  "generation", "managedFields", "selfLink"):
+            meta.pop(k, None)
+        if rt.defaults:
+            rt.defaults(body)
+        for hook in self.admission_hooks:
+            body = hook(rt, "CREATE", body, None)
+        body = self.webhooks.mutate(rt, "", "CREATE", ns, body, None, {})
+        meta = body["metadata"]
+        if rt.status_reset_on_create:
+            body.pop("status", None)
+        if rt.prepare_create:
+            rt.prepare_create(self, body)
+        with self._cond:
             if not meta.get("name") and meta.get("generateName"):
                 while True:
                     suffix = "".join(_GENERATE_ALPHABET[b % len(_GENERATE_ALPHABET)] for b in uuid.uuid4().bytes[:5])
@@ -1049,27 +1642,20 @@ class ApiServer:
                     if (rt.storage_key, ns, candidate) not in self._objects:
                         meta["name"] = candidate
                         break
-            name = meta.get("name") or ""
-            if not name:
-                raise invalid(rt, "", [("FieldValueRequired", "metadata.name",
-                                        "Required value: name or generateName is required")])
-            causes = _name_errors(name, rt.name_rule)
+        name = meta.get("name") or ""
+        if not name:
+            raise invalid(rt, "", [("FieldValueRequired", "metadata.name",
+                                    "Required value: name or generateName is required")])
+        causes = _name_errors(name, rt.name_rule)
+        if causes:
+            raise invalid(rt, name, causes)
+        if rt.validate:
+            causes = rt.validate(body)
             if causes:
                 raise invalid(rt, name, causes)
+        self.webhooks.validate(rt, "", "CREATE", ns, body, None, {})
+        with self._cond:
             self._check_namespace(rt, ns)
-            for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
-                      "generation", "managedFields", "selfLink"):
-                meta.pop(k, None)
-            if rt.status_reset_on_create:
-                body.pop("status", None)
-            if rt.prepare_create:
-                rt.prepare_create(self, body)
-            for hook in self.admission_hooks:
-                body = hook(rt, "CREATE", body, None)
-            if rt.validate:
-                causes = rt.validate(body)
-                if causes:
-                    raise invalid(rt, name, causes)
             stored = rt.to_storage(body) if rt.to_storage else body
             key = (rt.storage_key, ns, name)
             if key in self._objects:
@@ -1102,85 +1688,103 @@ class ApiServer:
 
     def do_update(self, rt: ResourceType, ns: str, name: str, mutate: Callable[[dict], dict],
                   subresource: str | None = None) -> dict:
-        """Read, ``mutate(view) -> new view``, check, store: the one write path
-        of PUT, PATCH, status and binding."""
-        with self._cond:
-            key = (rt.storage_key, ns, name)
-            stored = self._objects.get(key)
-            if stored is None:
-                raise not_found(rt, name)
-            old = self._view(rt, stored)
-            new = mutate(copy.deepcopy(old))
-            if not isinstance(new, dict):
-                raise bad_request(f"the updated object must be a JSON object, not {type(new).__name__}")
-            self._check_kind(rt, new)
-            meta = new.get("metadata")
-            if not isinstance(meta, dict):
-                raise bad_request("metadata must be an object")
-            if meta.get("name") != name:
-                raise bad_request(f"the name of the object ({meta.get('name')}) does not match the name on "
-                                  f"the URL ({name})")
-            if rt.namespaced and meta.get("namespace") not in (None, "", ns):
-                raise bad_request("the namespace of the provided object does not match the namespace sent on "
-                                  "the request")
-            sent_rv = meta.get("resourceVersion")
-            if sent_rv not in (None, "") and sent_rv != old["metadata"]["resourceVersion"]:
-                raise stale(rt, name)
-            ometa = old["metadata"]
-            for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
-                      "generation", "resourceVersion"):
-                if k in ometa:
-                    meta[k] = ometa[k]
+        """Read, ``mutate(view) -> new view``, check, admit, store: the one
+        write path of PUT, PATCH, status and binding. Optimistic, as etcd's
+        GuaranteedUpdate: nothing is locked while ``mutate`` and the webhooks
+        run; if the object changed meanwhile, all of it runs again on the new
+        one (so a request that carried the old resourceVersion gets its 409)."""
+        key = (rt.storage_key, ns, name)
+        while True:
+            with self._cond:
+                stored = self._objects.get(key)
+                if stored is None:
+                    raise not_found(rt, name)
+                old = self._view(rt, stored)
+            new = self._updated(rt, ns, name, mutate, subresource, old)
+            with self._cond:
+                if self._objects.get(key) is not stored:
+                    continue  # written meanwhile: again, on the new object
+                if new == old:
+                    return old  # nothing changed: no write, no event
+                meta, ometa = new["metadata"], old["metadata"]
+                if rt.generation and _spec_of(new) != _spec_of(old):
+                    meta["generation"] = int(ometa.get("generation", 0)) + 1
+                stored_new = rt.to_storage(new) if rt.to_storage else new
+                meta_s = stored_new["metadata"]
+                if (meta_s.get("deletionTimestamp") and not meta_s.get("finalizers")
+                        and meta_s.get("deletionGracePeriodSeconds", 0) == 0):
+                    return self._remove(rt, key, stored_new)
+                meta_s["resourceVersion"] = str(self._bump())
+                self._objects[key] = stored_new
+                self._record("MODIFIED", rt.storage_key, stored_new, stored)
+                return self._view(rt, stored_new)
+
+    def _updated(self, rt: ResourceType, ns: str, name: str, mutate: Callable[[dict], dict],
+                 subresource: str | None, old: dict) -> dict:
+        new = mutate(copy.deepcopy(old))
+        if not isinstance(new, dict):
+            raise bad_request(f"the updated object must be a JSON object, not {type(new).__name__}")
+        self._check_kind(rt, new)
+        meta = new.get("metadata")
+        if not isinstance(meta, dict):
+            raise bad_request("metadata must be an object")
+        if meta.get("name") != name:
+            raise bad_request(f"the name of the object ({meta.get('name')}) does not match the name on "
+                              f"the URL ({name})")
+        if rt.namespaced and meta.get("namespace") not in (None, "", ns):
+            raise bad_request("the namespace of the provided object does not match the namespace sent on "
+                              "the request")
+        sent_rv = meta.get("resourceVersion")
+        if sent_rv not in (None, "") and sent_rv != old["metadata"]["resourceVersion"]:
+            raise stale(rt, name)
+        ometa = old["metadata"]
+        for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                  "generation", "resourceVersion"):
+            if k in ometa:
+                meta[k] = ometa[k]
+            else:
+                meta.pop(k, None)
+        if rt.namespaced:
+            meta["namespace"] = ns
+        if "status" in rt.subresources:
+            if subresource == "status":
+                for k in set(new) | set(old):
+                    if k not in ("metadata", "status", "apiVersion", "kind"):
+                        if k in old:
+                            new[k] = old[k]
+                        else:
+                            new.pop(k, None)
+                if "ownerReferences" in ometa:
+                    meta["ownerReferences"] = ometa["ownerReferences"]
                 else:
-                    meta.pop(k, None)
-            if rt.namespaced:
-                meta["namespace"] = ns
-            if "status" in rt.subresources:
-                if subresource == "status":
-                    for k in set(new) | set(old):
-                        if k not in ("metadata", "status", "apiVersion", "kind"):
-                            if k in old:
-                                new[k] = old[k]
-                            else:
-                                new.pop(k, None)
-                    if "ownerReferences" in ometa:
-                        meta["ownerReferences"] = ometa["ownerReferences"]
-                    else:
-                        meta.pop("ownerReferences", None)
-                elif subresource is None:
-                    if "status" in old:
-                        new["status"] = old["status"]
-                    else:
-                        new.pop("status", None)
-            if rt.kind == "Secret" and rt.group == "":
-                _fold_string_data(new)
-            if subresource is None:
-                for hook in self.admission_hooks:
-                    new = hook(rt, "UPDATE", new, old)
-            if rt.validate_update and subresource is None:
-                causes = rt.validate_update(self, new, old)
-                if causes:
-                    raise invalid(rt, name, causes)
-            if rt.validate:
-                causes = rt.validate(new)
-                if causes:
-                    raise invalid(rt, name, causes)
-            if ometa.get("deletionTimestamp") and len(meta.get("finalizers") or []) > len(ometa.get("finalizers") or []):
-                raise invalid(rt, name, [("FieldValueForbidden", "metadata.finalizers",
-                                          "Forbidden: no new finalizers can be added if the object is being deleted")])
-            if new == old:
-                return old  # nothing changed: no write, no event
-            if rt.generation and _spec_of(new) != _spec_of(old):
-                meta["generation"] = int(ometa.get("generation", 0)) + 1
-            stored_new = rt.to_storage(new) if rt.to_storage else new
-            meta_s = stored_new["metadata"]
-            if (meta_s.get("deletionTimestamp") and not meta_s.get("finalizers")
-                    and meta_s.get("deletionGracePeriodSeconds", 0) == 0):
-                return self._remove(rt, key, stored_new)
-            meta_s["resourceVersion"] = str(self._bump())
-            self._objects[key] = stored_new
-            self._record("MODIFIED", rt.storage_key, stored_new, stored)
-            return self._view(rt, stored_new)
+                    meta.pop("ownerReferences", None)
+            elif subresource is None:
+                if "status" in old:
+                    new["status"] = old["status"]
+                else:
+                    new.pop("status", None)
+        if rt.kind == "Secret" and rt.group == "":
+            _fold_string_data(new)
+        if subresource is None:
+            for hook in self.admission_hooks:
+                new = hook(rt, "UPDATE", new, old)
+        if subresource in (None, "status"):  # binding: admitted as a CREATE of the Binding (do_bind)
+            new = self.webhooks.mutate(rt, subresource or "", "UPDATE", ns, new, old, {})
+            meta = new["metadata"]
+        if rt.validate_update and subresource is None:
+            causes = rt.validate_update(self, new, old)
+            if causes:
+                raise invalid(rt, name, causes)
+        if rt.validate:
+            causes = rt.validate(new)
+            if causes:
+                raise invalid(rt, name, causes)
+        if ometa.get("deletionTimestamp") and len(meta.get("finalizers") or []) > len(ometa.get("finalizers") or []):
+            raise invalid(rt, name, [("FieldValueForbidden", "metadata.finalizers",
+                                      "Forbidden: no new finalizers can be added if the object is being deleted")])
+        if subresource in (None, "status") and new != old:
+            self.webhooks.validate(rt, subresource or "", "UPDATE", ns, new, old, {})
+        return new
 
     def _remove(self, rt: ResourceType, key, last: dict) -> dict:
         prev = self._objects.pop(key)
@@ -1191,6 +1795,11 @@ class ApiServer:
 
     def do_delete(self, rt: ResourceType, ns: str, name: str, options: dict) -> tuple[dict, bool]:
         """Returns (the object as it now is or was last, whether it is gone)."""
+        if self.webhooks.configured():
+            current = self.do_get(rt, ns, name)
+            opts = {"kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1", **options}
+            self.webhooks.mutate(rt, "", "DELETE", ns, None, current, opts)
+            self.webhooks.validate(rt, "", "DELETE", ns, None, current, opts)
         with self._cond:
             key = (rt.storage_key, ns, name)
             stored = self._objects.get(key)
@@ -1250,6 +1859,14 @@ class ApiServer:
         if not node:
             raise invalid(self.types[("", "v1", "pods")], name,
                           [("FieldValueRequired", "target.name", "Required value")])
+        if self.webhooks.configured():  # pods/binding is admitted as the CREATE of a Binding
+            obj = {**copy.deepcopy(binding), "apiVersion": "v1", "kind": "Binding"}
+            obj["metadata"] = {**copy.deepcopy(bmeta), "name": name, "namespace": ns}
+            obj = self.webhooks.mutate(rt, "binding", "CREATE", ns, obj, None, {})
+            self.webhooks.validate(rt, "binding", "CREATE", ns, obj, None, {})
+            binding, bmeta = obj, obj.get("metadata") or {}
+            target = binding.get("target") or {}
+            node = target.get("name") or ""
 
         def bind(pod: dict) -> dict:
             if pod["metadata"].get("deletionTimestamp"):

@@ -5,6 +5,7 @@ another binary)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -352,18 +353,18 @@ def test_leases_nodes_and_events(api_server, v1):
 
 
 def test_a_registered_kind_is_served_and_discovered(api_server, v1):
-    api_server.register(ResourceType("admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration",
-                                     "mutatingwebhookconfigurations", False, merge_keys=META_MERGE_KEYS,
-                                     generation=True))
+    api_server.register(ResourceType("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False,
+                                     ("pc",), merge_keys=META_MERGE_KEYS))
     groups = {g.name for g in client.ApisApi(v1.api_client).get_api_versions().groups}
-    assert "admissionregistration.k8s.io" in groups
-    adm = client.AdmissionregistrationV1Api(v1.api_client)
-    made = adm.create_mutating_webhook_configuration({"metadata": {"name": "hamid"}, "webhooks": []})
-    assert made.metadata.generation == 1
-    assert [m.metadata.name for m in adm.list_mutating_webhook_configuration().items] == ["hamid"]
-    assert api_server.get("MutatingWebhookConfiguration", None, "hamid")["metadata"]["uid"] == made.metadata.uid
+    assert {"scheduling.k8s.io", "admissionregistration.k8s.io"} <= groups
+    sched = client.SchedulingV1Api(v1.api_client)
+    made = sched.create_priority_class({"metadata": {"name": "high"}, "value": 1000})
+    assert [m.metadata.name for m in sched.list_priority_class().items] == ["high"]
+    assert api_server.get("PriorityClass", None, "high")["metadata"]["uid"] == made.metadata.uid
+    with pytest.raises(ValueError, match="already registered"):
+        api_server.register(ResourceType("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False))
     with pytest.raises(client.ApiException) as e:
-        adm.delete_mutating_webhook_configuration("hamid", dry_run="All")
+        sched.delete_priority_class("high", dry_run="All")
     assert e.value.status == 400 and "dry runs" in status_of(e.value)["message"]
 
 
@@ -482,3 +483,431 @@ def test_kubectl_get_watch_sees_added_then_modified(api_server, kubectl):
         proc.terminate()
         _out, err = proc.communicate(timeout=10)
     assert events == [("ADDED", "w1", {}), ("MODIFIED", "w1", {"seen": "yes"})], err
+
+
+# -- admission webhooks --------------------------------------------------------
+
+
+def _certs(tmp_path, name: str, sans: list[str]):
+    """A CA and a serving certificate it signed (PEM files); returns
+    (ca_pem_bytes, cert_path, key_path)."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name}-ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=1))
+          .not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    alt = [x509.IPAddress(ipaddress.ip_address(s)) if s[0].isdigit() else x509.DNSName(s) for s in sans]
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=1)).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    os.chmod(key_path, 0o600)
+    return ca.public_bytes(serialization.Encoding.PEM), str(cert_path), str(key_path)
+
+
+class Webhook:
+    """A tiny HTTPS admission webhook for the tests: ``decide(request) ->
+    response fields`` (uid added); every review received is kept."""
+
+    def __init__(self, cert: str, key: str, decide):
+        import ssl
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.decide, self.reviews, self.paths = decide, [], []
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.reviews.append(review)
+                outer.paths.append(self.path)
+                resp = {"uid": review["request"]["uid"], **outer.decide(review["request"])}
+                data = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                   "response": resp}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def tls(tmp_path):
+    import base64
+
+    ca, cert, key = _certs(tmp_path, "hook", ["127.0.0.1", "hook.webhooks.svc"])
+    wrong_ca, _c, _k = _certs(tmp_path, "other", ["127.0.0.1"])
+    return {"ca": base64.b64encode(ca).decode(), "wrong_ca": base64.b64encode(wrong_ca).decode(),
+            "cert": cert, "key": key}
+
+
+@pytest.fixture
+def webhook(tls):
+    made = []
+
+    def start(decide):
+        w = Webhook(tls["cert"], tls["key"], decide)
+        made.append(w)
+        return w
+
+    yield start
+    for w in made:
+        w.close()
+
+
+def b64patch(ops: list) -> str:
+    import base64
+    return base64.b64encode(json.dumps(ops).encode()).decode()
+
+
+def mwc(name: str, url: str, ca: str, kind: str = "MutatingWebhookConfiguration", **hook) -> dict:
+    wh = {"name": f"{name}.hamid.io", "clientConfig": {"url": url, "caBundle": ca},
+          "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+          "sideEffects": "None", "admissionReviewVersions": ["v1"], **hook}
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": name},
+            "webhooks": [wh]}
+
+
+def test_mutating_webhook_over_https_patches_the_pod(api_server, v1, webhook, tls):
+    seen_ns = []
+
+    def decide(req):
+        # a webhook may read from the API server while it is being called: no lock is held
+        seen_ns.append(httpx.get(f"{api_server.url}/api/v1/namespaces/{req['namespace']}").json()["metadata"]["name"])
+        return {"allowed": True, "patchType": "JSONPatch", "patch": b64patch([
+            {"op": "add", "path": "/metadata/labels/hamid.io~1seen", "value": "yes"},
+            {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "hamid.io/placement"}]}])}
+
+    hook = webhook(decide)
+    made = client.AdmissionregistrationV1Api(v1.api_client).create_mutating_webhook_configuration(
+        mwc("hamid", f"https://127.0.0.1:{hook.port}/mutate", tls["ca"]))
+    wh = made.webhooks[0]  # the real server's defaults are stored
+    assert (wh.failure_policy, wh.timeout_seconds, wh.match_policy, wh.reinvocation_policy) == \
+           ("Fail", 10, "Equivalent", "Never")
+    assert wh.rules[0].scope == "*"
+
+    created = v1.create_namespaced_pod("default", pod("p", labels={"app": "x"}))
+    assert created.metadata.labels == {"app": "x", "hamid.io/seen": "yes"}
+    assert [g.name for g in created.spec.scheduling_gates] == ["hamid.io/placement"]
+    assert [(c.type, c.reason) for c in created.status.conditions] == [("PodScheduled", "SchedulingGated")]
+    assert seen_ns == ["default"]
+    (review,) = hook.reviews
+    req = review["request"]
+    assert review["apiVersion"] == "admission.k8s.io/v1" and review["kind"] == "AdmissionReview"
+    assert req["kind"] == {"group": "", "version": "v1", "kind": "Pod"}
+    assert req["resource"] == {"group": "", "version": "v1", "resource": "pods"}
+    assert (req["operation"], req["namespace"], req["name"], req["dryRun"]) == ("CREATE", "default", "p", False)
+    assert req["oldObject"] is None and "subResource" not in req and req["uid"]
+    assert req["userInfo"]["username"] == "system:admin"
+    assert req["object"]["metadata"]["labels"] == {"app": "x"}
+    assert "uid" not in req["object"]["metadata"]  # set after admission, as the real server does
+    assert req["options"] == {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+    assert hook.paths == ["/mutate?timeout=10s"]
+
+    # not in the rules: not called (an UPDATE, a configmap, the pod's status)
+    v1.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"more": "1"}}})
+    v1.create_namespaced_config_map("default", {"metadata": {"name": "c"}})
+    api_server.set_status("Pod", "default", "p", {"phase": "Pending"})
+    assert len(hook.reviews) == 1
+
+
+def test_webhook_caBundle_is_verified_and_failure_policy_decides(api_server, v1, webhook, tls):
+    hook = webhook(lambda req: {"allowed": True, "patchType": "JSONPatch", "patch": b64patch([
+        {"op": "add", "path": "/metadata/annotations", "value": {"mutated": "1"}}])})
+    adm = client.AdmissionregistrationV1Api(v1.api_client)
+    url = f"https://127.0.0.1:{hook.port}/m"
+    adm.create_mutating_webhook_configuration(mwc("wrong", url, tls["wrong_ca"]))
+    with pytest.raises(client.ApiException) as e:
+        v1.create_namespaced_pod("default", pod("a"))
+    st = status_of(e.value)
+    assert e.value.status == 500 and st["reason"] == "InternalError"
+    assert st["message"].startswith(f'Internal error occurred: failed calling webhook "wrong.hamid.io": failed to '
+                                    f'call webhook: Post "{url}?timeout=10s": tls: failed to verify certificate')
+    assert hook.reviews == [] and api_server.list("Pod") == []
+
+    # Ignore: the pod is admitted untouched
+    adm.patch_mutating_webhook_configuration("wrong", {"webhooks": [{"name": "wrong.hamid.io",
+                                                                      "failurePolicy": "Ignore"}]})
+    assert v1.create_namespaced_pod("default", pod("a")).metadata.annotations is None
+
+    # the right CA: called and applied
+    adm.delete_mutating_webhook_configuration("wrong")
+    adm.create_mutating_webhook_configuration(mwc("right", url, tls["ca"]))
+    assert v1.create_namespaced_pod("default", pod("b")).metadata.annotations == {"mutated": "1"}
+
+    # nothing listening, Fail: refused; a webhook that times out: refused with the deadline
+    adm.delete_mutating_webhook_configuration("right")
+    with socket_closed_port() as dead:
+        adm.create_mutating_webhook_configuration(mwc("dead", f"https://127.0.0.1:{dead}/m", tls["ca"]))
+        with pytest.raises(client.ApiException) as e:
+            v1.create_namespaced_pod("default", pod("c"))
+        assert e.value.status == 500 and 'failed calling webhook "dead.hamid.io"' in status_of(e.value)["message"]
+    adm.delete_mutating_webhook_configuration("dead")
+    slow = webhook(lambda req: time.sleep(1.5) or {"allowed": True})
+    adm.create_mutating_webhook_configuration(mwc("slow", f"https://127.0.0.1:{slow.port}/m", tls["ca"],
+                                                  timeoutSeconds=1))
+    with pytest.raises(client.ApiException) as e:
+        v1.create_namespaced_pod("default", pod("d"))
+    assert status_of(e.value)["message"].endswith("context deadline exceeded")
+
+
+@contextlib.contextmanager
+def socket_closed_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    yield port
+
+
+def test_webhook_denial_reaches_the_client_and_kubectl(api_server, v1, webhook, tls, kubectl, tmp_path):
+    def decide(req):
+        gpus = req["object"]["metadata"].get("annotations", {}).get("gpu")
+        if gpus == "bad":
+            return {"allowed": False, "status": {"message": 'annotation gpu: "bad" is not a number; accepted: 1-8'}}
+        if gpus == "forbidden":
+            return {"allowed": False, "status": {"code": 403, "reason": "Forbidden", "message": "not here"}}
+        if gpus == "silent":
+            return {"allowed": False}
+        return {"allowed": True}
+
+    hook = webhook(decide)
+    client.AdmissionregistrationV1Api(v1.api_client).create_mutating_webhook_configuration(
+        mwc("hamid", f"https://127.0.0.1:{hook.port}/m", tls["ca"]))
+    bad = pod("a")
+    bad["metadata"]["annotations"] = {"gpu": "bad"}
+    with pytest.raises(client.ApiException) as e:
+        v1.create_namespaced_pod("default", bad)
+    assert e.value.status == 400  # no code from the webhook: 400
+    assert status_of(e.value)["message"] == ('admission webhook "hamid.hamid.io" denied the request: annotation '
+                                             'gpu: "bad" is not a number; accepted: 1-8')
+    bad["metadata"]["annotations"] = {"gpu": "forbidden"}
+    with pytest.raises(client.ApiException) as e:
+        v1.create_namespaced_pod("default", bad)
+    assert e.value.status == 403 and status_of(e.value)["reason"] == "Forbidden"
+    bad["metadata"]["annotations"] = {"gpu": "silent"}
+    with pytest.raises(client.ApiException) as e:
+        v1.create_namespaced_pod("default", bad)
+    assert status_of(e.value)["message"] == 'admission webhook "hamid.hamid.io" denied the request without explanation'
+
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(MANIFEST.replace("labels: {app: web}", "labels: {app: web}\n  annotations: {gpu: bad}"))
+    out = kubectl("apply", "-f", str(manifest), check=False)
+    assert out.returncode != 0
+    assert ('admission webhook "hamid.hamid.io" denied the request: annotation gpu: "bad" is not a number; '
+            'accepted: 1-8') in out.stderr
+    assert api_server.list("Pod") == []
+    manifest.write_text(MANIFEST)
+    assert kubectl("apply", "-f", str(manifest)).stdout.strip() == "pod/web created"
+
+
+def test_webhook_selectors_service_reference_and_validating(api_server, v1, webhook, tls):
+    hook = webhook(lambda req: {"allowed": True, "patchType": "JSONPatch", "patch": b64patch([
+        {"op": "add", "path": "/metadata/annotations", "value": {"hooked": req["operation"]}}])})
+    adm = client.AdmissionregistrationV1Api(v1.api_client)
+    cfg = mwc("svc", "", tls["ca"], namespaceSelector={"matchLabels": {"hamid.io/enabled": "true"}},
+              objectSelector={"matchExpressions": [{"key": "skip", "operator": "DoesNotExist"}]})
+    cfg["webhooks"][0]["clientConfig"] = {"service": {"namespace": "webhooks", "name": "hook", "path": "/m"},
+                                          "caBundle": tls["ca"]}
+    made = adm.create_mutating_webhook_configuration(cfg)
+    assert made.webhooks[0].client_config.service.port == 443
+    v1.create_namespace({"metadata": {"name": "gpu", "labels": {"hamid.io/enabled": "true"}}})
+    v1.create_namespace({"metadata": {"name": "webhooks"}})
+
+    # outside the namespace selector, or opted out by the object selector: not called
+    assert v1.create_namespaced_pod("default", pod("a")).metadata.annotations is None
+    assert v1.create_namespaced_pod("gpu", pod("b", labels={"skip": "1"})).metadata.annotations is None
+    # selected, but no Service: the call fails (failurePolicy Fail)
+    with pytest.raises(client.ApiException) as e:
+        v1.create_namespaced_pod("gpu", pod("c"))
+    assert 'failed calling webhook "svc.hamid.io": failed to call webhook: service "hook" not found' in \
+        status_of(e.value)["message"]
+    v1.create_namespaced_service("webhooks", {"metadata": {"name": "hook"}, "spec": {"ports": [{"port": 443}]}})
+    # no resolver: no cluster network to reach it
+    with pytest.raises(client.ApiException) as e:
+        v1.create_namespaced_pod("gpu", pod("c"))
+    assert "no service_resolver was set" in status_of(e.value)["message"]
+    calls = []
+
+    def resolve(ns, name, port):
+        calls.append((ns, name, port))
+        return f"127.0.0.1:{hook.port}"
+
+    api_server.webhooks.service_resolver = resolve
+    assert v1.create_namespaced_pod("gpu", pod("c")).metadata.annotations == {"hooked": "CREATE"}
+    assert calls == [("webhooks", "hook", 443)] and hook.paths == ["/m?timeout=10s"]
+
+    # the certificate must name <svc>.<ns>.svc: a service of another name is refused
+    v1.create_namespaced_service("webhooks", {"metadata": {"name": "other"}, "spec": {"ports": [{"port": 443}]}})
+    adm.patch_mutating_webhook_configuration("svc", [{"op": "replace", "path": "/webhooks/0/clientConfig/service/name",
+                                                      "value": "other"}])
+    with pytest.raises(client.ApiException) as e:
+        v1.create_namespaced_pod("gpu", pod("d"))
+    assert "tls: failed to verify certificate" in status_of(e.value)["message"]
+    adm.delete_mutating_webhook_configuration("svc")
+
+    # a validating webhook on UPDATE: sees old and new, may deny, may not patch
+    def check(req):
+        assert req["oldObject"]["metadata"]["name"] == req["object"]["metadata"]["name"]
+        ok = req["object"]["metadata"].get("labels", {}).get("tier") != "bad"
+        return {"allowed": ok, "status": {"message": "tier bad"}}
+
+    val = webhook(check)
+    vcfg = mwc("val", f"https://127.0.0.1:{val.port}/v", tls["ca"], kind="ValidatingWebhookConfiguration")
+    vcfg["webhooks"][0]["rules"][0]["operations"] = ["UPDATE"]
+    adm.create_validating_webhook_configuration(vcfg)
+    v1.patch_namespaced_pod("a", "default", {"metadata": {"labels": {"tier": "good"}}})
+    with pytest.raises(client.ApiException) as e:
+        v1.patch_namespaced_pod("a", "default", {"metadata": {"labels": {"tier": "bad"}}})
+    assert status_of(e.value)["message"] == 'admission webhook "val.hamid.io" denied the request: tier bad'
+    assert v1.read_namespaced_pod("a", "default").metadata.labels == {"tier": "good"}
+    assert [r["request"]["operation"] for r in val.reviews] == ["UPDATE", "UPDATE"]
+
+
+def test_webhook_configurations_are_validated(api_server, v1, tls):
+    adm = client.AdmissionregistrationV1Api(v1.api_client)
+    bad = mwc("bad", "http://127.0.0.1:1/m", tls["ca"], timeoutSeconds=31)
+    del bad["webhooks"][0]["sideEffects"]  # the Python client refuses to send this: plain HTTP
+    r = httpx.post(f"{api_server.url}/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", json=bad)
+    msg = r.json()["message"]
+    assert r.status_code == 422 and r.json()["reason"] == "Invalid"
+    assert "webhooks[0].clientConfig.url: Invalid value: \"http://127.0.0.1:1/m\": 'https' is the only allowed" in msg
+    assert "webhooks[0].sideEffects: Required value: must specify one of None, NoneOnDryRun" in msg
+    assert "webhooks[0].timeoutSeconds: Invalid value: 31: the timeout value must be between 1 and 30" in msg
+    unsupported = mwc("x", "https://127.0.0.1:1/m", tls["ca"], reinvocationPolicy="IfNeeded")
+    with pytest.raises(client.ApiException) as e:
+        adm.create_mutating_webhook_configuration(unsupported)
+    assert 'implements "Never" only' in status_of(e.value)["message"]
+
+
+# -- scheduling gates (KEP-3521/3838) and Lease races ----------------------------
+
+
+def _req_terms(*terms) -> dict:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}}
+
+
+def test_gated_pod_placement_may_only_narrow(api_server, v1):
+    zone = {"key": "zone", "operator": "In", "values": ["a", "b"]}
+    gpu = {"key": "gpu", "operator": "Exists"}
+    host = {"key": "metadata.name", "operator": "In", "values": ["n1"]}
+    v1.create_namespaced_pod("default", pod("g", schedulingGates=[{"name": "hamid.io/placement"}, {"name": "x/y"}],
+                                            nodeSelector={"pool": "gpu"},
+                                            affinity=_req_terms({"matchExpressions": [zone]}, {"matchExpressions": [gpu]})))
+
+    def refused(patch, text):
+        with pytest.raises(client.ApiException) as e:
+            v1.patch_namespaced_pod("g", "default", patch)
+        assert e.value.status == 422, e.value.body
+        assert text in status_of(e.value)["message"]
+
+    # nodeSelector: only additions
+    refused([{"op": "replace", "path": "/spec/nodeSelector/pool", "value": "cpu"}],
+            "spec.nodeSelector: Invalid value: ")
+    refused([{"op": "remove", "path": "/spec/nodeSelector/pool"}],
+            "only additions to spec.nodeSelector are allowed (no mutations or deletions)")
+    v1.patch_namespaced_pod("g", "default", {"spec": {"nodeSelector": {"rack": "r1"}}})
+    # required terms: neither added nor removed; each term may only gain requirements (appended)
+    path = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
+    refused([{"op": "add", "path": f"{path}/-", "value": {"matchExpressions": [gpu]}}],
+            "no additions/deletions to non-empty NodeSelectorTerms list are allowed while pod is gated")
+    refused([{"op": "remove", "path": f"{path}/1"}], "no additions/deletions to non-empty NodeSelectorTerms")
+    refused([{"op": "replace", "path": f"{path}/0/matchExpressions/0/values", "value": ["a", "b", "c"]}],
+            "nodeSelectorTerms[0]: Invalid value: ")
+    refused([{"op": "add", "path": f"{path}/0/matchExpressions/0", "value": gpu}],  # inserted before: a mutation
+            "only additions are allowed (no mutations or deletions) while pod is gated")
+    # preferred terms are free; other affinity stays immutable
+    v1.patch_namespaced_pod("g", "default", [{"op": "add", "path": "/spec/affinity/nodeAffinity/"
+                                              "preferredDuringSchedulingIgnoredDuringExecution",
+                                              "value": [{"weight": 1, "preference": {"matchExpressions": [gpu]}}]}])
+    refused([{"op": "add", "path": "/spec/affinity/podAffinity", "value": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone", "labelSelector": {}}]}}],
+        "pod updates may not change fields")
+    # the leader's update: narrow each term to the node and drop its gate in one write
+    p = v1.read_namespaced_pod("g", "default").to_dict()
+    body = api_server.get("Pod", "default", "g")
+    for term in body["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"]:
+        term["matchFields"] = [host]
+    body["spec"]["schedulingGates"] = [{"name": "x/y"}]
+    assert p["metadata"]["resource_version"] == body["metadata"]["resourceVersion"]
+    done = v1.replace_namespaced_pod("g", "default", body)
+    assert [t.match_fields[0].values for t in
+            done.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms] \
+        == [["n1"], ["n1"]]
+    # the last gate goes with a narrowing; after that, placement is frozen
+    v1.patch_namespaced_pod("g", "default", {"spec": {"schedulingGates": None, "nodeSelector": {"last": "1"}}})
+    refused({"spec": {"nodeSelector": {"later": "1"}}}, "pod updates may not change fields")
+    # a pod gated with no required affinity may get any
+    v1.create_namespaced_pod("default", pod("h", schedulingGates=[{"name": "hamid.io/placement"}]))
+    v1.patch_namespaced_pod("h", "default", {"spec": {"schedulingGates": None,
+                                                      "affinity": _req_terms({"matchFields": [host]})}})
+    assert v1.read_namespaced_pod("h", "default").spec.scheduling_gates is None
+
+
+def test_lease_racing_writers_exactly_one_wins(api_server, v1):
+    coord = client.CoordinationV1Api(v1.api_client)
+    coord.create_namespaced_lease("kube-system", {"metadata": {"name": "race"}, "spec": {"holderIdentity": ""}})
+    seen = coord.read_namespaced_lease("race", "kube-system")
+
+    def slow_admission(rt, op, obj, old):  # widen the read-to-write window, as a slow webhook would
+        time.sleep(0.2)
+        return obj
+
+    api_server.admission_hooks.append(slow_admission)
+    start = threading.Barrier(8)
+    results = []
+
+    def take(i):
+        body = seen.to_dict()
+        body["spec"]["holder_identity"] = f"n{i}"
+        start.wait()
+        try:
+            coord.replace_namespaced_lease("race", "kube-system", client.V1Lease(
+                metadata=client.V1ObjectMeta(name="race", resource_version=seen.metadata.resource_version),
+                spec=client.V1LeaseSpec(holder_identity=f"n{i}")))
+            results.append(("won", i))
+        except client.ApiException as e:
+            results.append((e.status, i))
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for r, i in results if r == "won"]
+    assert len(winners) == 1 and sorted(r for r, _ in results if r != "won") == [409] * 7
+    assert coord.read_namespaced_lease("race", "kube-system").spec.holder_identity == f"n{winners[0]}"
