@@ -205,6 +205,7 @@ def build_faces(d: Daemon):
     d.service.subscribe(lambda event, key: commits.labels("conflict" if event == "conflict" else "ok").inc()
                         if event in ("admitted", "committed", "conflict") else None)
     faces: list[Face] = []
+    api = kube_api(c) if (c.kubernetes or c.kubeconfig) else None
     gossip = None
     if c.gossipListen:
         from ..gossip.params import GossipParams
@@ -218,7 +219,13 @@ def build_faces(d: Daemon):
             from ..peer.server import advertised
 
             peer_address = advertised(c.peerListen, c.peerAdvertise)
-        gossip = GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=tuple(c.gossipJoin),
+        seeds = tuple(c.gossipJoin)
+        if not seeds and api is not None and (c.gossipSeedsFromPods or c.gossipSeedsService):
+            from ..control.seeds import kubernetes_seeds
+
+            seeds = tuple(kubernetes_seeds(c, api))  # the other DaemonSet pods: no address by hand
+            log.info("gossip seeds from Kubernetes", seeds=list(seeds))
+        gossip = GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=seeds,
                                advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
                                read_stamp=d.ledger.change_stamp, peer_address=peer_address)
         d.service.subscribe(lambda event, key: gossip.poke() if event != "conflict" else None)
@@ -234,10 +241,9 @@ def build_faces(d: Daemon):
 
         faces.append(PeerFace.from_config(d.service, c, _keyring(c)))
     if c.kubernetes or c.kubeconfig:
-        kf = kubelet_face(d)
-        faces.append(kf)
-        if c.controlMode != "none" and kf.pods.api is not None:
-            faces.extend(control_faces(d, kf.pods.api, gossip))
+        faces.append(kubelet_face(d, api))
+        if c.controlMode != "none" and api is not None:
+            faces.extend(control_faces(d, api, gossip))
     for f in faces:
         col = collector_of(f)
         if col is not None:
@@ -247,18 +253,23 @@ def build_faces(d: Daemon):
     return faces
 
 
-def kubelet_face(d: Daemon):
-    """The device plugin and the pods of this node (``kubernetes``, ``kubeconfig``)."""
-    from ..kubelet.face import KubeletFace
+def kube_api(c: Config):
+    """The API server's client: ``kubeconfig``, else the pod's service account; None (with a
+    warning) when neither is there."""
     from ..kubelet.pods import api_client
 
-    c = d.config
     if c.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"):
-        api = api_client(c.kubeconfig)  # configured: a bad config stops start-up
-    else:
-        api = None
-        log.warning("no API server configured (no --kubeconfig, not in a pod): the device plugin registers and "
-                    "lists devices, but cannot tie a container to its pod, so every container start is refused")
+        return api_client(c.kubeconfig)  # configured: a bad config stops start-up
+    log.warning("no API server configured (no --kubeconfig, not in a pod): the device plugin registers and "
+                "lists devices, but cannot tie a container to its pod, so every container start is refused")
+    return None
+
+
+def kubelet_face(d: Daemon, api):
+    """The device plugin and the pods of this node (``kubernetes``, ``kubeconfig``)."""
+    from ..kubelet.face import KubeletFace
+
+    c = d.config
     return KubeletFace(d.service, kubelet_dir=c.kubeletDir, resource=c.resourceCountName,
                        strategy=c.deviceListStrategy, cdi_dir=c.cdiSpecDir, defaults=request_defaults(d),
                        api=api, health_interval=c.healthCheckInterval)
