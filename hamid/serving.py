@@ -3,10 +3,14 @@
 ``serve_asgi(app, bind)`` binds (``HOST:PORT`` or ``unix:PATH``), calls
 ``task_status.started(bound addresses)`` once listening and serves until
 cancelled. An address that cannot be bound is a :class:`HamidError` naming
-it, not a traceback.
+it, not a traceback. With ``certfile`` and ``keyfile`` (PEM files) it serves
+HTTPS only (TLS 1.2 or later; no client certificate asked); a pair that
+cannot be loaded is a :class:`HamidError` naming the files.
 """
 
 from __future__ import annotations
+
+import ssl
 
 import trio
 from hypercorn.config import Config as HyperConfig
@@ -19,9 +23,24 @@ class ListenError(HamidError):
     """An address could not be bound (in use, not ours, malformed)."""
 
 
-async def serve_asgi(app, bind: str, *, what: str = "", task_status=trio.TASK_STATUS_IGNORED) -> None:
+class TLSError(HamidError):
+    """A certificate or key file could not be loaded."""
+
+
+async def serve_asgi(app, bind: str, *, what: str = "", certfile: str | None = None, keyfile: str | None = None,
+                     task_status=trio.TASK_STATUS_IGNORED) -> None:
     cfg = HyperConfig()
     cfg.bind = [bind]
+    if (certfile is None) != (keyfile is None):
+        raise TLSError(f"TLS needs both a certificate and a key file, got certfile={certfile!r} keyfile={keyfile!r}")
+    if certfile is not None:
+        cfg.certfile, cfg.keyfile = certfile, keyfile
+        try:
+            cfg.create_ssl_context()  # hypercorn loads them only once serving: fail here, naming the files
+        except (OSError, ssl.SSLError) as e:
+            label = f"{what}: " if what else ""
+            raise TLSError(f"{label}cannot load the TLS certificate {certfile} with key {keyfile}: "
+                           f"{getattr(e, 'strerror', None) or e}") from None
     cfg.accesslog = None
     cfg.errorlog = None
     cfg.graceful_timeout = 1.0

@@ -300,6 +300,39 @@ class Config(NodeSettings, ResourceNameSettings):
     Every daemon serves it and forwards to the leader; the Service selecting
     the leader's label is what kube-scheduler's ``urlPrefix`` names."""
 
+    webhookListen: str = "0.0.0.0:9443"
+    """``HOST:PORT`` of the mutating admission webhook's HTTPS server (with
+    ``kubernetes`` and a ``controlMode`` other than ``none``). Every daemon
+    serves it, so it survives the leader's death. 9443 is the port
+    controller-runtime webhooks use; above 1024 so no capability is needed."""
+
+    webhookCertFile: str | None = None
+    """PEM certificate (chain) the webhook serves; with ``webhookKeyFile``.
+    The chart mounts one Secret into every daemon so one ``caBundle`` trusts
+    them all. Unset (both): the daemon keeps a CA of its own in
+    ``stateDir/webhook-tls`` (``ca.pem`` is the ``caBundle``; logged at start)
+    and a serving certificate for ``webhookNames``; fine for one daemon or a
+    test, not for several behind one Service."""
+
+    webhookKeyFile: str | None = None
+    """PEM private key of ``webhookCertFile``; set both or neither."""
+
+    webhookNames: tuple[str, ...] = ()
+    """DNS names and IP addresses put in the self-made serving certificate
+    (no ``webhookCertFile``), besides ``localhost``, ``127.0.0.1`` and a
+    concrete ``webhookListen`` host; e.g. ``hamid-webhook.kube-system.svc``,
+    the name the API server checks for a ``service`` reference."""
+
+    webhookAllocationWriters: tuple[str, ...] | None = None
+    """API users (``userInfo.username``) allowed to change HAMi's allocation
+    annotations (``hami.io/vgpu-node``...) on a pod UPDATE; anyone else's
+    update that adds, changes or removes one is refused (HAMi #3041: its
+    webhook sees CREATE only, so they can be forged later). Unset: this
+    daemon's own service account, read from the pod's mounted token; outside
+    a pod with it unset, updates are not checked (a warning says so). No node
+    ever trusts these annotations; the check keeps tools that read them (and
+    the leader, which skips a pod that names a node) from being misled."""
+
     cdiSpecDir: str = "/var/run/cdi"
     """Where ``cdi-cri`` specs are written: the dynamic spec directory every
     CDI-aware runtime reads."""
@@ -516,6 +549,15 @@ class Config(NodeSettings, ResourceNameSettings):
     whose A/AAAA records are the daemons' pod IPs; each becomes a seed at
     ``gossipListen``'s port. Unset: not used. Give the Service
     ``publishNotReadyAddresses: true`` so starting pods find each other."""
+
+    @model_validator(mode="after")
+    def _webhook_tls_pair(self):
+        if (self.webhookCertFile is None) != (self.webhookKeyFile is None):
+            raise PydanticCustomError(
+                "webhook_tls_pair", "set both webhookCertFile and webhookKeyFile, or neither (a self-made CA): got "
+                "webhookCertFile={cert}, webhookKeyFile={key}",
+                {"cert": repr(self.webhookCertFile), "key": repr(self.webhookKeyFile)})
+        return self
 
     @model_validator(mode="after")
     def _leader_election_timing(self):
