@@ -565,7 +565,9 @@ class SchedulerStandIn:
             raise RuntimeError("the scheduler stand-in is already started")
         self._threads = [threading.Thread(target=self._run, name="scheduler-standin", daemon=True)]
         for path in ("/api/v1/pods", "/api/v1/nodes"):
-            self._threads.append(threading.Thread(target=self._watch, args=(path,), daemon=True,
+            client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(5.0, read=None))
+            self._watch_clients.append(client)  # made here, so that stop() can always close it
+            self._threads.append(threading.Thread(target=self._watch, args=(path, client), daemon=True,
                                                   name=f"scheduler-standin-watch{path.replace('/', '-')}"))
         for t in self._threads:
             t.start()
@@ -610,9 +612,7 @@ class SchedulerStandIn:
 
     # -- loops -----------------------------------------------------------------
 
-    def _watch(self, path: str) -> None:
-        client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(5.0, read=None))
-        self._watch_clients.append(client)
+    def _watch(self, path: str, client: httpx.Client) -> None:
         rv = ""
         while not self._stop.is_set():
             try:
