@@ -121,9 +121,10 @@ What it does, as the real server does:
   request: <message>``, which kubectl prints; a patch that does not apply is a
   500 whatever the policy. Not done, refused when configured:
   ``reinvocationPolicy: IfNeeded``, ``matchConditions`` (CEL), reviews other
-  than v1. ``matchPolicy: Equivalent`` is treated as Exact (each kind is
-  served in one version), ``sideEffects`` only validated (no dry runs),
-  ``warnings`` and ``auditAnnotations`` dropped.
+  than v1. A response's ``warnings`` reach the client as ``Warning: 299 -``
+  headers (kubectl prints them). ``matchPolicy: Equivalent`` is treated as
+  Exact (each kind is served in one version), ``sideEffects`` only validated
+  (no dry runs), ``auditAnnotations`` dropped.
 
 What it does NOT do (tests must not rely on these): authentication,
 authorization, admission plugins (no ServiceAccount token volume, no default
@@ -931,6 +932,15 @@ def label_selector_matches(selector: Mapping | None, labels: Mapping[str, str]) 
     return True
 
 
+_warnings = threading.local()  # the current HTTP request's warnings (Warning: 299 headers)
+
+
+def _warn(text: str) -> None:
+    items = getattr(_warnings, "items", None)
+    if items is not None:
+        items.append(text)
+
+
 class _CallError(Exception):
     """webhookutil.ErrCallingWebhook: failurePolicy decides."""
 
@@ -1173,6 +1183,8 @@ class WebhookDispatcher:
             resp = self._ask(wh, review)
             if resp is None:
                 continue
+            for w in resp.get("warnings") or []:
+                _warn(str(w))
             if not resp.get("allowed"):
                 raise self._denied(wh["name"], resp.get("status"))
             if not resp.get("patch"):
@@ -1203,10 +1215,13 @@ class WebhookDispatcher:
         if not hooks:
             return
         errors: list[ApiError | None] = [None] * len(hooks)
+        warnings: list[list[str]] = [[] for _ in hooks]
 
         def one(i: int, wh: dict) -> None:
             try:
                 resp = self._ask(wh, self._review(rt, sub, operation, ns, obj, old, options))
+                if resp is not None:
+                    warnings[i].extend(str(w) for w in resp.get("warnings") or [])
                 if resp is not None and resp.get("patch"):
                     raise self._internal(f'failed calling webhook "{wh["name"]}": received invalid webhook '
                                          f"response: validating webhook may not return response.patch")
@@ -1220,6 +1235,9 @@ class WebhookDispatcher:
             t.start()
         for t in threads:
             t.join()
+        for ws in warnings:
+            for w in ws:
+                _warn(w)
         for e in errors:
             if e is not None:
                 raise e
@@ -2132,6 +2150,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-cache, private")
+        for w in getattr(_warnings, "items", None) or []:  # admission warnings, as RFC 7234 warn-code 299
+            self.send_header("Warning", '299 - "%s"' % w.replace("\\", "\\\\").replace('"', '\\"'))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
@@ -2156,6 +2176,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         started = time.monotonic()
         code = 200
+        _warnings.items = []
         try:
             accept = self.headers.get("Accept") or "*/*"
             path = urlsplit(self.path).path.rstrip("/") or "/"

@@ -416,7 +416,9 @@ spec:
 def test_kubectl_apply_get_patch_delete(api_server, kubectl, tmp_path):
     manifest = tmp_path / "pod.yaml"
     manifest.write_text(MANIFEST)
-    assert kubectl("apply", "-f", str(manifest)).stdout.strip() == "pod/web created"
+    done = kubectl("apply", "-f", str(manifest))
+    assert done.stdout.strip() == "pod/web created"
+    assert 'Warning: no GPU requested: "hamid" leaves this pod alone' in done.stderr  # the webhook's warning
     rv = api_server.get("Pod", "default", "web")["metadata"]["resourceVersion"]
     assert kubectl("apply", "-f", str(manifest)).stdout.strip() == "pod/web unchanged"
     assert api_server.get("Pod", "default", "web")["metadata"]["resourceVersion"] == rv
@@ -702,7 +704,7 @@ def test_webhook_denial_reaches_the_client_and_kubectl(api_server, v1, webhook, 
             return {"allowed": False, "status": {"code": 403, "reason": "Forbidden", "message": "not here"}}
         if gpus == "silent":
             return {"allowed": False}
-        return {"allowed": True}
+        return {"allowed": True, "warnings": ['no GPU requested: "hamid" leaves this pod alone']}
 
     hook = webhook(decide)
     client.AdmissionregistrationV1Api(v1.api_client).create_mutating_webhook_configuration(
@@ -731,7 +733,9 @@ def test_webhook_denial_reaches_the_client_and_kubectl(api_server, v1, webhook, 
             'accepted: 1-8') in out.stderr
     assert api_server.list("Pod") == []
     manifest.write_text(MANIFEST)
-    assert kubectl("apply", "-f", str(manifest)).stdout.strip() == "pod/web created"
+    done = kubectl("apply", "-f", str(manifest))
+    assert done.stdout.strip() == "pod/web created"
+    assert 'Warning: no GPU requested: "hamid" leaves this pod alone' in done.stderr  # the webhook's warning
 
 
 def test_webhook_selectors_service_reference_and_validating(api_server, v1, webhook, tls):
