@@ -913,3 +913,29 @@ def test_lease_racing_writers_exactly_one_wins(api_server, v1):
     winners = [i for r, i in results if r == "won"]
     assert len(winners) == 1 and sorted(r for r, _ in results if r != "won") == [409] * 7
     assert coord.read_namespaced_lease("race", "kube-system").spec.holder_identity == f"n{winners[0]}"
+
+
+def test_webhook_rules_for_subresources(api_server, v1, webhook, tls):
+    hook = webhook(lambda req: {"allowed": req["object"].get("target", {}).get("name") != "forbidden-node"})
+    cfg = mwc("sub", f"https://127.0.0.1:{hook.port}/v", tls["ca"], kind="ValidatingWebhookConfiguration")
+    cfg["webhooks"][0]["rules"] = [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                                    "resources": ["pods/binding"]},
+                                   {"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                                    "resources": ["pods/status"]}]
+    client.AdmissionregistrationV1Api(v1.api_client).create_validating_webhook_configuration(cfg)
+    v1.create_namespaced_pod("default", pod("a"))  # "pods/binding" and "pods/status" do not match pods itself
+    assert hook.reviews == []
+    bind = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "a"},
+            "target": {"kind": "Node", "name": "forbidden-node"}}
+    with pytest.raises(client.ApiException) as e:
+        v1.create_namespaced_pod_binding("a", "default", bind, _preload_content=False)
+    assert e.value.status == 400 and "denied the request" in status_of(e.value)["message"]
+    req = hook.reviews[-1]["request"]
+    assert (req["operation"], req["subResource"], req["kind"]["kind"], req["resource"]["resource"]) == \
+        ("CREATE", "binding", "Binding", "pods")
+    v1.create_namespaced_pod_binding("a", "default", {**bind, "target": {"kind": "Node", "name": "n1"}},
+                                     _preload_content=False)
+    api_server.set_status("Pod", "default", "a", {"phase": "Running"})
+    req = hook.reviews[-1]["request"]
+    assert (req["operation"], req["subResource"], req["object"]["status"]["phase"]) == ("UPDATE", "status", "Running")
+    assert req["oldObject"]["status"]["phase"] == "Pending" and len(hook.reviews) == 3
