@@ -110,7 +110,8 @@ What it does, as the real server does:
   ``?timeout=<timeoutSeconds>s`` on the URL and that deadline on the call;
   an AdmissionReview v1 with uid, kind, resource, subResource, requestKind,
   requestResource, name (empty for generateName), namespace, operation,
-  userInfo (always ``system:admin``: no authentication), object, oldObject,
+  userInfo (the user :meth:`ApiServer.add_token` gave the request's bearer
+  token, else ``system:admin``: nothing is authenticated), object, oldObject,
   dryRun and options. Mutating webhooks run one after the other, configurations
   by name, each seeing the last one's JSONPatch applied (then the defaults
   again); validating ones in parallel after validation. A call that fails
@@ -946,6 +947,11 @@ class _CallError(Exception):
 
 
 USER_INFO = {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]}
+_user = threading.local()  # the current HTTP request's userInfo (from its bearer token)
+
+
+def _current_user() -> dict:
+    return copy.deepcopy(getattr(_user, "info", None) or USER_INFO)
 
 
 class WebhookDispatcher:
@@ -1055,7 +1061,7 @@ class WebhookDispatcher:
         gvr = {"group": rt.group, "version": rt.version, "resource": rt.plural}
         req = {"uid": str(uuid.uuid4()), "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
                "name": (shown.get("metadata") or {}).get("name") or "", "operation": operation,
-               "userInfo": copy.deepcopy(USER_INFO), "object": obj, "oldObject": old, "dryRun": False,
+               "userInfo": _current_user(), "object": obj, "oldObject": old, "dryRun": False,
                "options": options or {"kind": f"{operation.capitalize()}Options", "apiVersion": "meta.k8s.io/v1"}}
         if sub:
             req["subResource"] = req["requestSubResource"] = sub
@@ -1217,9 +1223,11 @@ class WebhookDispatcher:
         errors: list[ApiError | None] = [None] * len(hooks)
         warnings: list[list[str]] = [[] for _ in hooks]
 
+        reviews = [self._review(rt, sub, operation, ns, obj, old, options) for _ in hooks]  # this thread's user
+
         def one(i: int, wh: dict) -> None:
             try:
-                resp = self._ask(wh, self._review(rt, sub, operation, ns, obj, old, options))
+                resp = self._ask(wh, reviews[i])
                 if resp is not None:
                     warnings[i].extend(str(w) for w in resp.get("warnings") or [])
                 if resp is not None and resp.get("patch"):
@@ -1404,7 +1412,7 @@ class ApiServer:
     through the same admission, webhooks included):
     :meth:`create`, :meth:`get`, :meth:`list`, :meth:`update`, :meth:`delete`,
     :meth:`set_status`, :meth:`finish_deletion`, :meth:`compact`,
-    :meth:`write_kubeconfig`, :meth:`register`, :meth:`close_watches`,
+    :meth:`write_kubeconfig`, :meth:`add_token`, :meth:`register`, :meth:`close_watches`,
     :meth:`hold_watches`. Hooks: :attr:`admission_hooks` (in-process mutating
     admission, ``hook(rt, operation, obj, old) -> obj`` or raise
     :class:`ApiError`), :attr:`pod_update_hooks` (extra pod update checks,
@@ -1430,6 +1438,9 @@ class ApiServer:
         # issue 14: called as hook(rt, operation, obj, old) -> obj (mutated) or raises ApiError
         self.admission_hooks: list[Callable[[ResourceType, str, dict, dict | None], dict]] = []
         self.webhooks = WebhookDispatcher(self)  # see its docstring (service_resolver)
+        # bearer token -> userInfo, only to tell webhooks who asks (no authentication: an unknown or absent
+        # token is system:admin); add_token() adds one, write_kubeconfig(token=...) uses it
+        self.tokens: dict[str, dict] = {}
         self._stopped = False
         self._watch_epoch = 0  # close_watches() ends every stream started in an earlier epoch
         self._watches_held = 0  # while > 0, new watch requests wait (hold_watches)
@@ -1479,12 +1490,20 @@ class ApiServer:
         with self._cond:
             return self._rv
 
-    def write_kubeconfig(self, path) -> str:
-        """A kubeconfig for kubectl and the Python client pointing here (mode 0600)."""
+    def add_token(self, token: str, username: str, groups: Iterable[str] = ()) -> None:
+        """Requests bearing ``token`` are made by ``username`` (what a webhook
+        sees in ``userInfo``), e.g. ``system:serviceaccount:kube-system:hamid``."""
+        if not token or not username:
+            raise ValueError(f"add_token: a token and a username are required (got {token!r}, {username!r})")
+        self.tokens[token] = {"username": username, "groups": [*groups, "system:authenticated"]}
+
+    def write_kubeconfig(self, path, token: str = "standin") -> str:
+        """A kubeconfig for kubectl and the Python client pointing here (mode
+        0600), with ``token`` as its bearer token (see :meth:`add_token`)."""
         import os
         doc = {"apiVersion": "v1", "kind": "Config", "current-context": "standin",
                "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
-               "users": [{"name": "standin", "user": {"token": "standin"}}],
+               "users": [{"name": "standin", "user": {"token": token}}],
                "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "standin",
                                                             "namespace": "default"}}]}
         fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -2177,6 +2196,8 @@ class _Handler(BaseHTTPRequestHandler):
         started = time.monotonic()
         code = 200
         _warnings.items = []
+        auth = self.headers.get("Authorization") or ""
+        _user.info = self.api.tokens.get(auth[7:]) if auth.startswith("Bearer ") else None
         try:
             accept = self.headers.get("Accept") or "*/*"
             path = urlsplit(self.path).path.rstrip("/") or "/"

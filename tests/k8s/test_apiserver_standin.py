@@ -939,3 +939,18 @@ def test_webhook_rules_for_subresources(api_server, v1, webhook, tls):
     req = hook.reviews[-1]["request"]
     assert (req["operation"], req["subResource"], req["object"]["status"]["phase"]) == ("UPDATE", "status", "Running")
     assert req["oldObject"]["status"]["phase"] == "Pending" and len(hook.reviews) == 3
+
+
+def test_webhooks_see_who_asks(api_server, v1, webhook, tls, tmp_path):
+    hook = webhook(lambda req: {"allowed": True})
+    cfg = mwc("who", f"https://127.0.0.1:{hook.port}/v", tls["ca"], kind="ValidatingWebhookConfiguration")
+    client.AdmissionregistrationV1Api(v1.api_client).create_validating_webhook_configuration(cfg)
+    api_server.add_token("hamid-token", "system:serviceaccount:kube-system:hamid", ["system:serviceaccounts"])
+    from kubernetes import config as kconfig
+    sa = client.CoreV1Api(kconfig.new_client_from_config(api_server.write_kubeconfig(tmp_path / "kc", "hamid-token")))
+    sa.create_namespaced_pod("default", pod("by-sa"))
+    v1.create_namespaced_pod("default", pod("by-admin"))  # no known token: system:admin
+    assert [(r["request"]["name"], r["request"]["userInfo"]) for r in hook.reviews] == [
+        ("by-sa", {"username": "system:serviceaccount:kube-system:hamid",
+                   "groups": ["system:serviceaccounts", "system:authenticated"]}),
+        ("by-admin", {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]})]
