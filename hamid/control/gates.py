@@ -167,8 +167,6 @@ class GateController:
         """One update (with the pod's resourceVersion): annotations, narrowed affinity, gate removed."""
         from kubernetes.client.exceptions import ApiException
 
-        from .nodefit import narrow_to_node
-
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         current = pod
         for _ in range(5):
@@ -180,7 +178,7 @@ class GateController:
                                               if g.get("name") != GATE]
             if not new["spec"]["schedulingGates"]:
                 del new["spec"]["schedulingGates"]
-            new["spec"] = narrowed_spec(new["spec"], narrow_to_node, decision.node)
+            new["spec"] = narrowed_spec(new["spec"], decision.node)
             try:
                 await trio.to_thread.run_sync(
                     lambda: self.core.replace_namespaced_pod(name, ns, new, _request_timeout=10))
@@ -236,14 +234,18 @@ class GateController:
         await trio.to_thread.run_sync(write)
 
 
-def narrowed_spec(spec: dict[str, Any], narrow_to_node, node: str) -> dict[str, Any]:
-    """``spec`` with its required node affinity narrowed to ``node`` (nodefit's rule)."""
-    got = narrow_to_node({"spec": spec}, node)
-    if isinstance(got, dict):  # a new spec fragment
-        return {**spec, **got.get("spec", got)}
-    import jsonpatch
-
-    return jsonpatch.apply_patch({"spec": spec}, got)["spec"]
+def narrowed_spec(spec: dict[str, Any], node: str) -> dict[str, Any]:
+    """``spec`` with its required node affinity narrowed to ``node``: the
+    field ``metadata.name In [node]`` ANDed into every existing term (a term
+    is added where there is none), so whatever the pod already required still
+    holds, which is all a gated pod's update may do (KEP-3838)."""
+    spec = copy.deepcopy(spec)
+    na = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    req = na.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = req.get("nodeSelectorTerms") or [{}]
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    req["nodeSelectorTerms"] = [{**t, "matchFields": [*(t.get("matchFields") or ()), pin]} for t in terms]
+    return spec
 
 
 def _name(pod: dict) -> str:

@@ -33,6 +33,10 @@ class ClusterEnv:
         root.mkdir(parents=True, exist_ok=True)
         self.api = api
         self.mode = mode
+        from hamid.control.certs import ensure
+
+        # one serving certificate for every daemon, as the chart mounts one Secret into each pod
+        self.tls = ensure(root / "tls", ["127.0.0.1", "hamid-webhook.kube-system.svc"])
         key = root / "gossip.key"
         key.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
         os.chmod(key, 0o600)
@@ -45,15 +49,52 @@ class ClusterEnv:
                    f"gossipJoin: [{first_gossip}]\ngossipProbeInterval: 0.5\ngossipInterval: 0.05\n"
                    f"peerListen: 127.0.0.1:{peer}\n"
                    f"controlMode: {mode}\nwebhookListen: 127.0.0.1:{webhook}\nextenderListen: 127.0.0.1:{extender}\n"
+                   f"webhookCertFile: {self.tls.cert}\nwebhookKeyFile: {self.tls.key}\n"
                    f"leaderElectionLeaseDuration: 3\nleaderElectionRenewDeadline: 2\n"
                    f"leaderElectionRetryPeriod: 0.5\n{extra_config}")
             self.nodes.append(NodeEnv(root / f"n{i}", api, node=f"node-{i}", simulate=simulate, split=split,
                                       extra_config=cfg))
 
-    def start(self) -> "ClusterEnv":
+    def start(self, webhook: bool = True) -> "ClusterEnv":
         for n in self.nodes:
             n.start()
+        if webhook:
+            self.register_webhook()
         return self
+
+    def _webhook_endpoint(self, namespace: str, name: str, port: int) -> str:
+        """The Service ``hamid-webhook`` as kube-proxy would route it: to a daemon that runs."""
+        for i, n in enumerate(self.nodes):
+            if n.proc is not None and n.proc.poll() is None:
+                return f"127.0.0.1:{self.ports[i][2]}"
+        raise ConnectionError("no daemon runs")
+
+    def register_webhook(self, failure_policy: str = "Fail") -> None:
+        """hamid's MutatingWebhookConfiguration, as the chart installs it: pods CREATE and UPDATE,
+        through the Service every daemon backs, with the CA of the shared certificate."""
+        self.api.webhooks.service_resolver = self._webhook_endpoint
+        try:
+            self.api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}})
+        except Exception:
+            pass  # there already
+        self.api.create({"apiVersion": "v1", "kind": "Service",
+                         "metadata": {"name": "hamid-webhook", "namespace": "kube-system"},
+                         "spec": {"selector": {"app.kubernetes.io/name": "hamid"},
+                                  "ports": [{"port": 443, "targetPort": 9443}]}})
+        self.api.create({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "hamid"},
+            "webhooks": [{
+                "name": "pods.hamid.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                "failurePolicy": failure_policy, "timeoutSeconds": 10,
+                "clientConfig": {"service": {"namespace": "kube-system", "name": "hamid-webhook",
+                                             "path": "/mutate", "port": 443},
+                                 "caBundle": base64.b64encode(self.tls.ca.read_bytes()).decode()},
+                "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                           "resources": ["pods"]}],
+                "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name",
+                                                            "operator": "NotIn", "values": ["kube-system"]}]},
+            }]})
 
     def stop(self) -> None:
         for n in self.nodes:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -36,7 +38,8 @@ class NodeEnv:
         self.split = split
         self.gpus = len(simulate.split(",")) if ":" not in simulate else int(simulate.rsplit(":", 1)[1])
         self.state = root / "state"
-        self.kubelet_dir = root / "kubelet"
+        # short: unix socket paths are at most 107 bytes, pytest's tmp paths are long
+        self.kubelet_dir = Path(tempfile.mkdtemp(prefix="hk-"))
         self.cdi = root / "cdi"
         self.kubeconfig = api.write_kubeconfig(root / "kubeconfig")
         self.config = root / "hamid.yaml"
@@ -114,6 +117,7 @@ class NodeEnv:
     def stop(self) -> None:
         self.stop_hamid()
         self.kubelet.stop()
+        shutil.rmtree(self.kubelet_dir, ignore_errors=True)
 
     # --- pods ------------------------------------------------------------------------
 
