@@ -45,7 +45,8 @@ from .placer import ClusterView
 
 log = get_logger("extender")
 
-MAX_BODY = 8 * 1024 * 1024  # a NodeList of thousands of nodes when not node-cache capable
+MAX_BODY = 8 * 1024 * 1024
+FORWARDED = "x-hamid-forwarded"  # a NodeList of thousands of nodes when not node-cache capable
 
 
 class Extender:
@@ -185,14 +186,15 @@ class Extender:
 
     # --- HTTP ---------------------------------------------------------------------------------
 
-    async def _forward(self, verb: str, body: bytes):
-        if self.is_leader():
+    async def _forward(self, verb: str, body: bytes, forwarded: bool):
+        if self.is_leader() or forwarded:  # a forwarded call is never forwarded again: no loops
             return None
         url = self.leader_url()
         if not url:
             return None  # no leader known: answer here (every commit is re-checked by its node)
         try:
-            r = await self._http.post(f"{url}/{verb}", content=body, headers={"content-type": "application/json"})
+            r = await self._http.post(f"{url}/{verb}", content=body,
+                                      headers={"content-type": "application/json", FORWARDED: "1"})
             return JSONResponse(r.json(), status_code=r.status_code)
         except (httpx.HTTPError, ValueError) as e:
             log.warning("could not forward to the leader; answering here", verb=verb, leader=url, error=str(e))
@@ -208,7 +210,7 @@ class Extender:
             body = await req.body()
             if len(body) > MAX_BODY:
                 return JSONResponse({"Error": f"request body over {MAX_BODY} bytes"}, 413)
-            fwd = await self._forward(verb, body)
+            fwd = await self._forward(verb, body, req.headers.get(FORWARDED) is not None)
             if fwd is not None:
                 return fwd
             try:

@@ -225,9 +225,16 @@ def build_faces(d: Daemon):
 
             seeds = tuple(kubernetes_seeds(c, api))  # the other DaemonSet pods: no address by hand
             log.info("gossip seeds from Kubernetes", seeds=list(seeds))
+        extender_address = None
+        if (c.kubernetes or c.kubeconfig) and c.controlMode == "extender":
+            host, port = c.extenderListen.rsplit(":", 1)
+            if host in ("0.0.0.0", "::", "[::]", ""):  # peers dial the address they reach this node on
+                host = (peer_address or c.gossipAdvertise or c.gossipListen).rsplit(":", 1)[0]
+            extender_address = f"http://{host}:{port}"
         gossip = GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=seeds,
                                advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
-                               read_stamp=d.ledger.change_stamp, peer_address=peer_address)
+                               read_stamp=d.ledger.change_stamp, peer_address=peer_address,
+                               extender_address=extender_address)
         d.service.subscribe(lambda event, key: gossip.poke() if event != "conflict" else None)
     faces.append(LocalApiFace(d.service, str(d.state_dir / SOCKET_NAME), defaults=request_defaults(d),
                               cluster=gossip.cluster_document if gossip is not None else None))
@@ -293,12 +300,12 @@ def control_faces(d: Daemon, api, gossip) -> list:
     elector = LeaderElector.from_config(c, api, d.node)
     cluster = ClusterView(read=gossip.membership.live_docs, to_view=view_from_doc)
     peer = PeerClient.from_config(c, _keyring(c), name=d.node)
-    extender_port = c.extenderListen.rsplit(":", 1)[1]
-
     def leader_url() -> str | None:
+        """The leader's extender, from its gossiped document (identity: its node's name
+        without POD_NAME; a pod name is not resolved here, and the call is answered locally)."""
         ident = elector.leader_identity
-        m = gossip.membership.members.get(ident) if ident else None
-        return f"http://{m.addr.rsplit(':', 1)[0]}:{extender_port}" if m is not None else None
+        doc = gossip.membership.live_docs().get(ident) if ident else None
+        return (doc or {}).get("extender")
 
     faces: list = []
     try:

@@ -73,6 +73,9 @@ def doc_problem(doc: Any) -> str | None:
     peer = doc.get("peer")  # the node's peer API address (hamid/peer), when it serves one
     if peer is not None and (type(peer) is not str or not 0 < len(peer) <= 256):
         return "peer address malformed"
+    ext = doc.get("extender")  # the node's extender URL (hamid/control), when it serves one
+    if ext is not None and (type(ext) is not str or not ext.startswith(("http://", "https://")) or len(ext) > 256):
+        return "extender address malformed"
     try:
         view_from_doc(doc)
     except Exception as e:  # any shape error in a peer's document

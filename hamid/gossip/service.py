@@ -39,7 +39,7 @@ class GossipService:
                  advertise: str | None = None, keyring: Keyring | None = None,
                  read_view: Callable[[], NodeView] | None = None, faults: Faults | None = None,
                  view_in_thread: bool = True, read_stamp: Callable[[], object] | None = None,
-                 peer_address: str | None = None) -> None:
+                 peer_address: str | None = None, extender_address: str | None = None) -> None:
         """``peer_address``: this node's peer API (``peerAdvertise``), carried in
         its capacity document as ``peer`` so a leader knows where to commit."""
         try:
@@ -58,6 +58,7 @@ class GossipService:
         self.keyring = keyring
         self.read_view = read_view
         self.peer_address = peer_address
+        self.extender_address = extender_address  # the control face's extender (hamid/control), when served
         self.read_stamp = read_stamp
         self.view_in_thread = view_in_thread
         self.stats = Stats()
@@ -130,6 +131,8 @@ class GossipService:
         doc = doc_from_view(view, 0)
         if self.peer_address:
             doc["peer"] = self.peer_address
+        if self.extender_address:
+            doc["extender"] = self.extender_address
         self._stamp = stamp  # taken before the read: a commit during it moves the stamp again
         if self._doc is not None and same_content(doc, self._doc):
             return

@@ -75,6 +75,14 @@ class NodeEnv:
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.wait_for_api()
         self.wait_for_devices()
+        self.publish_device_capacity()
+
+    def publish_device_capacity(self) -> None:
+        """What kubelet's node status does for a device plugin's resource (the kubelet
+        stand-in does not write node status): capacity = all devices, allocatable = healthy."""
+        n = str(len(self.kubelet.healthy(RESOURCE)))
+        total = str(len(self.kubelet.devices(RESOURCE)))
+        self.api.set_status("Node", None, self.node, {"capacity": {RESOURCE: total}, "allocatable": {RESOURCE: n}})
 
     def wait_for_api(self, timeout: float = 30.0) -> None:
         """Until the daemon's local API answers (its faces start after it; a kubelet that

@@ -170,3 +170,77 @@ def test_the_leader_killed_during_a_burst(cluster):
                     booked[d["uuid"]] = booked.get(d["uuid"], 0) + d["mem_mib"]
     assert seen == set(uids)
     assert all(v <= 81559 for v in booked.values()), booked
+
+
+POD_YAML = """apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  containers:
+  - name: main
+    image: busybox
+    resources:
+      limits:
+        nvidia.com/gpu: "1"
+        nvidia.com/gpumem: "{mem}"
+        nvidia.com/gpucores: "{cores}"
+      requests:
+        cpu: 100m
+"""
+
+
+def _kubectl_available(env) -> bool:
+    import shutil
+    import os as _os
+
+    return bool(shutil.which(_os.environ.get("KUBECTL", "kubectl")))
+
+
+def _start_kubelet_side(env: ClusterEnv, ns: str, name: str, node: str) -> dict:
+    pod = env.api.get("Pod", ns, name)
+    ne = next(n for n in env.nodes if n.node == node)
+    got = ne.kubelet.admit(pod)
+    assert got.admitted, got.message
+    cfg = ne.kubelet.start_container(pod, "main")
+    (d,) = ne.limits_of(cfg).devices
+    return {"mem": d.memory_bytes >> 20, "cores": d.sm_percent}
+
+
+@pytest.mark.parametrize("mode", ["gate", "extender"])
+def test_kubectl_apply_malformed_is_refused_valid_is_placed_bound_and_started(tmp_path, api_server, mode):
+    from scheduler import SchedulerStandIn
+
+    env = ClusterEnv(tmp_path / "c", api_server, nodes=3, mode=mode).start()
+    if not _kubectl_available(env):
+        env.stop()
+        pytest.skip("kubectl is not installed (make test installs Debian's kubernetes-client)")
+    config = None
+    if mode == "extender":  # what contrib/kubelet/ adds to kube-scheduler
+        config = {"extenders": [{
+            "urlPrefix": f"http://127.0.0.1:{env.ports[1][3]}", "filterVerb": "filter",
+            "prioritizeVerb": "prioritize", "bindVerb": "bind", "weight": 1, "nodeCacheCapable": True,
+            "ignorable": False, "httpTimeout": "30s",
+            "managedResources": [{"name": n, "ignoredByScheduler": True} for n in (
+                "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores",
+                "nvidia.com/priority")]}]}
+    sched = SchedulerStandIn(api_server, config=config, period=0.2).start()
+    try:
+        env.leader()
+        bad = env.kubectl("apply", "-f", "-", stdin=POD_YAML.format(name="bad", mem=4000, cores=120))
+        assert bad.returncode != 0
+        assert 'admission webhook "pods.hamid.io" denied the request' in bad.stderr
+        assert "nvidia.com/gpucores" in bad.stderr and "120" in bad.stderr, bad.stderr
+        ok = env.kubectl("apply", "-f", "-", stdin=POD_YAML.format(name="good", mem=6000, cores=30))
+        assert ok.returncode == 0, ok.stderr
+        node = sched.wait_bound("default", "good", timeout=30)
+        pod = env.api.get("Pod", "default", "good")
+        assert pod["metadata"]["annotations"]["hami.io/vgpu-node"] == node
+        assert not pod["spec"].get("schedulingGates")
+        assert _start_kubelet_side(env, "default", "good", node) == {"mem": 6000, "cores": 30}
+        owners = [(n.node, r["owner"]) for n in env.nodes for r in n.reservations()]
+        assert owners == [(node, f"pod:{pod['metadata']['uid']}")]
+    finally:
+        sched.stop()
+        env.stop()
