@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import time
+import uuid
 from typing import Any
 
 import trio
@@ -72,6 +73,7 @@ class GateController:
         self.nodes = Informer(api, self.core.list_node, name="nodes")
         self.placed = 0  # pods placed since this controller started (metrics, bench)
         self._inflight: set[str] = set()
+        self._opened: dict[str, float] = {}  # pod uid -> when its gate was removed (the cache lags behind)
         self._last_reason: dict[str, str] = {}
 
     # --- the loop --------------------------------------------------------------------
@@ -88,9 +90,11 @@ class GateController:
             await self.nodes.synced.wait()
             while True:
                 seen = self.pods.version, self.nodes.version
+                now = time.monotonic()
+                self._opened = {u: t for u, t in self._opened.items() if now - t < 30}
                 for pod in self.pods.snapshot():
                     uid = (pod.get("metadata") or {}).get("uid")
-                    if gated(pod) and uid not in self._inflight:
+                    if gated(pod) and uid not in self._inflight and uid not in self._opened:
                         self._inflight.add(uid)
                         await send.send(pod)
                 with trio.move_on_after(self.retry_s):  # capacity may free without a pod event (gossip)
@@ -137,15 +141,23 @@ class GateController:
 
                 await self._unschedulable(pod, summarize(choice.reasons, len(nodes)))
                 return False
+            attempt = uuid.uuid4().hex
+            self.cluster.committed(choice.decision)  # at once: the other workers choose around it
             try:
-                await self.peer.commit(choice.peer, owner, choice.decision, request=request.to_dict(),
-                                       details={"placed_by": "gate"})
+                got = await self.peer.commit(choice.peer, owner, choice.decision, request=request.to_dict(),
+                                             details={"placed_by": "gate", "attempt": attempt})
             except HamidError as e:  # refused by the node's ledger (a stale view), or unreachable
+                self.cluster.forget(choice.decision)
                 log.info("commit refused; choosing again", pod=owner.name, node=choice.decision.node, error=str(e))
                 excluded.append(choice.decision.node)
                 continue
-            self.cluster.committed(choice.decision)
+            if (got.get("details") or {}).get("attempt") != attempt:
+                # an earlier placement of this pod (another leader's, or ours) holds it: not ours to open or undo
+                self.cluster.forget(choice.decision)
+                log.info("pod already placed there", pod=owner.name, node=choice.decision.node)
+                return False
             if await self._open_gate(pod, choice.decision):
+                self._opened[meta["uid"]] = time.monotonic()
                 self.placed += 1
                 self._last_reason.pop(meta["uid"], None)
                 log.info("placed", pod=owner.name, node=choice.decision.node,

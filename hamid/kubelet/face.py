@@ -128,8 +128,13 @@ class KubeletFace:
         pod = self.pods.get_pod(ns, name)  # raises when the API server cannot answer: kept
         if pod is None:
             return False
-        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-        return meta.get("uid") == r.uid and status.get("phase") not in TERMINAL
+        meta, status, spec = pod.get("metadata") or {}, pod.get("status") or {}, pod.get("spec") or {}
+        if meta.get("uid") != r.uid or status.get("phase") in TERMINAL:
+            return False
+        # placed or bound elsewhere (a leader that died between its commit here and the pod's update,
+        # and another that placed the pod again): this node's reservation is a leftover
+        elsewhere = spec.get("nodeName") or (meta.get("annotations") or {}).get("hami.io/vgpu-node")
+        return not elsewhere or elsewhere == self.node.name
 
     # --- serving and registering ---------------------------------------------------------
 
