@@ -56,10 +56,14 @@ class ClusterEnv:
                                       extra_config=cfg))
 
     def start(self, webhook: bool = True) -> "ClusterEnv":
-        for n in self.nodes:
-            n.start()
-        if webhook:
-            self.register_webhook()
+        try:
+            for n in self.nodes:
+                n.start()
+            if webhook:
+                self.register_webhook()
+        except BaseException:
+            self.stop()  # no daemon outlives a failed start
+            raise
         return self
 
     def _webhook_endpoint(self, namespace: str, name: str, port: int) -> str:
@@ -98,7 +102,10 @@ class ClusterEnv:
 
     def stop(self) -> None:
         for n in self.nodes:
-            n.stop()
+            try:
+                n.stop()
+            except Exception:
+                pass
 
     def leader(self, timeout: float = 15.0) -> int:
         """The index of the node whose daemon holds the Lease."""

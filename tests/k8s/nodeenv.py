@@ -56,6 +56,13 @@ class NodeEnv:
     # --- lifecycle -----------------------------------------------------------------
 
     def start(self) -> "NodeEnv":
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()  # no daemon outlives a failed start
+            raise
+
+    def _start(self) -> "NodeEnv":
         self.root.mkdir(parents=True, exist_ok=True)
         try:
             self.api.create({"apiVersion": "v1", "kind": "Node",
