@@ -80,7 +80,7 @@ def bind_and_start(env: ClusterEnv, pod: dict) -> dict:
 
 @pytest.fixture
 def cluster(tmp_path, api_server):
-    env = ClusterEnv(tmp_path / "c", api_server, nodes=3).start()
+    env = ClusterEnv(tmp_path / "c", api_server, nodes=3, split=100).start()
     yield env
     env.stop()
 
@@ -132,17 +132,17 @@ def test_the_leader_killed_during_a_burst(cluster):
     api = cluster.api
     first = cluster.leader()
     names = []
-    for i in range(40):  # 40 x ~5 GB: fits on the two nodes left after the kill (4 x 80 GB)
+    for i in range(200):  # 200 x ~1.2 GB: fits on the two nodes left after the kill (4 x 80 GB)
         for attempt in range(20):  # the webhook Service may route to the daemon being killed: retry, as clients do
             try:
-                api.create(gpu_pod(f"b{i}", 5000 + 10 * i))
+                api.create(gpu_pod(f"b{i}", 1200 + i))
                 break
             except Exception as e:
                 if "failed calling webhook" not in str(e) or attempt == 19:
                     raise
                 time.sleep(0.1)
         names.append(f"b{i}")
-        if i == 10:
+        if i == 60:
             cluster.nodes[first].stop_hamid(signal.SIGKILL)
     t0 = time.time()
     second = cluster.leader(timeout=10)
@@ -245,4 +245,36 @@ def test_kubectl_apply_malformed_is_refused_valid_is_placed_bound_and_started(tm
         assert owners == [(node, f"pod:{pod['metadata']['uid']}")]
     finally:
         sched.stop()
+        env.stop()
+
+
+def test_five_hundred_pods_at_once_across_ten_nodes(tmp_path, api_server):
+    """No double booking and no node lock: 500 gated pods created at once over 10 daemons; every pod
+    placed once, no GPU over its memory or its share slots; the throughput is printed."""
+    env = ClusterEnv(tmp_path / "c", api_server, nodes=10, split=30).start(webhook=False)
+    try:
+        env.leader(timeout=30)
+        names = [f"c{i}" for i in range(500)]
+        t0 = time.time()
+        for n in names:
+            env.api.create(gpu_pod(n, 1000 + (int(n[1:]) % 7) * 250, cores=0))
+        placed = wait_placed(env.api, names, timeout=120)
+        took = time.time() - t0
+        print(f"500 pods placed over 10 nodes in {took:.1f} s: {500 / took:.0f} pods/s")
+        uids = {p["metadata"]["uid"]: placed_node(p) for p in placed.values()}
+        mem: dict[str, int] = {}
+        tenants: dict[str, int] = {}
+        seen = set()
+        for n in env.nodes:
+            for r in n.reservations():
+                uid = r["owner"].split(":", 1)[1]
+                assert uid not in seen and uids[uid] == n.node
+                seen.add(uid)
+                for c in r["decision"]["containers"]:
+                    for d in c["devices"]:
+                        mem[d["uuid"]] = mem.get(d["uuid"], 0) + d["mem_mib"]
+                        tenants[d["uuid"]] = tenants.get(d["uuid"], 0) + 1
+        assert seen == set(uids)
+        assert all(v <= 81559 for v in mem.values()) and all(v <= 30 for v in tenants.values())
+    finally:
         env.stop()
