@@ -172,6 +172,17 @@ def test_the_leader_killed_during_a_burst(cluster):
                     booked[d["uuid"]] = booked.get(d["uuid"], 0) + d["mem_mib"]
     assert seen == set(uids)
     assert all(v <= 81559 for v in booked.values()), booked
+    # pods deleted before they were ever bound: no node watches them, its reconciler releases them
+    gone = names[:20]
+    for n in gone:
+        api.delete("Pod", "default", n, grace_period=0)
+    gone_uids = {placed[n]["metadata"]["uid"] for n in gone}
+    deadline = time.time() + 15
+    left = gone_uids
+    while left and time.time() < deadline:
+        left = {r["owner"].split(":", 1)[1] for n in cluster.nodes for r in n.reservations()} & gone_uids
+        time.sleep(0.2)
+    assert not left, f"reservations left for {len(left)} pods that no longer exist"
 
 
 POD_YAML = """apiVersion: v1
