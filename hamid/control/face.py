@@ -33,7 +33,7 @@ class ControlFace:
 
     def __init__(self, *, api, peer, cluster: ClusterView, elector, mode: str, defaults: Defaults,
                  node_policy: str, ignored: set[str], extender_listen: str | None = None,
-                 leader_extender_url=None) -> None:
+                 extender_of=None) -> None:
         self.api = api
         self.peer = peer
         self.cluster = cluster
@@ -44,9 +44,11 @@ class ControlFace:
         self.ignored = ignored
         self.extender_listen = extender_listen
         self.gates: GateController | None = None
+        self.extender_of = extender_of or (lambda node: None)  # a node's extender URL, from gossip
+        self.leader_node: str | None = None  # the node the leader runs on (its identity may be a pod name)
         self.extender = Extender(api, peer, cluster, defaults=defaults, node_policy=node_policy,
                                  is_leader=lambda: self.elector.is_leader,
-                                 leader_url=leader_extender_url or (lambda: None))
+                                 leader_url=lambda: self.extender_of(self.leader_node) if self.leader_node else None)
 
     def collector(self) -> Any:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -73,9 +75,21 @@ class ControlFace:
         log.info("leading: placing gated pods")
         await self.gates.run()
 
+    async def _track_leader(self) -> None:
+        """Which node the leader runs on, for followers to forward to (a pod-name identity is
+        looked up through the API; the node name needs none)."""
+        while True:
+            try:
+                self.leader_node = await self.elector.leader_node()
+            except Exception as e:  # the API unreachable: keep the last answer
+                log.debug("leader's node unknown", error=str(e))
+            await trio.sleep(2.0)
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.elector.run)
+            if self.mode == "extender":
+                nursery.start_soon(self._track_leader)
             if self.mode == "gate":
                 nursery.start_soon(self.elector.run_while_leading, self._lead)
             elif self.mode == "extender" and self.extender_listen:

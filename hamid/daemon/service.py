@@ -300,12 +300,9 @@ def control_faces(d: Daemon, api, gossip) -> list:
     elector = LeaderElector.from_config(c, api, d.node)
     cluster = ClusterView(read=gossip.membership.live_docs, to_view=view_from_doc)
     peer = PeerClient.from_config(c, _keyring(c), name=d.node)
-    def leader_url() -> str | None:
-        """The leader's extender, from its gossiped document (identity: its node's name
-        without POD_NAME; a pod name is not resolved here, and the call is answered locally)."""
-        ident = elector.leader_identity
-        doc = gossip.membership.live_docs().get(ident) if ident else None
-        return (doc or {}).get("extender")
+    def extender_of(node: str) -> str | None:
+        """A node's extender URL, from its gossiped document."""
+        return (gossip.membership.live_docs().get(node) or {}).get("extender")
 
     faces: list = []
     try:
@@ -316,7 +313,7 @@ def control_faces(d: Daemon, api, gossip) -> list:
         faces.append(WebhookFace.from_config(c, defaults=request_defaults(d)))
     faces.append(ControlFace(api=api, peer=peer, cluster=cluster, elector=elector, mode=c.controlMode,
                              defaults=request_defaults(d), node_policy=d.settings.nodeSchedulerPolicy,
-                             ignored=ignored, extender_listen=c.extenderListen, leader_extender_url=leader_url))
+                             ignored=ignored, extender_listen=c.extenderListen, extender_of=extender_of))
     return faces
 
 
