@@ -2,92 +2,231 @@
 
 The leader places a gated pod on a node only if kube-scheduler, which binds
 it afterwards, would also accept that node: otherwise the pod would be
-committed on one node's ledger and stay pending. The checks follow
-kube-scheduler's default filter plugins and their messages:
-NodeUnschedulable, NodeName, TaintToleration, NodeAffinity (nodeSelector
-and required node affinity), NodeResourcesFit (requests against
-``status.allocatable`` minus the requests of the pods already there, the
-larger of init containers and the sum of app containers, pod overhead) and
-NodePorts. The GPU resources hamid accounts itself are skipped. No I/O.
+committed on one node's ledger and stay pending. This module owns that
+judgement and its wording, with no I/O:
+
+- :func:`fit_node`: kube-scheduler's default filter plugins, in the order
+  its default profile runs them and stopping, as it does, at the first
+  plugin that rejects the node: NodeAffinity's PreFilter (``matchFields``
+  ``metadata.name In`` in every term restricts the candidate nodes; the
+  others are "node(s) didn't satisfy plugin(s) [NodeAffinity]"),
+  NodeUnschedulable, NodeName, TaintToleration, NodeAffinity (nodeSelector
+  and required node affinity), NodePorts, NodeResourcesFit (requests
+  against ``status.allocatable`` minus the requests of the non-terminal
+  pods already there, with ``resourcehelper.PodRequests``' rules: app
+  containers and sidecars summed, each init container plus the sidecars
+  started before it, the larger of the two, pod-level cpu/memory requests,
+  ``spec.overhead``; cpu counted in millicores and everything else in units,
+  each rounded up as ``Quantity.MilliValue()``/``Value()`` do). The GPU
+  resources hamid accounts itself are skipped (``ignored_resources``).
+- :func:`summarize`: kube-scheduler's ``0/N nodes are available: ...``
+  message (each distinct reason counted over the nodes, the ``"<count>
+  <reason>"`` strings sorted bytewise as ``FitError.Error`` sorts them), with
+  the placement engine's per-GPU reasons folded into reasons of the same
+  style ("3 GPU memory (4096 MiB requested, at most 2048 free on any GPU)").
+- :func:`narrow_to_node`: the RFC 6902 JSON Patch that narrows a gated pod's
+  required node affinity to one node, which is all KEP-3838 lets an update
+  of a gated pod do.
+- :func:`quantity`: Kubernetes quantity strings, parsed exactly.
+
+Not modelled: the volume plugins, PodTopologySpread, InterPodAffinity and
+DynamicResources (GPU pods that use them are judged by kube-scheduler
+itself after the gate opens), preemption, and the scheduler's own
+``addedAffinity``/``ignoredResourceGroups`` configuration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from decimal import Decimal, InvalidOperation
+import math
+import re
+from collections.abc import Iterable, Mapping
+from fractions import Fraction
 from typing import Any
 
-_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-           "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
-           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+__all__ = ["quantity", "pod_requests", "fit_node", "summarize", "narrow_to_node", "REASON_UNSCHEDULABLE",
+           "REASON_NODE_NAME", "REASON_AFFINITY", "REASON_AFFINITY_PREFILTER", "REASON_AFFINITY_CONFLICT",
+           "REASON_PORTS", "REASON_TOO_MANY_PODS"]
+
+# kube-scheduler's own words (its plugins' ErrReason constants)
+REASON_UNSCHEDULABLE = "node(s) were unschedulable"
+REASON_NODE_NAME = "node(s) didn't match the requested node name"
+REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+REASON_AFFINITY_PREFILTER = "node(s) didn't satisfy plugin(s) [NodeAffinity]"
+REASON_AFFINITY_CONFLICT = "pod affinity terms conflict"  # a PreFilter rejection: said once, not per node
+REASON_PORTS = "node(s) didn't have free ports for the requested pod ports"
+REASON_TOO_MANY_PODS = "Too many pods"
+_PREFILTER_REJECTIONS = frozenset({REASON_AFFINITY_CONFLICT})
+
+# --------------------------------------------------------------------------------------------------
+# quantities
+
+# apimachinery's grammar: <sign><digits>[.<digits>]<suffix>, suffix a binary SI prefix, a decimal SI
+# prefix, or e/E and a signed integer. "1E" is exa, "1E3" is 1000, "1e" and "1K" are refused.
+_QUANTITY = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
+_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_MAX = 2**63 - 1  # kube-scheduler counts in int64
+_NANO = 10**9
 
 
-def quantity(text: Any) -> Decimal:
-    """A Kubernetes quantity (``100m``, ``4Gi``, ``1e3``, ``2``) as an exact number."""
-    s = str(text).strip()
-    for suf in sorted(_SUFFIX, key=len, reverse=True):
-        if suf and s.endswith(suf) and not (suf == "E" and _is_exponent(s)):
-            try:
-                return Decimal(s[: -len(suf)]) * Decimal(_SUFFIX[suf])
-            except InvalidOperation:
-                break
-    try:
-        return Decimal(s)
-    except InvalidOperation:
-        raise ValueError(f"bad quantity {text!r}") from None
+def quantity(text: Any) -> Fraction:
+    """A Kubernetes quantity (``100m``, ``4Gi``, ``1.5e3``, ``2``) as an exact number.
+
+    Accepted: apimachinery's grammar (an optional sign, digits with an
+    optional fraction, then ``Ki Mi Gi Ti Pi Ei``, ``n u m k M G T P E`` or
+    ``e``/``E`` and an integer exponent); a non-zero value is rounded away
+    from zero to a whole nano (10^-9) as ``ParseQuantity`` does. Refused
+    (``ValueError`` naming the value): anything else, including what the
+    Python client's ``parse_quantity`` lets through (``1K``, ``1_000``,
+    `` 1``, ``NaN``, ``1e3k``), and magnitudes beyond 2^63-1, which
+    kube-scheduler's int64 accounting cannot hold. Python ints are taken
+    as they are (JSON numbers).
+    """
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise ValueError(f"bad quantity {text!r}: a string such as '500m', '4Gi' or '1e3' is accepted")
+    s = str(text)
+    m = _QUANTITY.fullmatch(s)
+    if m is None or not (m.group(2) or m.group(3)):
+        raise ValueError(f"bad quantity {text!r}: accepted is <number><suffix> with suffix one of Ki Mi Gi Ti Pi "
+                         f"Ei, n u m k M G T P E, e<exponent>, or none (e.g. '500m', '4Gi', '1.5', '1e3')")
+    sign, whole, frac, suffix = m.group(1), m.group(2), m.group(3) or "", m.group(4) or ""
+    mantissa = int((whole + frac) or "0")
+    if mantissa == 0:
+        return Fraction(0)
+    if suffix in _BINARY:
+        value = Fraction(mantissa * 2 ** _BINARY[suffix], 10 ** len(frac))
+    else:
+        exp = _DECIMAL[suffix] if suffix in _DECIMAL else int(suffix[1:])
+        scale = exp - len(frac)  # value = mantissa * 10^scale
+        if len(str(mantissa)) - 1 + scale >= 19:  # at least 10^19 > 2^63-1
+            raise ValueError(f"bad quantity {text!r}: larger than 2^63-1, which kube-scheduler cannot count")
+        if scale < -(len(str(mantissa)) + 9):  # below 10^-9: rounded up to 1n, as ParseQuantity does
+            value = Fraction(1, _NANO)
+        else:
+            value = Fraction(mantissa) * Fraction(10) ** scale
+    value = Fraction(math.ceil(value * _NANO), _NANO)
+    if value > _MAX:
+        raise ValueError(f"bad quantity {text!r}: larger than 2^63-1, which kube-scheduler cannot count")
+    return -value if sign == "-" else value
 
 
-def _is_exponent(s: str) -> bool:
-    head = s[:-1]
-    return any(c in head for c in "eE")
+def _units(resource: str, q: Fraction) -> int:
+    """What kube-scheduler counts of ``q``: millicores for cpu, whole units otherwise, rounded up."""
+    return math.ceil(q * 1000) if resource == "cpu" else math.ceil(q)
 
 
-def _requests(c: dict) -> dict[str, Decimal]:
+def _scalar(name: str) -> bool:
+    """``IsScalarResourceName``: extended (a ``/`` name outside ``kubernetes.io/``, not ``requests.``),
+    ``hugepages-*``, ``attachable-volumes-*`` or ``kubernetes.io/``-prefixed. Other names that are not
+    cpu, memory, ephemeral-storage or pods are not counted by kube-scheduler at all."""
+    if name.startswith(("hugepages-", "attachable-volumes-")):
+        return True
+    return "/" in name and not name.startswith("requests.")
+
+
+_COUNTED = ("cpu", "memory", "ephemeral-storage")
+
+# --------------------------------------------------------------------------------------------------
+# requests
+
+
+def _add(into: dict[str, Fraction], other: Mapping[str, Fraction]) -> None:
+    for k, v in other.items():
+        into[k] = into.get(k, Fraction(0)) + v
+
+
+def _max(into: dict[str, Fraction], other: Mapping[str, Fraction]) -> None:
+    for k, v in other.items():
+        if k not in into or v > into[k]:
+            into[k] = v
+
+
+def _container_requests(c: Mapping, where: str) -> dict[str, Fraction]:
     res = c.get("resources") or {}
-    out = {k: quantity(v) for k, v in (res.get("limits") or {}).items()}  # limits default the requests
-    out.update({k: quantity(v) for k, v in (res.get("requests") or {}).items()})
+    req = dict(res.get("requests") or {})
+    for k, v in (res.get("limits") or {}).items():
+        req.setdefault(k, v)  # the API server's defaulting, for objects that did not go through it
+    out = {}
+    for k, v in req.items():
+        try:
+            out[k] = quantity(v)
+        except ValueError as e:
+            raise ValueError(f"{where}.resources[{k!r}]: {e}") from None
     return out
 
 
-def pod_requests(pod: dict) -> dict[str, Decimal]:
-    """What a pod asks of a node: the larger of each init container and the sum of the others
-    (sidecars, init containers that keep running, count with the app containers), plus overhead."""
+def pod_requests(pod: Mapping) -> dict[str, Fraction]:
+    """What ``pod`` asks of a node, exactly (``resourcehelper.PodRequests``).
+
+    App containers are summed and restartable init containers (sidecars,
+    ``restartPolicy: Always``) added to that sum; each other init container
+    counts with the sidecars started before it; the larger of the two is
+    taken per resource. Pod-level ``spec.resources`` requests replace the
+    containers' cpu and memory (the resources pod-level requests cover), and
+    ``spec.overhead`` is added. A container's limit stands in for a missing
+    request, as the API server's defaulting would have written it.
+    """
     spec = pod.get("spec") or {}
-    total: dict[str, Decimal] = {}
-    for c in spec.get("containers") or ():
-        for k, v in _requests(c).items():
-            total[k] = total.get(k, Decimal(0)) + v
-    sidecars: dict[str, Decimal] = {}
-    for c in spec.get("initContainers") or ():
-        req = _requests(c)
+    total: dict[str, Fraction] = {}
+    for i, c in enumerate(spec.get("containers") or ()):
+        _add(total, _container_requests(c, f"spec.containers[{i}]"))
+    sidecars: dict[str, Fraction] = {}
+    init_peak: dict[str, Fraction] = {}
+    for i, c in enumerate(spec.get("initContainers") or ()):
+        req = _container_requests(c, f"spec.initContainers[{i}]")
         if c.get("restartPolicy") == "Always":
-            for k, v in req.items():
-                sidecars[k] = sidecars.get(k, Decimal(0)) + v
-            continue
-        for k, v in req.items():
-            total[k] = max(total.get(k, Decimal(0)), v + sidecars.get(k, Decimal(0)))
-    for k, v in sidecars.items():
-        total[k] = total.get(k, Decimal(0)) + v
+            _add(total, req)
+            _add(sidecars, req)
+            step = dict(sidecars)
+        else:
+            step = dict(req)
+            _add(step, sidecars)
+        _max(init_peak, step)
+    _max(total, init_peak)
+    pod_level = _container_requests({"resources": spec.get("resources") or {}}, "spec")
+    for k in ("cpu", "memory"):
+        if k in pod_level:
+            total[k] = pod_level[k]
     for k, v in (spec.get("overhead") or {}).items():
-        total[k] = total.get(k, Decimal(0)) + quantity(v)
+        try:
+            _add(total, {k: quantity(v)})
+        except ValueError as e:
+            raise ValueError(f"spec.overhead[{k!r}]: {e}") from None
     return total
 
 
-def _tolerated(taint: dict, tolerations: Iterable[dict]) -> bool:
-    for t in tolerations:
-        if t.get("effect") and t["effect"] != taint.get("effect"):
-            continue
-        op = t.get("operator") or "Equal"
-        if op == "Exists":
-            if not t.get("key") or t["key"] == taint.get("key"):
-                return True
-        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
-            return True
+def _counted(pod: Mapping) -> dict[str, int]:
+    """A pod's requests as kube-scheduler's NodeInfo counts them (its ``Resource``)."""
+    return {k: _units(k, v) for k, v in pod_requests(pod).items() if k in _COUNTED or _scalar(k)}
+
+
+# --------------------------------------------------------------------------------------------------
+# the filters
+
+
+def _tolerates(t: Mapping, taint: Mapping) -> bool:
+    """``Toleration.ToleratesTaint``: effect and key match when given; Exists matches any value,
+    Equal (the default) the same value."""
+    if t.get("effect") and t["effect"] != taint.get("effect"):
+        return False
+    if t.get("key") and t["key"] != taint.get("key"):
+        return False
+    op = t.get("operator") or "Equal"
+    if op == "Exists":
+        return True
+    if op == "Equal":
+        return (t.get("value") or "") == (taint.get("value") or "")
     return False
 
 
-def _match_expression(e: dict, value: str | None) -> bool:
-    op, values = e.get("operator"), e.get("values") or []
+def _tolerated(taint: Mapping, tolerations: Iterable[Mapping]) -> bool:
+    return any(_tolerates(t, taint) for t in tolerations)
+
+
+def _requirement(r: Mapping, value: str | None) -> bool:
+    """One node selector requirement against a label's value (None: absent). A requirement that
+    cannot be parsed matches nothing, as kube-scheduler ignores its parse errors."""
+    op, values = r.get("operator"), r.get("values") or []
     if op == "In":
         return value is not None and value in values
     if op == "NotIn":
@@ -97,97 +236,330 @@ def _match_expression(e: dict, value: str | None) -> bool:
     if op == "DoesNotExist":
         return value is None
     if op in ("Gt", "Lt"):
-        try:
-            a, b = int(value), int(values[0])
-        except (TypeError, ValueError, IndexError):
+        if value is None or len(values) != 1:
             return False
-        return a > b if op == "Gt" else a < b
+        try:
+            have, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return have > bound if op == "Gt" else have < bound
     return False
 
 
-def _affinity_ok(pod: dict, node: dict) -> bool:
-    spec = pod.get("spec") or {}
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    for k, v in (spec.get("nodeSelector") or {}).items():
+def _term_matches(term: Mapping, labels: Mapping[str, str], name: str | None) -> bool:
+    exprs, fields = term.get("matchExpressions") or (), term.get("matchFields") or ()
+    if not exprs and not fields:
+        return False  # an empty term matches no objects
+    if not all(_requirement(r, labels.get(r.get("key"))) for r in exprs):
+        return False
+    # metadata.name is the only field kube-scheduler supports; any other makes the term fail
+    return all(r.get("key") == "metadata.name" and _requirement(r, name) for r in fields)
+
+
+def _required_terms(pod: Mapping) -> list[Mapping] | None:
+    req = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
+    return None if req is None else list(req.get("nodeSelectorTerms") or ())
+
+
+def _prefilter_names(terms: list[Mapping] | None) -> set[str] | None:
+    """NodeAffinity's PreFilter: the only nodes worth filtering when every term names nodes through
+    ``matchFields metadata.name In`` (the union over terms of each term's intersection), else None."""
+    if not terms:
+        return None
+    names: set[str] = set()
+    for t in terms:
+        term_names: set[str] | None = None
+        for r in t.get("matchFields") or ():
+            if r.get("key") == "metadata.name" and r.get("operator") == "In":
+                s = set(r.get("values") or ())
+                term_names = s if term_names is None else term_names & s
+        if term_names is None:
+            return None  # a term with no name requirement: every node is eligible
+        names |= term_names
+    return names
+
+
+def _affinity_ok(pod: Mapping, node: Mapping) -> bool:
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    for k, v in ((pod.get("spec") or {}).get("nodeSelector") or {}).items():
         if labels.get(k) != v:
             return False
-    req = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-           .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    terms = req.get("nodeSelectorTerms")
+    terms = _required_terms(pod)
     if not terms:
-        return True
-    fields = {"metadata.name": (node.get("metadata") or {}).get("name")}
-    for t in terms:  # terms are ORed, the requirements of one term ANDed
-        if not t.get("matchExpressions") and not t.get("matchFields"):
-            continue  # an empty term matches nothing
-        if all(_match_expression(e, labels.get(e.get("key"))) for e in t.get("matchExpressions") or ()) and \
-                all(_match_expression(e, fields.get(e.get("key"))) for e in t.get("matchFields") or ()):
-            return True
-    return False
+        return True  # no required affinity, or no terms: no constraint
+    return any(_term_matches(t, labels, meta.get("name")) for t in terms)
 
 
-def _host_ports(pod: dict) -> set[tuple[str, str, int]]:
-    out = set()
-    for c in [*((pod.get("spec") or {}).get("containers") or ()), *((pod.get("spec") or {}).get("initContainers")
-                                                                     or ())]:
-        for p in c.get("ports") or ():
-            if p.get("hostPort"):
-                out.add((p.get("hostIP") or "0.0.0.0", p.get("protocol") or "TCP", int(p["hostPort"])))
-    return out
-
-
-def _ports_conflict(a: set, b: set) -> bool:
-    for ip, proto, port in a:
-        for ip2, proto2, port2 in b:
-            if port == port2 and proto == proto2 and (ip == ip2 or "0.0.0.0" in (ip, ip2)):
-                return True
-    return False
-
-
-def fit_node(pod: dict, node: dict, pods_on_node: list[dict], *, ignored_resources: set[str]) -> list[str]:
-    """kube-scheduler's reasons for not taking ``pod`` to ``node`` ([] = it would)."""
+def _host_ports(pod: Mapping) -> list[tuple[str, str, int]]:
+    """``GetHostPorts``: host ports of the app containers and of the sidecars (restartable init
+    containers); an empty hostIP is 0.0.0.0, an empty protocol TCP."""
     spec = pod.get("spec") or {}
-    nspec = node.get("spec") or {}
-    name = (node.get("metadata") or {}).get("name")
-    reasons: list[str] = []
-    if nspec.get("unschedulable") and not _tolerated(
-            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}, spec.get("tolerations") or ()):
-        reasons.append("node(s) were unschedulable")
-    if spec.get("nodeName") and spec["nodeName"] != name:
-        reasons.append("node(s) didn't match the requested node name")
-    for t in nspec.get("taints") or ():
-        if t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, spec.get("tolerations") or ()):
-            shown = f"{{{t.get('key')}: {t.get('value')}}}" if t.get("value") else f"{{{t.get('key')}}}"
-            reasons.append(f"node(s) had untolerated taint {shown}")
-            break
-    if not _affinity_ok(pod, node):
-        reasons.append("node(s) didn't match Pod's node affinity/selector")
-    alloc = {k: quantity(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
-    live = [p for p in pods_on_node if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-            and (p.get("metadata") or {}).get("uid") != (pod.get("metadata") or {}).get("uid")]
-    if "pods" in alloc and len(live) + 1 > alloc["pods"]:
-        reasons.append("Too many pods")
-    used: dict[str, Decimal] = {}
+    cs = [*(c for c in spec.get("initContainers") or () if c.get("restartPolicy") == "Always"),
+          *(spec.get("containers") or ())]
+    return [(p.get("hostIP") or "0.0.0.0", p.get("protocol") or "TCP", int(p["hostPort"]))
+            for c in cs for p in c.get("ports") or () if int(p.get("hostPort") or 0) > 0]
+
+
+def _port_conflict(want: list[tuple[str, str, int]], used: list[tuple[str, str, int]]) -> bool:
+    """``HostPortInfo.CheckConflict``: same protocol and port, and the same IP or 0.0.0.0 on either side."""
+    return any(port == uport and proto == uproto and (ip == uip or "0.0.0.0" in (ip, uip))
+               for ip, proto, port in want for uip, uproto, uport in used)
+
+
+def _live(pod: Mapping, pods_on_node: Iterable[Mapping]) -> list[Mapping]:
+    """The pods kube-scheduler's cache holds for the node: not Succeeded or Failed (its informer
+    filters those out), and not ``pod`` itself."""
+    uid = (pod.get("metadata") or {}).get("uid")
+    return [p for p in pods_on_node if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            and (uid is None or (p.get("metadata") or {}).get("uid") != uid)]
+
+
+def _resources(pod: Mapping, node: Mapping, live: list[Mapping], ignored: set[str]) -> list[str]:
+    """NodeResourcesFit's ``fitsRequest``: every insufficient resource, in its order (pods, cpu, memory,
+    ephemeral-storage, then the scalar resources, by name here where Go iterates a map)."""
+    alloc: dict[str, int] = {}
+    for k, v in ((node.get("status") or {}).get("allocatable") or {}).items():
+        try:
+            alloc[k] = _units(k, quantity(v))
+        except ValueError as e:
+            raise ValueError(f"node {(node.get('metadata') or {}).get('name')!r} status.allocatable[{k!r}]: "
+                             f"{e}") from None
+    reasons = []
+    if len(live) + 1 > alloc.get("pods", 0):
+        reasons.append(REASON_TOO_MANY_PODS)
+    want = _counted(pod)
+    used: dict[str, int] = {}
     for p in live:
-        for k, v in pod_requests(p).items():
-            used[k] = used.get(k, Decimal(0)) + v
-    for k, v in sorted(pod_requests(pod).items()):
-        if k in ignored_resources or v == 0:
-            continue
-        if v + used.get(k, Decimal(0)) > alloc.get(k, Decimal(0)):
+        for k, v in _counted(p).items():
+            used[k] = used.get(k, 0) + v
+    for k in _COUNTED:
+        if want.get(k, 0) > 0 and want[k] > alloc.get(k, 0) - used.get(k, 0):
             reasons.append(f"Insufficient {k}")
-    mine = _host_ports(pod)
-    if mine and any(_ports_conflict(mine, _host_ports(p)) for p in live):
-        reasons.append("node(s) didn't have free ports for the requested pod ports")
+    for k in sorted(r for r in want if _scalar(r)):
+        if want[k] == 0 or k in ignored:
+            continue
+        if want[k] > alloc.get(k, 0) - used.get(k, 0):
+            reasons.append(f"Insufficient {k}")
     return reasons
 
 
+def fit_node(pod: dict, node: dict, pods_on_node: list[dict], *, ignored_resources: set[str]) -> list[str]:
+    """kube-scheduler's reasons for not taking ``pod`` to ``node`` (``[]``: it would).
+
+    ``pods_on_node`` are the pods bound to the node (terminal ones and
+    ``pod`` itself are left out here); ``ignored_resources`` are resource
+    names not checked (the GPU resources hamid accounts itself). As
+    kube-scheduler, the first plugin that rejects the node gives all the
+    reasons: NodeResourcesFit may give several, the others one. A quantity
+    that cannot be parsed raises ``ValueError`` naming the field.
+    """
+    spec = pod.get("spec") or {}
+    nspec = node.get("spec") or {}
+    name = (node.get("metadata") or {}).get("name")
+    names = _prefilter_names(_required_terms(pod))
+    if names is not None:
+        if not names:
+            return [REASON_AFFINITY_CONFLICT]
+        if name not in names:
+            return [REASON_AFFINITY_PREFILTER]
+    tolerations = spec.get("tolerations") or ()
+    if nspec.get("unschedulable") and not _tolerated(
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}, tolerations):
+        return [REASON_UNSCHEDULABLE]
+    if spec.get("nodeName") and spec["nodeName"] != name:
+        return [REASON_NODE_NAME]
+    for t in nspec.get("taints") or ():
+        if t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, tolerations):
+            return [f"node(s) had untolerated taint {{{t.get('key')}: {t.get('value') or ''}}}"]
+    if not _affinity_ok(pod, node):
+        return [REASON_AFFINITY]
+    live = _live(pod, pods_on_node)
+    mine = _host_ports(pod)
+    if mine and _port_conflict(mine, [hp for p in live for hp in _host_ports(p)]):
+        return [REASON_PORTS]
+    return _resources(pod, node, live, set(ignored_resources))
+
+
+# --------------------------------------------------------------------------------------------------
+# the message
+
+# The placement engine's per-GPU reasons (hamid/placement), folded into one reason per kind and node.
+# Each pattern gives a kind, the requested amount where there is one (the key: a pod's containers may
+# ask different amounts) and the amount free (its largest over the nodes is shown).
+_CONTAINER = re.compile(r"container [^:]+: ")
+_GPU_PATTERNS: list[tuple[re.Pattern, str]] = [
+    (re.compile(r"GPU \d+ has (?P<free>\d+) MiB free, (?P<req>\d+) requested"), "mem"),
+    (re.compile(r"needs \d+ GPU\(s\) with (?P<req>\d+) MiB free and a free share slot, \d+ have it "
+                r"\(most free: (?P<free>-?\d+) MiB\)"), "mem"),
+    (re.compile(r"GPU \d+ has (?P<free>-?\d+)% cores free, (?P<req>\d+) requested"), "cores"),
+    (re.compile(r"GPU \d+ has no cores left \(all \d+% reserved\)"), "nocores"),
+    (re.compile(r"GPU \d+ has all \d+ share slots in use"), "slots"),
+    (re.compile(r"needs \d+ GPU\(s\) with a free share slot, \d+ have one"), "slots"),
+    (re.compile(r"GPU \d+ is held exclusively \(cores=100\)"), "exclusive"),
+    (re.compile(r"GPU \d+ has \d+ tenant\(s\); (?:exclusive use \(cores=100\) needs an idle GPU|"
+                r"the mutex policy takes idle GPUs only)"), "idle"),
+    (re.compile(r"GPU \d+ is unhealthy"), "unhealthy"),
+    (re.compile(r"GPU \d+ is cordoned \(hami\.io/device-cordon\).*"), "cordoned"),
+    (re.compile(r"GPU \d+ is excluded by this node's filterDevices"), "filtered"),
+    (re.compile(r"GPU \d+ is not among the requested devices (?P<req>.+)"), "devices"),
+    (re.compile(r"GPU \d+ type .* does not match use-gputype (?P<req>.+)"), "usetype"),
+    (re.compile(r"GPU \d+ type .* matches nouse-gputype (?P<req>.+)"), "nousetype"),
+    (re.compile(r"GPU \d+ \(.*\) is not in use-gpuuuid"), "useuuid"),
+    (re.compile(r"GPU \d+ \(.*\) is in nouse-gpuuuid"), "nouseuuid"),
+    (re.compile(r"GPU \d+ is not in MIG mode .*"), "notmig"),
+    (re.compile(r"GPU \d+ is in MIG mode; hami-core was requested"), "mig"),
+    (re.compile(r"needs (?P<req>\d+) MIG GPU\(s\) that can still create (?P<what>.+), (?P<free>\d+) can"), "migcreate"),
+    (re.compile(r"GPU \d+ \(.*\) has no MIG profile (?P<what>[^;]+)(?:;.*)?"), "migprofile"),
+    (re.compile(r"GPU \d+: no MIG profile holds (?P<req>\d+) MiB \(largest \d+ MiB\)"), "migsize"),
+    (re.compile(r"GPU \d+: (?:no free placement for .*|.* is not a placement of .*|"
+                r".* overlaps a live instance or exceeds the profile's limit)"), "migplace"),
+    (re.compile(r"needs (?P<req>\d+) GPU\(s\), (?P<free>\d+) fit"), "count"),
+]
+
+
+def _gpu_reason(kind: str, req: str | None, free: int | None, what: str | None) -> str:
+    if kind == "mem":
+        return f"GPU memory ({req} MiB requested, at most {max(free, 0)} free on any GPU)"
+    if kind == "cores":
+        return f"GPU cores ({req}% requested, at most {max(free, 0)}% free on any GPU)"
+    return {
+        "nocores": "GPU cores (none left on any GPU)",
+        "slots": "GPU share slots (all in use)",
+        "exclusive": "GPU held exclusively (cores=100)",
+        "idle": "GPU in use (an idle GPU is needed)",
+        "unhealthy": "GPU unhealthy",
+        "cordoned": "GPU cordoned (hami.io/device-cordon)",
+        "filtered": "GPU excluded by filterDevices",
+        "devices": f"GPU not among the requested devices {req}",
+        "usetype": f"GPU type (not use-gputype {req})",
+        "nousetype": f"GPU type (nouse-gputype {req})",
+        "useuuid": "GPU not in use-gpuuuid",
+        "nouseuuid": "GPU in nouse-gpuuuid",
+        "notmig": "GPU mode (MIG requested, GPU not in MIG mode)",
+        "mig": "GPU mode (hami-core requested, GPU in MIG mode)",
+        "migcreate": f"GPU MIG ({what} on {req} GPU(s) requested, at most {free} can create it)",
+        "migprofile": f"GPU MIG (no profile {what})",
+        "migsize": f"GPU MIG (no profile holds {req} MiB)",
+        "migplace": "GPU MIG (no free placement)",
+        "count": f"GPU count ({req} requested, at most {free} fit on any node)",
+    }[kind]
+
+
+def _node_reasons(reasons: Iterable[str]) -> dict[tuple, int | None]:
+    """One node's reasons as keys (a plain reason, or a GPU kind with its request) and the amount free
+    where the kind has one (the largest on the node). A plain reason is any string no GPU pattern
+    matches: kube-scheduler's own, and the placer's ("no hamid daemon publishes this node's GPUs")."""
+    out: dict[tuple, int | None] = {}
+    gpu_kinds: set[str] = set()
+    for r in reasons:
+        bare = r[_CONTAINER.match(r).end():] if _CONTAINER.match(r) else r
+        for pat, kind in _GPU_PATTERNS:
+            m = pat.fullmatch(bare)
+            if m is None:
+                continue
+            g = m.groupdict()
+            free = int(g["free"]) if g.get("free") is not None else None
+            key = ("gpu", kind, g.get("req"), g.get("what"))
+            if key in out and free is not None:
+                free = max(free, out[key])  # type: ignore[arg-type]
+            out[key] = free
+            gpu_kinds.add(kind)
+            break
+        else:
+            out[("plain", r)] = None
+    if gpu_kinds - {"count"}:  # "needs 1 GPU(s), 0 fit" only repeats what the per-GPU reasons say
+        for key in [k for k in out if k[0] == "gpu" and k[1] == "count" and k[2] == "1"]:
+            del out[key]
+    return out
+
+
 def summarize(reasons_by_node: dict[str, list[str]], total: int) -> str:
-    """kube-scheduler's message: "0/5 nodes are available: 3 Insufficient cpu, 2 node(s) had ..."
-    (each distinct reason counted over the nodes, sorted by reason, as kube-scheduler sorts them)."""
-    counts: dict[str, int] = {}
+    """kube-scheduler's message for a pod no node takes: ``0/5 nodes are available: 2 node(s) had
+    untolerated taint {gpu: no}, 3 GPU memory (4096 MiB requested, at most 2048 free on any GPU).``
+
+    Each distinct reason is counted once per node that gives it; the
+    ``"<count> <reason>"`` parts are sorted as strings (``sort.Strings``, as
+    ``FitError.Error`` does, so "10 ..." sorts before "2 ..."). The placement
+    engine's per-GPU reasons are folded per node into one reason per kind
+    (memory, cores, share slots, ...) whose numbers are the request and the
+    most free on any GPU of the nodes counted. A PreFilter rejection (every
+    node) is said once, without a count, as kube-scheduler says it.
+    """
+    if total == 0:
+        return "0/0 nodes are available: no nodes available to schedule pods."
     for why in reasons_by_node.values():
-        for r in dict.fromkeys(why):
-            counts[r] = counts.get(r, 0) + 1
-    parts = ", ".join(f"{n} {r}" for r, n in sorted(counts.items()))
-    return f"0/{total} nodes are available: {parts}." if parts else f"0/{total} nodes are available."
+        for r in why:
+            if r in _PREFILTER_REJECTIONS:
+                return f"0/{total} nodes are available: {r}."
+    counts: dict[tuple, int] = {}
+    free: dict[tuple, int | None] = {}
+    for why in reasons_by_node.values():
+        for key, f in _node_reasons(why).items():
+            counts[key] = counts.get(key, 0) + 1
+            if f is not None:
+                free[key] = f if free.get(key) is None else max(f, free[key])  # type: ignore[type-var]
+    parts = []
+    for key, n in counts.items():
+        text = key[1] if key[0] == "plain" else _gpu_reason(key[1], key[2], free.get(key), key[3])
+        parts.append(f"{n} {text}")
+    merged: dict[str, int] = {}
+    for p in parts:  # two keys may read the same (e.g. one kind from two containers' prefixes)
+        n, _, text = p.partition(" ")
+        merged[text] = merged.get(text, 0) + int(n)
+    out = sorted(f"{n} {text}" for text, n in merged.items())
+    msg = f"0/{total} nodes are available:"
+    return f"{msg} {', '.join(out)}." if out else msg
+
+
+# --------------------------------------------------------------------------------------------------
+# narrowing
+
+_REQUIRED = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def narrow_to_node(pod: dict, node_name: str) -> list[dict]:
+    """The RFC 6902 JSON Patch operations that narrow ``pod``'s required node affinity to ``node_name``.
+
+    ``metadata.name In [node_name]`` is appended to the ``matchFields`` of
+    every existing required term (terms are ORed, a term's requirements
+    ANDed: each term keeps all it required, and now also names the node);
+    where the pod has no required terms, one term holding only that field is
+    set. That is exactly what KEP-3838 lets an update do while the pod is
+    gated (the number of terms kept, existing requirements kept as a prefix,
+    new ones appended; a nil affinity or one with no terms may be set), and
+    after the update kube-scheduler's NodeAffinity PreFilter considers that
+    node alone. The operations address the pod as it is now: send them with
+    a ``test`` of ``/metadata/resourceVersion`` (or apply them locally and
+    update with the resourceVersion) so a pod changed meanwhile is not
+    patched blindly. ``nodeSelector`` is left as it is.
+    """
+    if not isinstance(node_name, str) or not node_name:
+        raise ValueError(f"node name {node_name!r}: a non-empty string is accepted")
+    pin = {"key": "metadata.name", "operator": "In", "values": [node_name]}
+    fresh = {"nodeSelectorTerms": [{"matchFields": [pin]}]}
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        raise ValueError("pod has no spec: a Pod object with spec is accepted")
+    aff = spec.get("affinity")
+    if not aff:
+        return [{"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": fresh}}}]
+    na = aff.get("nodeAffinity")
+    if not na:
+        return [{"op": "add", "path": "/spec/affinity/nodeAffinity",
+                 "value": {"requiredDuringSchedulingIgnoredDuringExecution": fresh}}]
+    req = na.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not req:
+        return [{"op": "add", "path": _REQUIRED, "value": fresh}]
+    terms = req.get("nodeSelectorTerms") or []
+    if not terms:
+        return [{"op": "add", "path": f"{_REQUIRED}/nodeSelectorTerms", "value": fresh["nodeSelectorTerms"]}]
+    ops = []
+    for i, t in enumerate(terms):
+        if t.get("matchFields"):
+            ops.append({"op": "add", "path": f"{_REQUIRED}/nodeSelectorTerms/{i}/matchFields/-", "value": pin})
+        else:
+            ops.append({"op": "add", "path": f"{_REQUIRED}/nodeSelectorTerms/{i}/matchFields", "value": [pin]})
+    return ops
