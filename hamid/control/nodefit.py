@@ -41,6 +41,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 __all__ = ["quantity", "pod_requests", "fit_node", "summarize", "narrow_to_node", "REASON_UNSCHEDULABLE",
@@ -82,37 +83,49 @@ def quantity(text: Any) -> Fraction:
     kube-scheduler's int64 accounting cannot hold. Python ints are taken
     as they are (JSON numbers).
     """
+    return Fraction(_nanos(text), _NANO)
+
+
+def _nanos(text: Any) -> int:
+    """:func:`quantity` in whole nanos (10^-9), the unit every parsed quantity is a multiple of, so that
+    requests are summed and compared in integers."""
     if isinstance(text, bool) or not isinstance(text, (str, int)):
         raise ValueError(f"bad quantity {text!r}: a string such as '500m', '4Gi' or '1e3' is accepted")
-    s = str(text)
+    return _parse(str(text), repr(text))
+
+
+@lru_cache(maxsize=4096)  # a cluster's pods repeat a few quantity strings
+def _parse(s: str, shown: str) -> int:
     m = _QUANTITY.fullmatch(s)
     if m is None or not (m.group(2) or m.group(3)):
-        raise ValueError(f"bad quantity {text!r}: accepted is <number><suffix> with suffix one of Ki Mi Gi Ti Pi "
+        raise ValueError(f"bad quantity {shown}: accepted is <number><suffix> with suffix one of Ki Mi Gi Ti Pi "
                          f"Ei, n u m k M G T P E, e<exponent>, or none (e.g. '500m', '4Gi', '1.5', '1e3')")
     sign, whole, frac, suffix = m.group(1), m.group(2), m.group(3) or "", m.group(4) or ""
     mantissa = int((whole + frac) or "0")
     if mantissa == 0:
-        return Fraction(0)
-    if suffix in _BINARY:
-        value = Fraction(mantissa * 2 ** _BINARY[suffix], 10 ** len(frac))
+        return 0
+    if suffix in _BINARY:  # mantissa * 2^k / 10^len(frac), in nanos, rounded up
+        nanos = -(-(mantissa * 2 ** _BINARY[suffix] * _NANO) // 10 ** len(frac))
     else:
         exp = _DECIMAL[suffix] if suffix in _DECIMAL else int(suffix[1:])
-        scale = exp - len(frac)  # value = mantissa * 10^scale
-        if len(str(mantissa)) - 1 + scale >= 19:  # at least 10^19 > 2^63-1
-            raise ValueError(f"bad quantity {text!r}: larger than 2^63-1, which kube-scheduler cannot count")
-        if scale < -(len(str(mantissa)) + 9):  # below 10^-9: rounded up to 1n, as ParseQuantity does
-            value = Fraction(1, _NANO)
+        scale = exp - len(frac) + 9  # nanos = mantissa * 10^scale
+        if len(str(mantissa)) - 1 + scale >= 19 + 9:  # at least 10^19 > 2^63-1
+            raise ValueError(f"bad quantity {shown}: larger than 2^63-1, which kube-scheduler cannot count")
+        if scale >= 0:
+            nanos = mantissa * 10**scale
+        elif -scale > len(str(mantissa)):  # below one nano: rounded up to 1n, as ParseQuantity does
+            nanos = 1
         else:
-            value = Fraction(mantissa) * Fraction(10) ** scale
-    value = Fraction(math.ceil(value * _NANO), _NANO)
-    if value > _MAX:
-        raise ValueError(f"bad quantity {text!r}: larger than 2^63-1, which kube-scheduler cannot count")
-    return -value if sign == "-" else value
+            nanos = -(-mantissa // 10**-scale)
+    if nanos > _MAX * _NANO:
+        raise ValueError(f"bad quantity {shown}: larger than 2^63-1, which kube-scheduler cannot count")
+    return -nanos if sign == "-" else nanos
 
 
-def _units(resource: str, q: Fraction) -> int:
-    """What kube-scheduler counts of ``q``: millicores for cpu, whole units otherwise, rounded up."""
-    return math.ceil(q * 1000) if resource == "cpu" else math.ceil(q)
+def _units(resource: str, nanos: int) -> int:
+    """What kube-scheduler counts of a quantity: millicores for cpu, whole units otherwise, rounded up
+    (``MilliValue()``/``Value()``)."""
+    return -(-nanos // 10**6) if resource == "cpu" else -(-nanos // _NANO)
 
 
 def _scalar(name: str) -> bool:
@@ -130,18 +143,18 @@ _COUNTED = ("cpu", "memory", "ephemeral-storage")
 # requests
 
 
-def _add(into: dict[str, Fraction], other: Mapping[str, Fraction]) -> None:
+def _add(into: dict[str, int], other: Mapping[str, int]) -> None:
     for k, v in other.items():
-        into[k] = into.get(k, Fraction(0)) + v
+        into[k] = into.get(k, 0) + v
 
 
-def _max(into: dict[str, Fraction], other: Mapping[str, Fraction]) -> None:
+def _max(into: dict[str, int], other: Mapping[str, int]) -> None:
     for k, v in other.items():
         if k not in into or v > into[k]:
             into[k] = v
 
 
-def _container_requests(c: Mapping, where: str) -> dict[str, Fraction]:
+def _container_requests(c: Mapping, where: str) -> dict[str, int]:
     res = c.get("resources") or {}
     req = dict(res.get("requests") or {})
     for k, v in (res.get("limits") or {}).items():
@@ -149,10 +162,41 @@ def _container_requests(c: Mapping, where: str) -> dict[str, Fraction]:
     out = {}
     for k, v in req.items():
         try:
-            out[k] = quantity(v)
+            out[k] = _nanos(v)
         except ValueError as e:
             raise ValueError(f"{where}.resources[{k!r}]: {e}") from None
     return out
+
+
+def _pod_nanos(pod: Mapping) -> dict[str, int]:
+    spec = pod.get("spec") or {}
+    total: dict[str, int] = {}
+    for i, c in enumerate(spec.get("containers") or ()):
+        _add(total, _container_requests(c, f"spec.containers[{i}]"))
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for i, c in enumerate(spec.get("initContainers") or ()):
+        req = _container_requests(c, f"spec.initContainers[{i}]")
+        if c.get("restartPolicy") == "Always":
+            _add(total, req)
+            _add(sidecars, req)
+            step = dict(sidecars)
+        else:
+            step = dict(req)
+            _add(step, sidecars)
+        _max(init_peak, step)
+    _max(total, init_peak)
+    if spec.get("resources"):
+        pod_level = _container_requests({"resources": spec["resources"]}, "spec")
+        for k in ("cpu", "memory"):
+            if k in pod_level:
+                total[k] = pod_level[k]
+    for k, v in (spec.get("overhead") or {}).items():
+        try:
+            _add(total, {k: _nanos(v)})
+        except ValueError as e:
+            raise ValueError(f"spec.overhead[{k!r}]: {e}") from None
+    return total
 
 
 def pod_requests(pod: Mapping) -> dict[str, Fraction]:
@@ -166,38 +210,30 @@ def pod_requests(pod: Mapping) -> dict[str, Fraction]:
     ``spec.overhead`` is added. A container's limit stands in for a missing
     request, as the API server's defaulting would have written it.
     """
-    spec = pod.get("spec") or {}
-    total: dict[str, Fraction] = {}
-    for i, c in enumerate(spec.get("containers") or ()):
-        _add(total, _container_requests(c, f"spec.containers[{i}]"))
-    sidecars: dict[str, Fraction] = {}
-    init_peak: dict[str, Fraction] = {}
-    for i, c in enumerate(spec.get("initContainers") or ()):
-        req = _container_requests(c, f"spec.initContainers[{i}]")
-        if c.get("restartPolicy") == "Always":
-            _add(total, req)
-            _add(sidecars, req)
-            step = dict(sidecars)
-        else:
-            step = dict(req)
-            _add(step, sidecars)
-        _max(init_peak, step)
-    _max(total, init_peak)
-    pod_level = _container_requests({"resources": spec.get("resources") or {}}, "spec")
-    for k in ("cpu", "memory"):
-        if k in pod_level:
-            total[k] = pod_level[k]
-    for k, v in (spec.get("overhead") or {}).items():
-        try:
-            _add(total, {k: quantity(v)})
-        except ValueError as e:
-            raise ValueError(f"spec.overhead[{k!r}]: {e}") from None
-    return total
+    return {k: Fraction(v, _NANO) for k, v in _pod_nanos(pod).items()}
+
+
+_COUNTED_CACHE: dict[tuple[str, str], dict[str, int]] = {}
+_COUNTED_CACHE_MAX = 65536
 
 
 def _counted(pod: Mapping) -> dict[str, int]:
-    """A pod's requests as kube-scheduler's NodeInfo counts them (its ``Resource``)."""
-    return {k: _units(k, v) for k, v in pod_requests(pod).items() if k in _COUNTED or _scalar(k)}
+    """A pod's requests as kube-scheduler's NodeInfo counts them (its ``Resource``): the exact total
+    of the pod, then rounded up per resource. Remembered per (uid, resourceVersion) for objects read
+    from the API server (a resourceVersion names one content of the object), since every pod on a node
+    is counted again for each pod judged there; objects without both are computed each time."""
+    meta = pod.get("metadata") or {}
+    key = (meta.get("uid"), meta.get("resourceVersion"))
+    if key[0] and key[1]:
+        hit = _COUNTED_CACHE.get(key)  # type: ignore[arg-type]
+        if hit is not None:
+            return hit
+    out = {k: _units(k, v) for k, v in _pod_nanos(pod).items() if k in _COUNTED or _scalar(k)}
+    if key[0] and key[1]:
+        if len(_COUNTED_CACHE) >= _COUNTED_CACHE_MAX:
+            _COUNTED_CACHE.clear()
+        _COUNTED_CACHE[key] = out  # type: ignore[index]
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -322,7 +358,7 @@ def _resources(pod: Mapping, node: Mapping, live: list[Mapping], ignored: set[st
     alloc: dict[str, int] = {}
     for k, v in ((node.get("status") or {}).get("allocatable") or {}).items():
         try:
-            alloc[k] = _units(k, quantity(v))
+            alloc[k] = _units(k, _nanos(v))
         except ValueError as e:
             raise ValueError(f"node {(node.get('metadata') or {}).get('name')!r} status.allocatable[{k!r}]: "
                              f"{e}") from None

@@ -78,7 +78,7 @@ def fit(p, n=None, others=(), ignored=GPU):
     ("1n", Fraction(1, 10**9)), ("1u", Fraction(1, 10**6)), ("3M", 3 * 10**6), ("2T", 2 * 10**12),
     ("1P", 10**15), ("7Ei", 7 * 2**60), ("1Pi", 2**50), ("1Ti", 2**40), ("1Mi", 2**20),
     ("0.0000000001", Fraction(1, 10**9)),  # below a nano: rounded up to 1n, as ParseQuantity does
-    ("1e-20", Fraction(1, 10**9)), ("1.0000000001", Fraction(10**9 + 1, 10**9)),
+    ("1e-20", Fraction(1, 10**9)), ("0.0000000001Ki", Fraction(103, 10**9)),  # 102.4n, up to 103n ("1.0000000001", Fraction(10**9 + 1, 10**9)),
     ("-0.0000000001", Fraction(-1, 10**9)),  # away from zero
     ("9223372036854775807", 2**63 - 1), ("007", 7), (3, 3),
 ])
@@ -145,7 +145,8 @@ def test_taints(taint, tolerations, want):
 
 
 def test_the_first_untolerated_taint_is_named():
-    taints = [{"key": "a", "value": "1", "effect": "PreferNoSchedule"}, {"key": "b", "value": "2", "effect": "NoSchedule"},
+    taints = [{"key": "a", "value": "1", "effect": "PreferNoSchedule"},
+              {"key": "b", "value": "2", "effect": "NoSchedule"},
               {"key": "c", "value": "3", "effect": "NoSchedule"}]
     assert fit(pod(), node(taints=taints)) == ["node(s) had untolerated taint {b: 2}"]
 
@@ -313,6 +314,9 @@ def using(name, **requests):
     (dict(memory="8589934593"), [], ["Insufficient memory"]),  # 8Gi + 1 byte
     (dict(memory="0.5"), [dict(memory="8Gi")], ["Insufficient memory"]),  # half a byte counts as one
     (dict(memory="4Gi"), [dict(memory="4294967296")], []),
+    # each pod's total is rounded up before it is added: exact sums would fit these
+    (dict(cpu="0.0004"), [dict(cpu="3999.5m")], ["Insufficient cpu"]),
+    (dict(memory="0.25"), [dict(memory="8589934591.5")], ["Insufficient memory"]),
     (dict(ephemeral_storage="101Gi"), [], ["Insufficient ephemeral-storage"]),
     (dict(cpu="5", memory="9Gi"), [], ["Insufficient cpu", "Insufficient memory"]),  # every one, in order
     (dict(cpu="0"), [dict(cpu="4")], []),  # a zero request is not checked
@@ -392,6 +396,18 @@ def test_overhead_pod_level_requests_and_limits():
     assert pod_requests(r) == {"cpu": 2, "example.com/foo": 1, "memory": 2**30}
 
 
+def test_a_pod_read_again_with_a_new_resource_version_is_counted_anew():
+    """Requests are remembered per (uid, resourceVersion); an update (a new resourceVersion) is seen."""
+    other = using("o", cpu="3")
+    other["metadata"]["resourceVersion"] = "7"
+    assert fit(asks(cpu="1"), node(), [other]) == []
+    other = copy.deepcopy(other)
+    other["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "3500m"
+    other["metadata"]["resourceVersion"] = "8"
+    assert fit(asks(cpu="1"), node(), [other]) == ["Insufficient cpu"]
+    assert fit(asks(cpu="500m"), node(), [other]) == []
+
+
 def test_other_pods_count_their_own_init_rule_and_overhead():
     other = pod("o", containers=[container(requests={"cpu": "1"})], init=[container("i", requests={"cpu": "2"})])
     other["spec"]["overhead"] = {"cpu": "500m"}
@@ -418,9 +434,10 @@ def test_only_the_first_rejecting_plugin_speaks():
 
 def test_summarize_counts_each_reason_once_per_node_and_sorts_like_kube_scheduler():
     reasons = {f"n{i}": ["Insufficient cpu"] for i in range(10)}
-    reasons.update({"t1": ["node(s) had untolerated taint {gpu: no}"], "t2": ["node(s) had untolerated taint {gpu: no}"]})
+    taint = "node(s) had untolerated taint {gpu: no}"
+    reasons.update({"t1": [taint], "t2": [taint]})
     reasons["m"] = ["Insufficient memory", "Insufficient cpu", "Insufficient memory"]
-    # sort.Strings over "<count> <reason>": "11 ..." sorts before "1 Insufficient memory"? No: "1 " < "11"
+    # sort.Strings over "<count> <reason>": "1 I..." < "11 ..." < "2 n..." (a string sort, not a count sort)
     assert summarize(reasons, 13) == ("0/13 nodes are available: 1 Insufficient memory, 11 Insufficient cpu, "
                                       "2 node(s) had untolerated taint {gpu: no}.")
 
