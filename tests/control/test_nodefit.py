@@ -78,7 +78,8 @@ def fit(p, n=None, others=(), ignored=GPU):
     ("1n", Fraction(1, 10**9)), ("1u", Fraction(1, 10**6)), ("3M", 3 * 10**6), ("2T", 2 * 10**12),
     ("1P", 10**15), ("7Ei", 7 * 2**60), ("1Pi", 2**50), ("1Ti", 2**40), ("1Mi", 2**20),
     ("0.0000000001", Fraction(1, 10**9)),  # below a nano: rounded up to 1n, as ParseQuantity does
-    ("1e-20", Fraction(1, 10**9)), ("0.0000000001Ki", Fraction(103, 10**9)),  # 102.4n, up to 103n ("1.0000000001", Fraction(10**9 + 1, 10**9)),
+    ("1e-20", Fraction(1, 10**9)),
+    ("0.0000000001Ki", Fraction(103, 10**9)),  # 102.4n, up to 103n ("1.0000000001", Fraction(10**9 + 1, 10**9)),
     ("-0.0000000001", Fraction(-1, 10**9)),  # away from zero
     ("9223372036854775807", 2**63 - 1), ("007", 7), (3, 3),
 ])
