@@ -247,17 +247,15 @@ class GateController:
 
 
 def narrowed_spec(spec: dict[str, Any], node: str) -> dict[str, Any]:
-    """``spec`` with its required node affinity narrowed to ``node``: the
-    field ``metadata.name In [node]`` ANDed into every existing term (a term
-    is added where there is none), so whatever the pod already required still
-    holds, which is all a gated pod's update may do (KEP-3838)."""
-    spec = copy.deepcopy(spec)
-    na = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
-    req = na.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
-    terms = req.get("nodeSelectorTerms") or [{}]
-    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
-    req["nodeSelectorTerms"] = [{**t, "matchFields": [*(t.get("matchFields") or ()), pin]} for t in terms]
-    return spec
+    """``spec`` with its required node affinity narrowed to ``node``
+    (:func:`hamid.control.nodefit.narrow_to_node`: ``metadata.name In [node]``
+    ANDed into every term, a term added where there is none), which is all a
+    gated pod's update may do (KEP-3838)."""
+    import jsonpatch
+
+    from .nodefit import narrow_to_node
+
+    return jsonpatch.apply_patch({"spec": spec}, narrow_to_node({"spec": spec}, node))["spec"]
 
 
 def _name(pod: dict) -> str:
