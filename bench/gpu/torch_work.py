@@ -65,6 +65,8 @@ def tryalloc(sizes_mib):
 # (a chunk of the shuffled cycle, so a run that stops mid-cycle is not biased towards one size).
 SHAPES_M = [64 * (i + 1) for i in range(320)]
 SHAPES_CHUNK = 32
+# For bench/gpu/shapes_diag.py: 'shapes_mm' is the same loop without the ReLUs (320 shapes of one kind);
+# 'shape_one' is one shape of the loop (M = 10240, the middle) with its ReLU, 32 times a step.
 
 
 def make(workload):
@@ -97,10 +99,11 @@ def make(workload):
         def step():
             g.replay()
         return step, 1
-    if workload == "shapes":
+    if workload in ("shapes", "shapes_mm", "shape_one"):
         import random
-        order = SHAPES_M[:]
+        order = SHAPES_M[:] if workload != "shape_one" else [SHAPES_M[len(SHAPES_M) // 2 - 1]] * len(SHAPES_M)
         random.Random(18).shuffle(order)
+        relu = workload != "shapes_mm"
         a = torch.randn(max(order), 2048, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(max(order), 2048, device="cuda", dtype=torch.bfloat16)
@@ -111,7 +114,8 @@ def make(workload):
             for m in order[i:i + SHAPES_CHUNK]:
                 o = out[:m]
                 torch.mm(a[:m], w, out=o)
-                o.relu_()
+                if relu:
+                    o.relu_()
             pos[0] = (i + SHAPES_CHUNK) % len(order)
         return step, 1
     raise SystemExit(f"unknown workload {workload}")
@@ -133,11 +137,16 @@ def rate(step, seconds):
 
 
 WINDOWS = {}
+STEPS = [0]  # steps run_one ran, warm-ups included
 
 
 def run_one(workload, seconds, start_ns=0):
-    step, _ = make(workload)
-    if workload == "shapes":
+    inner, _ = make(workload)
+
+    def step():
+        STEPS[0] += 1
+        inner()
+    if workload.startswith("shape"):
         for _ in range(len(SHAPES_M) // SHAPES_CHUNK):  # every shape once (cuBLAS heuristics, lazy loading)
             step()
     rate(step, 0.6)  # warm-up (and lets the limiter learn kernel costs)
@@ -176,7 +185,7 @@ def main():
         print(json.dumps({**res, "_windows": WINDOWS}))
     elif mode == "one":
         r = run_one(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))
-        print(json.dumps({sys.argv[2]: r, "_windows": WINDOWS}))
+        print(json.dumps({sys.argv[2]: r, "_windows": WINDOWS, "_steps_total": STEPS[0]}))
 
 
 if __name__ == "__main__":
