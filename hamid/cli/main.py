@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="keyring: one base64 AES key (16/24/32 bytes) per line, the first sends (gossipKeyFile)")
     run.add_argument("--gossip-insecure", action="store_true", default=None,
                      help="allow gossip without a key off loopback: unencrypted, unauthenticated (gossipInsecure)")
+    run.add_argument("--peer-listen", metavar="HOST:PORT", help="serve the peer API here (peerListen)")
+    run.add_argument("--peer-advertise", metavar="HOST:PORT",
+                     help="the address other nodes dial for the peer API (default: --peer-listen; peerAdvertise)")
 
     st = sub.add_parser("status", help="this node's GPUs and what is reserved on them")
     st.add_argument("--state-dir", help=f"the daemon's state dir (default {DEFAULT_STATE_DIR})")
@@ -79,6 +82,7 @@ def _cmd_run(args) -> int:
                  "gossipListen": args.gossip_listen, "gossipAdvertise": args.gossip_advertise,
                  "gossipKeyFile": args.gossip_key_file,
                  "gossipInsecure": args.gossip_insecure,
+                 "peerListen": args.peer_listen, "peerAdvertise": args.peer_advertise,
                  "gossipJoin": tuple(a.strip() for a in args.join.split(",") if a.strip()) if args.join else None}
     config = load_config(args.config, overrides)
     logs.configure(config.logFormat, config.logLevel)
