@@ -1,0 +1,267 @@
+"""The Helm chart (charts/hamid), rendered and linted by Helm's own Go SDK
+(the ``helm-python-sdk`` wheel), every manifest validated by
+``kubernetes-validate`` in strict mode against each Kubernetes minor from 1.29
+to the newest it knows, and the config file the chart writes read by hamid's
+own config loader.
+
+What an operator relies on: ``helm install`` renders a DaemonSet and nothing
+that runs a scheduler; every mode and option renders manifests the API server
+accepts; the ConfigMap is a config ``hamid run --config`` accepts; the values
+that the chart owns cannot be overridden into disagreement.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk is in the test extra (make test installs it)")
+kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the test extra")
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "hamid"
+NAMESPACE = "kube-system"
+
+# Every mode and option the values document, each rendered, linted and validated.
+VARIANTS = {
+    "default": {},
+    "extender": {"mode": "extender"},
+    "none": {"mode": "none"},
+    "admission-policy": {"admissionPolicy": {"enabled": True}},
+    "host-network": {"hostNetwork": True},
+    "dashboard": {"dashboard": {"enabled": True}},
+    "renamed-resources": {"config": {"resourceCountName": "example.com/vgpu",
+                                     "resourceMemoryName": "example.com/vgpu-memory"}},
+    "existing-secrets": {"gossip": {"existingSecret": "my-keys"},
+                         "webhook": {"certificate": {"existingSecret": "my-tls"}}},
+}
+# kinds that would run a scheduler or any other workload than the one DaemonSet
+FORBIDDEN_KINDS = {"Deployment", "StatefulSet", "ReplicaSet", "ReplicationController", "Job", "CronJob", "Pod"}
+
+
+def _versions() -> list[str]:
+    """1.29.0 up to the newest minor kubernetes-validate has schemas for."""
+    newest = tuple(int(x) for x in kv.latest_version().split(".")[:2])
+    return [f"1.{m}.0" for m in range(29, newest[1] + 1)]
+
+
+def render(values: dict | None = None, name: str = "hamid") -> list[dict]:
+    out = helm.Chart.load(str(CHART)).render(values or {}, name=name, namespace=NAMESPACE)
+    docs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                docs.append(doc)
+    return docs
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind} {name or ''}: {len(found)} rendered"
+    return found[0]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_renders_one_daemonset_and_no_scheduler_workload(variant):
+    docs = render(VARIANTS[variant])
+    kinds = [d["kind"] for d in docs]
+    assert not FORBIDDEN_KINDS & set(kinds), kinds
+    assert kinds.count("DaemonSet") == 1
+    ds = one(docs, "DaemonSet")
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["hamid"] and c["args"][:3] == ["run", "--config", "/etc/hamid/config.yaml"]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_helm_lint_strict_is_clean(variant):
+    for version in (_versions()[0], _versions()[-1]):
+        got = helm.lint(str(CHART), VARIANTS[variant], strict=True, namespace=NAMESPACE, kube_version=version)
+        assert got["errors"] == [], got
+        # severities: 1 info, 2 warning, 3 error; strict lint fails on warnings, and so do we
+        assert [m for m in got["messages"] if m["severity"] >= 2] == [], got
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_manifest_validates_strictly_against_every_supported_kubernetes(variant):
+    docs = render(VARIANTS[variant])
+    for version in _versions():
+        for doc in docs:
+            if doc["kind"].startswith("MutatingAdmissionPolicy") and version < "1.36.0":
+                continue  # the option says 1.36 and newer; the next test shows older ones refuse it
+            try:
+                kv.validate(doc, version, strict=True)
+            except (kv.ValidationError, kv.SchemaNotFoundError) as e:
+                pytest.fail(f"{variant}: {doc['kind']} {doc['metadata']['name']} invalid for {version}: {e}")
+
+
+def test_the_admission_policy_exists_only_from_kubernetes_1_36():
+    docs = render({"admissionPolicy": {"enabled": True}})
+    policy = one(docs, "MutatingAdmissionPolicy")
+    binding = one(docs, "MutatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    with pytest.raises((kv.ValidationError, kv.SchemaNotFoundError)):
+        kv.validate(policy, "1.35.0", strict=True)
+    kv.validate(policy, "1.36.0", strict=True)
+    # CEL sees the configured resource names (a renamed count resource is still gated)
+    renamed = render({"admissionPolicy": {"enabled": True}, "config": {"resourceCountName": "example.com/vgpu"}})
+    cond = one(renamed, "MutatingAdmissionPolicy")["spec"]["matchConditions"][0]["expression"]
+    assert '"example.com/vgpu"' in cond and '"nvidia.com/gpumem"' in cond
+    # off by default, and only meaningful in gate mode
+    assert not by_kind(render(), "MutatingAdmissionPolicy")
+    assert not by_kind(render({"mode": "extender", "admissionPolicy": {"enabled": True}}), "MutatingAdmissionPolicy")
+
+
+def _config_of(docs: list[dict]) -> dict:
+    return yaml.safe_load(one(docs, "ConfigMap", "hamid-config")["data"]["config.yaml"])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_configmap_is_a_config_hamid_run_accepts(variant, tmp_path):
+    from hamid.config import load_config
+
+    docs = render(VARIANTS[variant])
+    path = tmp_path / "config.yaml"
+    path.write_text(one(docs, "ConfigMap", "hamid-config")["data"]["config.yaml"])
+    c = load_config(path)
+    values = VARIANTS[variant]
+    assert c.kubernetes is True
+    assert c.controlMode == values.get("mode", "gate")
+    assert c.stateDir == "/var/lib/hamid" and c.kubeletDir == "/var/lib/kubelet"
+    assert c.gossipKeyFile == "/etc/hamid/gossip/gossip.keys"
+    assert c.gossipListen == "0.0.0.0:7947" and c.peerListen == "0.0.0.0:7948"
+    assert c.daemonPodSelector == "app.kubernetes.io/name=hamid,app.kubernetes.io/instance=hamid"
+    for k, v in values.get("config", {}).items():
+        assert getattr(c, k) == v
+    if c.controlMode != "none":
+        assert (c.webhookCertFile, c.webhookKeyFile) == ("/etc/hamid/webhook-tls/tls.crt",
+                                                         "/etc/hamid/webhook-tls/tls.key")
+    # the files the config names are where the DaemonSet mounts them
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["/etc/hamid/config.yaml"]["subPath"] == "config.yaml"
+    gossip = volumes[mounts["/etc/hamid/gossip"]["name"]]["secret"]
+    assert {"key": "gossip.keys", "path": "gossip.keys"} in gossip["items"]
+    assert gossip["secretName"] == values.get("gossip", {}).get("existingSecret", "hamid-gossip")
+    if c.controlMode != "none":
+        tls = volumes[mounts["/etc/hamid/webhook-tls"]["name"]]["secret"]
+        assert {i["path"] for i in tls["items"]} == {"tls.crt", "tls.key"}
+    for path in (c.stateDir, f"{c.kubeletDir}/device-plugins", f"{c.kubeletDir}/pod-resources", c.cdiSpecDir):
+        assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path  # same path inside and out
+
+
+def test_a_key_the_chart_owns_is_refused_in_config_naming_the_value_to_set():
+    with pytest.raises(helm.HelmError) as e:
+        render({"config": {"gossipListen": "0.0.0.0:1234"}})
+    assert "config.gossipListen is set by the chart" in str(e.value)
+
+
+def test_values_outside_what_is_accepted_are_refused_by_the_schema():
+    for bad, words in (({"mode": "scheduler"}, "mode"), ({"webhook": {"failurePolicy": "Maybe"}}, "failurePolicy"),
+                       ({"extender": {"nodePort": 80}}, "nodePort"), ({"ports": {"gossip": 0}}, "gossip")):
+        with pytest.raises(helm.HelmError) as e:
+            render(bad)
+        assert words in str(e.value), (bad, str(e.value))
+
+
+def test_generated_secrets_are_usable_by_the_daemon(tmp_path):
+    from cryptography import x509
+
+    from hamid.gossip.keyring import Keyring
+
+    docs = render()
+    keys = base64.b64decode(one(docs, "Secret", "hamid-gossip")["data"]["gossip.keys"])
+    (tmp_path / "gossip.keys").write_bytes(keys)
+    ring = Keyring.load(tmp_path / "gossip.keys")
+    assert ring.open(ring.seal(b"hello")) == b"hello"
+    assert len(base64.b64decode(keys.decode().strip())) == 32
+    # two installs never share a key
+    again = render()
+    assert one(again, "Secret", "hamid-gossip")["data"] != one(docs, "Secret", "hamid-gossip")["data"]
+
+    tls = one(docs, "Secret", "hamid-webhook-tls")
+    cert = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["tls.crt"]))
+    ca = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["ca.crt"]))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert "hamid-webhook.kube-system.svc" in names  # the name the API server checks for a service reference
+    cert.verify_directly_issued_by(ca)
+    hook = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca.public_bytes(
+        __import__("cryptography.hazmat.primitives.serialization", fromlist=["Encoding"]).Encoding.PEM)
+    assert hook["clientConfig"]["service"] == {"name": "hamid-webhook", "namespace": NAMESPACE, "path": "/mutate",
+                                               "port": 443}
+    # the daemon's own namespace and kube-system are never sent to the webhook (the daemons must
+    # start while no webhook answers), and no pod can opt itself out (no objectSelector)
+    expr = hook["namespaceSelector"]["matchExpressions"][0]
+    assert expr["operator"] == "NotIn" and {"kube-system"} <= set(expr["values"])
+    assert "objectSelector" not in hook
+
+
+def test_rbac_grants_each_mode_only_what_it_uses():
+    def rules(docs, kind):
+        out = set()
+        for role in by_kind(docs, kind):
+            for r in role["rules"]:
+                for g in r["apiGroups"]:
+                    for res in r["resources"]:
+                        for v in r["verbs"]:
+                            out.add((g, res, v))
+        return out
+
+    gate, ext, none = render(), render({"mode": "extender"}), render({"mode": "none"})
+    assert ("", "pods", "update") in rules(gate, "ClusterRole") and ("", "pods/binding", "create") not in rules(
+        gate, "ClusterRole")
+    assert ("", "pods/binding", "create") in rules(ext, "ClusterRole") and ("", "pods", "update") not in rules(
+        ext, "ClusterRole")
+    assert ("coordination.k8s.io", "leases", "update") in rules(gate, "Role")
+    assert not by_kind(none, "Role") and ("", "nodes", "list") not in rules(none, "ClusterRole")
+    for docs in (gate, ext, none):
+        every = rules(docs, "ClusterRole") | rules(docs, "Role")
+        assert not any("*" in rule for rule in every), every  # no wildcards
+        assert not any(res == "secrets" for _, res, _ in every)  # the daemons read no Secret through the API
+
+
+def test_rolling_update_keeps_gpu_pods_alive_and_restarts_on_config_change():
+    ds = one(render(), "DaemonSet")
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    spec = ds["spec"]["template"]["spec"]
+    # the state (ledger, shim, limits files) is on the host: what running pods keep across a restart
+    state = next(v for v in spec["volumes"] if v["name"] == "state")
+    assert state["hostPath"] == {"path": "/var/lib/hamid", "type": "DirectoryOrCreate"}
+    a = ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    b = one(render({"config": {"deviceSplitCount": 4}}), "DaemonSet")["spec"]["template"]["metadata"][
+        "annotations"]["checksum/config"]
+    assert a != b
+
+
+def test_extender_mode_renders_what_kube_scheduler_needs():
+    docs = render({"mode": "extender"})
+    svc = one(docs, "Service", "hamid-extender")
+    assert svc["spec"]["selector"]["hamid.io/leader"] == "true"
+    assert svc["spec"]["type"] == "NodePort" and svc["spec"]["ports"][0]["nodePort"] == 31999
+    cfg = yaml.safe_load(one(docs, "ConfigMap", "hamid-scheduler-config")["data"]["config.yaml"])
+    assert cfg["kind"] == "KubeSchedulerConfiguration"
+    (ext,) = cfg["extenders"]
+    assert ext["urlPrefix"] == "http://127.0.0.1:31999" and ext["nodeCacheCapable"] is True
+    assert {m["name"] for m in ext["managedResources"]} == {
+        "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores",
+        "nvidia.com/priority"}
+    assert not by_kind(render(), "Service") or all(
+        s["metadata"]["name"] != "hamid-extender" for s in by_kind(render(), "Service"))
+
+
+def test_dashboard_configmap_carries_the_dashboard_file():
+    docs = render({"dashboard": {"enabled": True}})
+    cm = one(docs, "ConfigMap", "hamid-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["hamid.json"]) == json.loads((CHART / "dashboards" / "hamid.json").read_text())
+    assert not [d for d in render() if d["metadata"]["name"] == "hamid-dashboard"]
