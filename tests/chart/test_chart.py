@@ -265,3 +265,40 @@ def test_dashboard_configmap_carries_the_dashboard_file():
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["hamid.json"]) == json.loads((CHART / "dashboards" / "hamid.json").read_text())
     assert not [d for d in render() if d["metadata"]["name"] == "hamid-dashboard"]
+
+
+def test_the_admission_policy_gates_exactly_the_gpu_pods_its_cel_selects():
+    """The policy's matchConditions evaluated by a CEL implementation (cel-python) on the pods a
+    user creates; the stand-in API server does not run CEL, so this is where the expressions are
+    checked. The mutation (ApplyConfiguration's typed object construction, Kubernetes-specific) is
+    only parsed."""
+    celpy = pytest.importorskip("celpy", reason="cel-python is in the test extra")
+    docs = render({"admissionPolicy": {"enabled": True}, "config": {"resourceCountName": "example.com/vgpu"}})
+    policy = one(docs, "MutatingAdmissionPolicy")
+    env = celpy.Environment()
+    conditions = [env.program(env.compile(c["expression"])) for c in policy["spec"]["matchConditions"]]
+
+    def gated(pod: dict) -> bool:
+        return all(bool(p.evaluate({"object": celpy.json_to_cel(pod)})) for p in conditions)
+
+    def pod(limits=None, init_limits=None, **spec) -> dict:
+        p = {"spec": {"containers": [{"name": "main", "image": "x"}], **spec}}
+        if limits is not None:
+            p["spec"]["containers"][0]["resources"] = {"limits": limits}
+        if init_limits is not None:
+            p["spec"]["initContainers"] = [{"name": "init", "image": "x", "resources": {"limits": init_limits}}]
+        return p
+
+    assert gated(pod({"example.com/vgpu": "1"}))
+    assert gated(pod({"nvidia.com/gpumem": "4096", "cpu": "1"}))
+    assert gated(pod({"cpu": "1"}, init_limits={"nvidia.com/gpucores": "30"}))
+    assert not gated(pod({"nvidia.com/gpu": "1"}))  # renamed: this install does not own nvidia.com/gpu
+    assert not gated(pod())
+    assert not gated(pod({"cpu": "1", "memory": "1Gi"}))
+    assert not gated(pod({"example.com/vgpu": "1"}, nodeName="gpu-node-1"))  # gates cannot sit beside nodeName
+    assert not gated(pod({"example.com/vgpu": "1"}, schedulingGates=[{"name": "hamid.io/placement"}]))
+    assert gated(pod({"example.com/vgpu": "1"}, schedulingGates=[{"name": "other.io/gate"}]))
+    (mutation,) = policy["spec"]["mutations"]
+    assert mutation["patchType"] == "ApplyConfiguration"
+    env.compile(mutation["applyConfiguration"]["expression"])  # parses as CEL
+    assert '"hamid.io/placement"' in mutation["applyConfiguration"]["expression"]
