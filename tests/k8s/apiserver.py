@@ -299,9 +299,10 @@ class ResourceType:
     graceful: bool = False
     return_deleted_object: bool = False
     status_reset_on_create: bool = False
-    name_rule: str = "subdomain"  # or "label"
-    defaults: Callable[[dict], None] | None = None  # before admission and after each webhook patch
+    name_rule: str = "subdomain"  # or "label", or "path" (RBAC names: any path segment)
+    defaults: Callable[[dict], None] | None = None  # at create and update, and after each webhook patch
     prepare_create: Callable[[ApiServer, dict], None] | None = None  # after admission
+    prepare_update: Callable[[ApiServer, dict, dict], None] | None = None  # (new, old): after mutating admission
     validate: Callable[[dict], list] | None = None
     validate_update: Callable[[ApiServer, dict, dict], list] | None = None
     storage: str | None = None  # another type's key whose objects this one shows (converted)
@@ -370,20 +371,51 @@ WEBHOOK_MERGE_KEYS = {**META_MERGE_KEYS, "webhooks": "name"}
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def _name_errors(name: str, rule: str) -> list[tuple[str, str, str]]:
+_LABEL_FMT = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_SUBDOMAIN_FMT = _LABEL_FMT + r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+
+
+def _name_errors(name: str, rule: str, path: str = "metadata.name") -> list[tuple[str, str, str]]:
+    """k8s.io/apimachinery's name validation messages (validation.IsDNS1123Label,
+    IsDNS1123Subdomain; path.IsValidPathSegmentName for RBAC names)."""
+    if rule == "path":
+        if name in (".", ".."):
+            return [("FieldValueInvalid", path, f'Invalid value: "{name}": may not be \'{name}\'')]
+        return [("FieldValueInvalid", path, f'Invalid value: "{name}": may not contain \'{bad}\'')
+                for bad in ("/", "%") if bad in name]
+    if rule == "dns1035":  # Service names
+        causes = []
+        if len(name) > 63:
+            causes.append(("FieldValueInvalid", path, f'Invalid value: "{name}": must be no more than 63 characters'))
+        if not _DNS1035.match(name):
+            causes.append(("FieldValueInvalid", path,
+                           f'Invalid value: "{name}": a DNS-1035 label must consist of lower case alphanumeric '
+                           "characters or '-', start with an alphabetic character, and end with an alphanumeric "
+                           "character (e.g. 'my-name', or 'abc-123', regex used for validation is "
+                           "'[a-z]([-a-z0-9]*[a-z0-9])?')"))
+        return causes
     if rule == "label":
-        if len(name) > 63 or not _LABEL.match(name):
-            return [("FieldValueInvalid", "metadata.name",
-                     f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case '
-                     "alphanumeric characters or '-', and must start and end with an alphanumeric character")]
-        return []
-    if len(name) > 253 or not _SUBDOMAIN.match(name):
-        return [("FieldValueInvalid", "metadata.name",
-                 f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case '
-                 "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")]
-    return []
+        causes = []
+        if len(name) > 63:
+            causes.append(("FieldValueInvalid", path, f'Invalid value: "{name}": must be no more than 63 characters'))
+        if not _LABEL.match(name):
+            causes.append(("FieldValueInvalid", path,
+                           f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case '
+                           "alphanumeric characters or '-', and must start and end with an alphanumeric character "
+                           f"(e.g. 'my-name', or '123-abc', regex used for validation is '{_LABEL_FMT}')"))
+        return causes
+    causes = []
+    if len(name) > 253:
+        causes.append(("FieldValueInvalid", path, f'Invalid value: "{name}": must be no more than 253 characters'))
+    if not _SUBDOMAIN.match(name):
+        causes.append(("FieldValueInvalid", path,
+                       f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case '
+                       "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character "
+                       f"(e.g. 'example.com', regex used for validation is '{_SUBDOMAIN_FMT}')"))
+    return causes
 
 
 # -- pods ---------------------------------------------------------------------
@@ -569,18 +601,154 @@ def _fold_string_data(obj: dict) -> None:
             data[k] = base64.b64encode(v.encode()).decode()
 
 
-def _service_prepare_create(server: ApiServer, obj: dict) -> None:
+NODE_PORT_RANGE = (30000, 32767)  # kube-apiserver's default --service-node-port-range
+_NODE_PORT_TYPES = ("NodePort", "LoadBalancer")
+
+
+def _service_defaults(obj: dict) -> None:
+    """core/v1 SetDefaults_Service (and the strategy's traffic policies)."""
     spec = obj.setdefault("spec", {})
+    if not isinstance(spec, dict):
+        return
     spec.setdefault("type", "ClusterIP")
     spec.setdefault("sessionAffinity", "None")
-    if spec.get("clusterIP") != "None" and not spec.get("clusterIP"):
-        spec["clusterIP"] = server._allocate_cluster_ip()
-    if spec.get("clusterIP"):
-        spec.setdefault("clusterIPs", [spec["clusterIP"]])
     for p in spec.get("ports") or []:
-        p.setdefault("protocol", "TCP")
-        p.setdefault("targetPort", p.get("port"))
+        if isinstance(p, dict):
+            p.setdefault("protocol", "TCP")
+            p.setdefault("targetPort", p.get("port"))
+    if spec["type"] in _NODE_PORT_TYPES:
+        spec.setdefault("externalTrafficPolicy", "Cluster")
+    if spec["type"] != "ExternalName":
+        spec.setdefault("internalTrafficPolicy", "Cluster")
+
+
+def _node_ports_in_use(server: ApiServer, skip: tuple[str, str] | None) -> set[int]:
+    with server._cond:
+        return {int(p["nodePort"]) for (sk, ns, name), o in server._objects.items()
+                if sk == "services" and (ns, name) != skip
+                for p in (o.get("spec") or {}).get("ports") or [] if p.get("nodePort")}
+
+
+def _allocate_node_ports(server: ApiServer, obj: dict, keep: set[int]) -> None:
+    """The service REST's node port allocator: a given ``nodePort`` must lie
+    in :data:`NODE_PORT_RANGE` and be free (ports in ``keep``, the old
+    object's, are this service's own); a missing one is allocated (random,
+    as the real allocator)."""
+    import random
+    meta, spec = obj["metadata"], obj["spec"]
+    name = meta.get("name") or meta.get("generateName") or ""
+    used = _node_ports_in_use(server, (meta.get("namespace", ""), meta.get("name") or ""))
+    lo, hi = NODE_PORT_RANGE
+    rt = server.types[("", "v1", "services")]
+    for i, p in enumerate(spec.get("ports") or []):
+        port = p.get("nodePort")
+        if port:
+            if port in keep:
+                continue
+            why = None
+            if not isinstance(port, int) or not lo <= port <= hi:
+                why = f"provided port is not in the valid range. The range of valid ports is {lo}-{hi}"
+            elif port in used:
+                why = "provided port is already allocated"
+            if why:
+                raise invalid(rt, name, [("FieldValueInvalid", f"spec.ports[{i}].nodePort",
+                                          f"Invalid value: {json.dumps(port)}: {why}")])
+            used.add(port)
+        else:
+            free = [n for n in range(lo, hi + 1) if n not in used]
+            if not free:
+                raise ApiError(500, "InternalError", "Internal error occurred: failed to allocate a nodePort: "
+                                                     "range is full")
+            p["nodePort"] = random.choice(free)
+            used.add(p["nodePort"])
+
+
+def _service_prepare_create(server: ApiServer, obj: dict) -> None:
+    spec = obj.setdefault("spec", {})
+    _service_defaults(obj)
+    if spec["type"] != "ExternalName":
+        if spec.get("clusterIP") in (None, "") and spec.get("clusterIPs"):
+            spec["clusterIP"] = spec["clusterIPs"][0]
+        if spec.get("clusterIP") in (None, ""):
+            spec["clusterIP"] = server._allocate_cluster_ip()
+        spec["clusterIPs"] = [spec["clusterIP"]]
+        spec.setdefault("ipFamilies", ["IPv4"])
+        spec.setdefault("ipFamilyPolicy", "SingleStack")
+    if spec["type"] in _NODE_PORT_TYPES:
+        _allocate_node_ports(server, obj, set())
     obj["status"] = {"loadBalancer": {}}
+
+
+def _service_prepare_update(server: ApiServer, new: dict, old: dict) -> None:
+    """The service REST's patchAllocatedValues and node port update: an
+    update that leaves out the clusterIP or a port's nodePort keeps the
+    allocated one (node ports matched by port name); new node ports are
+    checked and allocated, as at create."""
+    ns, os_ = new.setdefault("spec", {}), old.get("spec") or {}
+    if ns.get("type") != "ExternalName" and os_.get("type") != "ExternalName":
+        if ns.get("clusterIP") in (None, ""):
+            ns["clusterIP"] = os_.get("clusterIP")
+        if not ns.get("clusterIPs"):
+            ns["clusterIPs"] = list(os_.get("clusterIPs") or [ns["clusterIP"]])
+        for k in ("ipFamilies", "ipFamilyPolicy"):
+            if k in os_:
+                ns.setdefault(k, copy.deepcopy(os_[k]))
+    if ns.get("type") in _NODE_PORT_TYPES:
+        old_ports = {p.get("nodePort") for p in os_.get("ports") or [] if p.get("nodePort")} \
+            if os_.get("type") in _NODE_PORT_TYPES else set()
+        new_ports = {p.get("nodePort") for p in ns.get("ports") or [] if p.get("nodePort")}
+        by_name = {p.get("name", ""): p.get("nodePort") for p in os_.get("ports") or []}
+        for p in ns.get("ports") or []:
+            if not p.get("nodePort") and by_name.get(p.get("name", "")) in old_ports - new_ports:
+                p["nodePort"] = by_name[p.get("name", "")]
+        _allocate_node_ports(server, new, old_ports)
+
+
+def _go_strings(values) -> str:
+    if values is None:
+        return "[]string(nil)"
+    return "[]string{" + ", ".join(json.dumps(v) for v in values) + "}"
+
+
+def _service_validate(obj: dict) -> list:
+    """The cheap parts of ValidateService."""
+    spec = obj.get("spec") or {}
+    causes = []
+    types = ("ClusterIP", "ExternalName", "LoadBalancer", "NodePort")
+    if spec.get("type") not in types:
+        causes.append(("FieldValueNotSupported", "spec.type", f'Unsupported value: "{spec.get("type")}": supported '
+                                                               f'values: {", ".join(json.dumps(t) for t in types)}'))
+    ports = spec.get("ports") or []
+    if not ports and spec.get("type") != "ExternalName" and spec.get("clusterIP") != "None":
+        causes.append(("FieldValueRequired", "spec.ports", "Required value"))
+    seen = set()
+    for i, p in enumerate(ports):
+        port = p.get("port")
+        if not isinstance(port, int) or not 1 <= port <= 65535:
+            causes.append(("FieldValueInvalid", f"spec.ports[{i}].port",
+                           f"Invalid value: {json.dumps(port)}: must be between 1 and 65535, inclusive"))
+        if len(ports) > 1 and not p.get("name"):
+            causes.append(("FieldValueRequired", f"spec.ports[{i}].name", "Required value"))
+        if p.get("name"):
+            if p["name"] in seen:
+                causes.append(("FieldValueDuplicate", f"spec.ports[{i}].name", f'Duplicate value: "{p["name"]}"'))
+            seen.add(p["name"])
+        if p.get("nodePort") and spec.get("type") == "ClusterIP":
+            causes.append(("FieldValueForbidden", f"spec.ports[{i}].nodePort",
+                           "Forbidden: may not be used when `type` is 'ClusterIP'"))
+    return causes
+
+
+def _service_validate_update(server: ApiServer, new: dict, old: dict) -> list:
+    ns, os_ = new.get("spec") or {}, old.get("spec") or {}
+    causes = []
+    if "ExternalName" not in (ns.get("type"), os_.get("type")):
+        new_ips, old_ips = ns.get("clusterIPs") or [], os_.get("clusterIPs") or []
+        for i, ip in enumerate(new_ips[:len(old_ips)]):
+            if ip != old_ips[i]:
+                causes.append(("FieldValueInvalid", f"spec.clusterIPs[{i}]",
+                               f"Invalid value: {_go_strings(new_ips)}: may not change once set"))
+    return causes
 
 
 def _namespace_prepare_create(server: ApiServer, obj: dict) -> None:
@@ -776,6 +944,251 @@ def _webhook_config_validate(obj: dict) -> list:
     return causes
 
 
+# -- service accounts, RBAC, daemon sets ------------------------------------------
+
+RBAC_GROUP = "rbac.authorization.k8s.io"
+
+
+def _go_quote(v) -> str:
+    return json.dumps("" if v is None else str(v))
+
+
+def _go_map(m) -> str:
+    """A map[string]string as Go's %#v prints it (keys sorted)."""
+    if m is None:
+        return "map[string]string(nil)"
+    return "map[string]string{" + ", ".join(f"{_go_quote(k)}:{_go_quote(v)}" for k, v in sorted(m.items())) + "}"
+
+
+def _go_label_selector(sel: dict) -> str:
+    """A metav1.LabelSelector as Go's %#v prints it (field.Invalid's value)."""
+    exprs = sel.get("matchExpressions")
+    if exprs is None:
+        shown = "[]v1.LabelSelectorRequirement(nil)"
+    else:
+        shown = "[]v1.LabelSelectorRequirement{" + ", ".join(
+            f"v1.LabelSelectorRequirement{{Key:{_go_quote(e.get('key'))}, Operator:{_go_quote(e.get('operator'))}, "
+            f"Values:{_go_strings(e.get('values'))}}}" for e in exprs) + "}"
+    return f"v1.LabelSelector{{MatchLabels:{_go_map(sel.get('matchLabels'))}, MatchExpressions:{shown}}}"
+
+
+def _selector_errors(sel: dict | None, path: str) -> list:
+    """metav1validation.ValidateLabelSelector's requirement checks."""
+    causes = []
+    if not isinstance(sel, dict):
+        return causes
+    for i, e in enumerate(sel.get("matchExpressions") or []):
+        p = f"{path}.matchExpressions[{i}]"
+        op, values = e.get("operator"), e.get("values") or []
+        if op in ("In", "NotIn"):
+            if not values:
+                causes.append(("FieldValueRequired", f"{p}.values",
+                               "Required value: must be specified when `operator` is 'In' or 'NotIn'"))
+        elif op in ("Exists", "DoesNotExist"):
+            if values:
+                causes.append(("FieldValueForbidden", f"{p}.values",
+                               "Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'"))
+        else:
+            causes.append(("FieldValueInvalid", f"{p}.operator",
+                           f"Invalid value: {_go_quote(op)}: not a valid selector operator"))
+        if not e.get("key"):
+            causes.append(("FieldValueInvalid", f"{p}.key", 'Invalid value: "": name part must be non-empty'))
+    return causes
+
+
+def _selector_selects(sel: dict | None, labels: Mapping[str, str]) -> bool:
+    """metav1.LabelSelectorAsSelector(sel).Matches(labels): a nil selector
+    selects nothing, an empty one everything."""
+    if sel is None:
+        return False
+    return label_selector_matches(sel, labels) if sel else True
+
+
+def _policy_rule_errors(rules, namespaced: bool) -> list:
+    """ValidatePolicyRule for each of ``rules``."""
+    causes = []
+    for i, rule in enumerate(rules or []):
+        p = f"rules[{i}]"
+        if not isinstance(rule, dict):
+            causes.append(("FieldValueInvalid", p, "Invalid value: a rule must be an object"))
+            continue
+        if not rule.get("verbs"):
+            causes.append(("FieldValueRequired", f"{p}.verbs", "Required value: verbs must contain at least one value"))
+        urls = rule.get("nonResourceURLs")
+        if urls:
+            if namespaced:
+                causes.append(("FieldValueInvalid", f"{p}.nonResourceURLs",
+                               f"Invalid value: {_go_strings(urls)}: namespaced rules cannot apply to non-resource "
+                               f"URLs"))
+            if rule.get("apiGroups") or rule.get("resources") or rule.get("resourceNames"):
+                causes.append(("FieldValueInvalid", f"{p}.nonResourceURLs",
+                               f"Invalid value: {_go_strings(urls)}: rules cannot apply to both regular resources "
+                               f"and non-resource URLs"))
+            continue
+        if not rule.get("apiGroups"):
+            causes.append(("FieldValueRequired", f"{p}.apiGroups",
+                           "Required value: resource rules must supply at least one api group"))
+        if not rule.get("resources"):
+            causes.append(("FieldValueRequired", f"{p}.resources",
+                           "Required value: resource rules must supply at least one resource"))
+    return causes
+
+
+def _role_validate(obj: dict) -> list:
+    return _policy_rule_errors(obj.get("rules"), obj.get("kind") == "Role")
+
+
+def _binding_defaults(obj: dict) -> None:
+    """rbac/v1 SetDefaults_RoleBinding, _ClusterRoleBinding and _Subject."""
+    ref = obj.get("roleRef")
+    if isinstance(ref, dict) and not ref.get("apiGroup"):
+        ref["apiGroup"] = RBAC_GROUP
+    for sub in obj.get("subjects") or []:
+        if isinstance(sub, dict) and not sub.get("apiGroup") and sub.get("kind") in ("User", "Group"):
+            sub["apiGroup"] = RBAC_GROUP
+
+
+def _binding_validate(obj: dict) -> list:
+    """ValidateRoleBinding / ValidateClusterRoleBinding and ValidateRoleBindingSubject."""
+    namespaced = obj.get("kind") == "RoleBinding"
+    ref = obj.get("roleRef") or {}
+    causes = []
+    if ref.get("apiGroup") != RBAC_GROUP:
+        causes.append(("FieldValueNotSupported", "roleRef.apiGroup",
+                       f'Unsupported value: {_go_quote(ref.get("apiGroup"))}: supported values: "{RBAC_GROUP}"'))
+    kinds = ("Role", "ClusterRole") if namespaced else ("ClusterRole",)
+    if ref.get("kind") not in kinds:
+        causes.append(("FieldValueNotSupported", "roleRef.kind",
+                       f'Unsupported value: {_go_quote(ref.get("kind"))}: supported values: '
+                       f'{", ".join(json.dumps(k) for k in kinds)}'))
+    if not ref.get("name"):
+        causes.append(("FieldValueRequired", "roleRef.name", "Required value"))
+    else:
+        causes.extend(_name_errors(str(ref["name"]), "path", "roleRef.name"))
+    for i, sub in enumerate(obj.get("subjects") or []):
+        p = f"subjects[{i}]"
+        if not isinstance(sub, dict):
+            causes.append(("FieldValueInvalid", p, "Invalid value: a subject must be an object"))
+            continue
+        if not sub.get("name"):
+            causes.append(("FieldValueRequired", f"{p}.name", "Required value"))
+        kind = sub.get("kind")
+        if kind == "ServiceAccount":
+            if sub.get("name"):
+                causes.extend(_name_errors(str(sub["name"]), "subdomain", f"{p}.name"))
+            if sub.get("apiGroup"):
+                causes.append(("FieldValueNotSupported", f"{p}.apiGroup",
+                               f'Unsupported value: {_go_quote(sub["apiGroup"])}: supported values: ""'))
+            if not namespaced and not sub.get("namespace"):
+                causes.append(("FieldValueRequired", f"{p}.namespace", "Required value"))
+        elif kind in ("User", "Group"):
+            if sub.get("apiGroup") != RBAC_GROUP:
+                causes.append(("FieldValueNotSupported", f"{p}.apiGroup",
+                               f'Unsupported value: {_go_quote(sub.get("apiGroup"))}: supported values: '
+                               f'"{RBAC_GROUP}"'))
+        else:
+            causes.append(("FieldValueNotSupported", f"{p}.kind",
+                           f'Unsupported value: {_go_quote(kind)}: supported values: "ServiceAccount", "User", '
+                           f'"Group"'))
+    return causes
+
+
+def _binding_validate_update(server: ApiServer, new: dict, old: dict) -> list:
+    ref, oref = new.get("roleRef") or {}, old.get("roleRef") or {}
+    if any(ref.get(k) != oref.get(k) for k in ("apiGroup", "kind", "name")):
+        shown = (f"rbac.RoleRef{{APIGroup:{_go_quote(ref.get('apiGroup'))}, Kind:{_go_quote(ref.get('kind'))}, "
+                 f"Name:{_go_quote(ref.get('name'))}}}")
+        return [("FieldValueInvalid", "roleRef", f"Invalid value: {shown}: cannot change roleRef")]
+    return []
+
+
+TEMPLATE_GENERATION = "deprecated.daemonset.template.generation"  # apps/v1's spec.templateGeneration
+
+
+def _daemonset_defaults(obj: dict) -> None:
+    """apps/v1 SetDefaults_DaemonSet and the pod template's defaults."""
+    spec = obj.setdefault("spec", {})
+    if not isinstance(spec, dict):
+        return
+    strategy = spec.setdefault("updateStrategy", {})
+    strategy.setdefault("type", "RollingUpdate")
+    if strategy["type"] == "RollingUpdate":
+        rolling = strategy.setdefault("rollingUpdate", {})
+        rolling.setdefault("maxUnavailable", 1)
+        rolling.setdefault("maxSurge", 0)
+    spec.setdefault("revisionHistoryLimit", 10)
+    template = spec.setdefault("template", {})
+    if isinstance(template, dict):
+        had_priority = "priority" in (template.get("spec") or {})
+        _pod_defaults(template)
+        if not had_priority:
+            template["spec"].pop("priority", None)  # the Priority admission plugin's, for pods only
+
+
+def _daemonset_prepare_create(server: ApiServer, obj: dict) -> None:
+    obj["status"] = {"currentNumberScheduled": 0, "numberMisscheduled": 0, "desiredNumberScheduled": 0,
+                     "numberReady": 0}
+    annotations = obj["metadata"].setdefault("annotations", {})
+    try:
+        generation = int(annotations.get(TEMPLATE_GENERATION, "0"))
+    except ValueError:
+        generation = 0
+    annotations[TEMPLATE_GENERATION] = str(max(generation, 1))
+
+
+def _daemonset_prepare_update(server: ApiServer, new: dict, old: dict) -> None:
+    """PrepareForUpdate: the template generation is the server's, +1 when the template changed."""
+    try:
+        generation = int((old["metadata"].get("annotations") or {}).get(TEMPLATE_GENERATION, "1"))
+    except ValueError:
+        generation = 1
+    if (new.get("spec") or {}).get("template") != (old.get("spec") or {}).get("template"):
+        generation += 1
+    new["metadata"].setdefault("annotations", {})[TEMPLATE_GENERATION] = str(generation)
+
+
+def _daemonset_validate(obj: dict) -> list:
+    """ValidateDaemonSetSpec's checks: the selector, the template's labels
+    against it, the pod template (containers), restartPolicy Always."""
+    spec = obj.get("spec") or {}
+    sel = spec.get("selector")
+    template = spec.get("template") or {}
+    labels = (template.get("metadata") or {}).get("labels")
+    causes = _selector_errors(sel, "spec.selector")
+    if not causes and not _selector_selects(sel, labels or {}):
+        causes.append(("FieldValueInvalid", "spec.template.metadata.labels",
+                       f"Invalid value: {_go_map(labels)}: `selector` does not match template `labels`"))
+    if isinstance(sel, dict) and not (sel.get("matchLabels") or sel.get("matchExpressions")):
+        causes.append(("FieldValueInvalid", "spec.selector",
+                       f"Invalid value: {_go_label_selector(sel)}: empty selector is invalid for daemonset"))
+    tspec = template.get("spec") or {}
+    causes.extend((r, f"spec.template.{f}", m) for r, f, m in _pod_validate({"spec": tspec}))
+    if tspec.get("restartPolicy", "Always") != "Always":
+        causes.append(("FieldValueNotSupported", "spec.template.spec.restartPolicy",
+                       f'Unsupported value: {_go_quote(tspec["restartPolicy"])}: supported values: "Always"'))
+    if tspec.get("activeDeadlineSeconds") is not None:
+        causes.append(("FieldValueForbidden", "spec.template.spec.activeDeadlineSeconds",
+                       "Forbidden: activeDeadlineSeconds in DaemonSet is not Supported"))
+    return causes
+
+
+def _daemonset_validate_update(server: ApiServer, new: dict, old: dict) -> list:
+    """apps/v1 forbids changing the selector."""
+    sel, osel = (new.get("spec") or {}).get("selector"), (old.get("spec") or {}).get("selector")
+    if sel != osel:
+        shown = "null" if sel is None else _go_label_selector(sel)
+        return [("FieldValueInvalid", "spec.selector", f"Invalid value: {shown}: field is immutable")]
+    return []
+
+
+def _with_template(keys: Mapping[str, str]) -> dict:
+    return {f"spec.template.{k}": v for k, v in keys.items() if k.startswith("spec.")}
+
+
+DAEMONSET_MERGE_KEYS = {**META_MERGE_KEYS, **_with_template(POD_MERGE_KEYS), "status.conditions": "type"}
+SERVICE_ACCOUNT_MERGE_KEYS = {**META_MERGE_KEYS, "secrets": "name", "imagePullSecrets": "name"}
+
+
 _ALL_VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
 
 
@@ -805,8 +1218,26 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "Secret", "secrets", True, (), (), (), {"type": "type"}, META_MERGE_KEYS,
                  prepare_create=_secret_prepare_create),
     ResourceType("", "v1", "Service", "services", True, ("svc",), ("all",), ("status",), {},
-                 SERVICE_MERGE_KEYS, name_rule="label", return_deleted_object=True,
-                 status_reset_on_create=True, prepare_create=_service_prepare_create),
+                 SERVICE_MERGE_KEYS, name_rule="dns1035", return_deleted_object=True,
+                 status_reset_on_create=True, defaults=_service_defaults, prepare_create=_service_prepare_create,
+                 prepare_update=_service_prepare_update, validate=_service_validate,
+                 validate_update=_service_validate_update),
+    ResourceType("", "v1", "ServiceAccount", "serviceaccounts", True, ("sa",), (), (), {},
+                 SERVICE_ACCOUNT_MERGE_KEYS, return_deleted_object=True),
+    ResourceType("apps", "v1", "DaemonSet", "daemonsets", True, ("ds",), ("all",), ("status",), {},
+                 DAEMONSET_MERGE_KEYS, generation=True, status_reset_on_create=True, defaults=_daemonset_defaults,
+                 prepare_create=_daemonset_prepare_create, prepare_update=_daemonset_prepare_update,
+                 validate=_daemonset_validate, validate_update=_daemonset_validate_update),
+    ResourceType(RBAC_GROUP, "v1", "ClusterRole", "clusterroles", False, (), (), (), {}, META_MERGE_KEYS,
+                 name_rule="path", validate=_role_validate),
+    ResourceType(RBAC_GROUP, "v1", "ClusterRoleBinding", "clusterrolebindings", False, (), (), (), {},
+                 META_MERGE_KEYS, name_rule="path", defaults=_binding_defaults, validate=_binding_validate,
+                 validate_update=_binding_validate_update),
+    ResourceType(RBAC_GROUP, "v1", "Role", "roles", True, (), (), (), {}, META_MERGE_KEYS, name_rule="path",
+                 validate=_role_validate),
+    ResourceType(RBAC_GROUP, "v1", "RoleBinding", "rolebindings", True, (), (), (), {}, META_MERGE_KEYS,
+                 name_rule="path", defaults=_binding_defaults, validate=_binding_validate,
+                 validate_update=_binding_validate_update),
     ResourceType("admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration",
                  "mutatingwebhookconfigurations", False, (), ("api-extensions",), (), {}, WEBHOOK_MERGE_KEYS,
                  generation=True, prepare_create=_webhook_config_prepare, validate=_webhook_config_validate),
@@ -904,6 +1335,255 @@ def parse_field_selector(rt: ResourceType, text: str) -> Callable[[dict], bool]:
 
 
 # ---------------------------------------------------------------------------
+# authentication and authorization (RBAC)
+
+USER_INFO = {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]}
+ANONYMOUS = {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
+MASTERS = "system:masters"  # user.SystemPrivilegedGroup: allowed everything, whatever the bindings say
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"  # kubeadm's --service-account-issuer (and audience)
+SA_PREFIX = "system:serviceaccount:"
+ADMIN_TOKEN = "standin"  # the token of write_kubeconfig's default kubeconfig: system:admin
+
+
+def service_account_groups(namespace: str) -> list[str]:
+    """The groups of a service account's user, as the token authenticator gives them."""
+    return ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+
+
+@dataclass(frozen=True)
+class RequestAttributes:
+    """authorizer.Attributes of one request, as the real RequestInfoFactory
+    resolves them (k8s.io/apiserver/pkg/endpoints/request/requestinfo.go)."""
+
+    verb: str
+    path: str
+    resource_request: bool
+    api_group: str = ""
+    api_version: str = ""
+    resource: str = ""
+    subresource: str = ""
+    namespace: str = ""
+    name: str = ""
+
+
+_SPECIAL_VERBS = ("proxy", "watch")
+_NAMESPACE_SUBRESOURCES = ("status", "finalize")
+_METHOD_VERBS = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch",
+                 "DELETE": "delete"}
+
+
+def _path_segment_ok(name: str) -> bool:
+    return name not in (".", "..") and "/" not in name and "%" not in name
+
+
+def _exact_name(field_selector: str) -> str:
+    """fields.Selector.RequiresExactMatch("metadata.name")."""
+    for part in _split_top(field_selector):
+        m = re.match(r"^\s*metadata\.name\s*(==|=)\s*(.*?)\s*$", part)
+        if m:
+            return m.group(2)
+    return ""
+
+
+def request_attributes(method: str, path: str, query: Mapping[str, str]) -> RequestAttributes:
+    """What the authorizer sees of a request: ``/api/v1/...`` and
+    ``/apis/<group>/<version>/...`` with a resource are resource requests
+    (verb from the method: ``get`` on a collection is ``list``, or ``watch``
+    with ``watch=1`` or under ``/watch/``; ``delete`` on a collection is
+    ``deletecollection``; a list or watch with a ``metadata.name=`` field
+    selector carries that name); anything else (discovery documents,
+    ``/version``, health, ``/openapi``) is a non-resource request whose verb is
+    the lower-cased method."""
+    parts = [p for p in path.split("/") if p]
+    nonresource = RequestAttributes(verb=method.lower(), path=path, resource_request=False)
+    if len(parts) < 3 or parts[0] not in ("api", "apis"):
+        return nonresource
+    prefix, rest = parts[0], parts[1:]
+    group = ""
+    if prefix == "apis":
+        if len(rest) < 3:
+            return nonresource
+        group, rest = rest[0], rest[1:]
+    version, rest = rest[0], rest[1:]
+    special = rest[0] in _SPECIAL_VERBS
+    if special:
+        if len(rest) < 2:
+            return nonresource  # the real server: an error, then a non-resource request
+        verb, rest = rest[0], rest[1:]
+    else:
+        verb = _METHOD_VERBS.get(method, "")
+    namespace = ""
+    if rest[0] == "namespaces":
+        if len(rest) > 1:
+            namespace = rest[1]
+            if len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
+                rest = rest[2:]
+    resource = rest[0]
+    name = rest[1] if len(rest) >= 2 else ""
+    sub = rest[2] if len(rest) >= 3 and not special else ""
+    if not name and verb == "get":
+        verb = "watch" if str(query.get("watch", "")).lower() not in ("", "false", "0") else "list"
+        wanted = _exact_name(query.get("fieldSelector") or "")
+        if wanted and _path_segment_ok(wanted):
+            name = wanted
+    if not name and verb == "delete":
+        verb = "deletecollection"
+    return RequestAttributes(verb=verb, path=path, resource_request=True, api_group=group, api_version=version,
+                             resource=resource, subresource=sub, namespace=namespace, name=name)
+
+
+def forbidden(username: str, attrs: RequestAttributes, reason: str = "") -> ApiError:
+    """responsewriters.Forbidden: the real message and details."""
+    if not attrs.resource_request:
+        msg = f"User {_go_quote(username)} cannot {attrs.verb} path {_go_quote(attrs.path)}"
+    else:
+        resource = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
+        msg = (f"User {_go_quote(username)} cannot {attrs.verb} resource {_go_quote(resource)} in API group "
+               f"{_go_quote(attrs.api_group)}")
+        msg += f" in the namespace {_go_quote(attrs.namespace)}" if attrs.namespace else " at the cluster scope"
+    if reason:
+        msg = f"{msg}: {reason}"
+    details: dict = {}
+    if attrs.name:
+        details["name"] = attrs.name
+    if attrs.api_group:
+        details["group"] = attrs.api_group
+    if attrs.resource:
+        details["kind"] = attrs.resource
+    qualified = f"{attrs.resource}.{attrs.api_group}" if attrs.api_group else attrs.resource
+    if not qualified:
+        message = f"forbidden: {msg}"
+    elif not attrs.name:
+        message = f"{qualified} is forbidden: {msg}"
+    else:
+        message = f"{qualified} {_go_quote(attrs.name)} is forbidden: {msg}"
+    return ApiError(403, "Forbidden", message, details)
+
+
+def unauthorized() -> ApiError:
+    return ApiError(401, "Unauthorized", "Unauthorized")
+
+
+def rule_allows(rule: Mapping, attrs: RequestAttributes) -> bool:
+    """rbac's RuleAllows: verbs, apiGroups, resources (``*``, ``res/sub``,
+    ``*/sub``) and resourceNames for a resource request; verbs and
+    nonResourceURLs (exact, ``*``, or a ``prefix*``) for any other."""
+    verbs = rule.get("verbs") or []
+    if "*" not in verbs and attrs.verb not in verbs:
+        return False
+    if not attrs.resource_request:
+        for url in rule.get("nonResourceURLs") or []:
+            if url == "*" or url == attrs.path or (url.endswith("*") and attrs.path.startswith(url.rstrip("*"))):
+                return True
+        return False
+    groups = rule.get("apiGroups") or []
+    if "*" not in groups and attrs.api_group not in groups:
+        return False
+    combined = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
+    if not any(r == "*" or r == combined or (attrs.subresource and r == f"*/{attrs.subresource}")
+               for r in rule.get("resources") or []):
+        return False
+    names = rule.get("resourceNames") or []
+    return not names or attrs.name in names
+
+
+def _subject_applies(subject: Mapping, user: Mapping, namespace: str) -> bool:
+    """rbac's appliesToUser: a ServiceAccount subject without a namespace is
+    one of the RoleBinding's namespace."""
+    kind, name = subject.get("kind"), subject.get("name")
+    if kind == "User":
+        return user.get("username") == name
+    if kind == "Group":
+        return name in (user.get("groups") or [])
+    if kind == "ServiceAccount":
+        ns = subject.get("namespace") or namespace
+        return bool(ns) and user.get("username") == f"{SA_PREFIX}{ns}:{name}"
+    return False
+
+
+def _describe_subject(subject: Mapping) -> str:
+    if subject.get("namespace"):
+        return f'{subject.get("kind")} "{subject["namespace"]}/{subject.get("name")}"'
+    return f'{subject.get("kind")} "{subject.get("name")}"'
+
+
+@dataclass
+class _RbacIndex:
+    cluster_roles: dict[str, dict]
+    roles: dict[tuple[str, str], dict]
+    cluster_role_bindings: list[dict]
+    role_bindings: dict[str, list[dict]]
+
+
+def rbac_decide(index: _RbacIndex, user: Mapping, attrs: RequestAttributes) -> tuple[bool, str]:
+    """The RBAC authorizer: ClusterRoleBindings grant everywhere; a
+    RoleBinding grants its Role, or a ClusterRole's rules, in its own
+    namespace only. Returns (allowed, reason): on a denial the reason names
+    the roles that bindings of this user refer to but that do not exist
+    (``RBAC: clusterrole.rbac.authorization.k8s.io "x" not found``), as the
+    real authorizer says; on an allow, which binding allowed it."""
+    errors: list[str] = []
+
+    def rules_of(ref: Mapping, namespace: str) -> list | None:
+        if ref.get("kind") == "ClusterRole":
+            role = index.cluster_roles.get(ref.get("name"))
+            if role is None:
+                errors.append(f'clusterrole.{RBAC_GROUP} "{ref.get("name")}" not found')
+                return None
+        else:
+            role = index.roles.get((namespace, ref.get("name")))
+            if role is None:
+                errors.append(f'role.{RBAC_GROUP} "{ref.get("name")}" not found')
+                return None
+        return role.get("rules") or []
+
+    for binding in index.cluster_role_bindings:
+        subject = next((s for s in binding.get("subjects") or [] if _subject_applies(s, user, "")), None)
+        if subject is None:
+            continue
+        ref = binding.get("roleRef") or {}
+        rules = rules_of(ref, "")
+        if rules and any(rule_allows(r, attrs) for r in rules):
+            return True, (f'RBAC: allowed by ClusterRoleBinding "{binding["metadata"]["name"]}" of '
+                          f'{ref.get("kind")} "{ref.get("name")}" to {_describe_subject(subject)}')
+    if attrs.namespace:
+        for binding in index.role_bindings.get(attrs.namespace, []):
+            subject = next((s for s in binding.get("subjects") or []
+                            if _subject_applies(s, user, attrs.namespace)), None)
+            if subject is None:
+                continue
+            ref = binding.get("roleRef") or {}
+            rules = rules_of(ref, attrs.namespace)
+            if rules and any(rule_allows(r, attrs) for r in rules):
+                return True, (f'RBAC: allowed by RoleBinding "{binding["metadata"]["name"]}/{attrs.namespace}" of '
+                              f'{ref.get("kind")} "{ref.get("name")}" to {_describe_subject(subject)}')
+    errors = list(dict.fromkeys(errors))
+    if not errors:
+        return False, ""
+    return False, "RBAC: " + (errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]")
+
+
+_BOOTSTRAP_META = {"labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
+                   "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"}}
+_DISCOVERY_URLS = ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz",
+                   "/version", "/version/"]
+_PUBLIC_INFO_URLS = ["/healthz", "/livez", "/readyz", "/version", "/version/"]
+# the real server's bootstrap policy, the part that decides what every user may do
+# (plugin/pkg/auth/authorizer/rbac/bootstrappolicy): (name, rules, groups bound)
+BOOTSTRAP_CLUSTER_ROLES = (
+    ("cluster-admin", [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+                       {"nonResourceURLs": ["*"], "verbs": ["*"]}], ["system:masters"]),
+    ("system:discovery", [{"nonResourceURLs": _DISCOVERY_URLS, "verbs": ["get"]}], ["system:authenticated"]),
+    ("system:basic-user", [{"apiGroups": ["authorization.k8s.io"],
+                            "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]},
+                           {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"],
+                            "verbs": ["create"]}], ["system:authenticated"]),
+    ("system:public-info-viewer", [{"nonResourceURLs": _PUBLIC_INFO_URLS, "verbs": ["get"]}],
+     ["system:authenticated", "system:unauthenticated"]),
+)
+
+
+# ---------------------------------------------------------------------------
 # admission webhooks (admission.k8s.io/v1 AdmissionReview)
 
 
@@ -946,7 +1626,6 @@ class _CallError(Exception):
     """webhookutil.ErrCallingWebhook: failurePolicy decides."""
 
 
-USER_INFO = {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]}
 _user = threading.local()  # the current HTTP request's userInfo (from its bearer token)
 
 
@@ -1422,7 +2101,16 @@ class ApiServer:
     """
 
     def __init__(self, *, history: int = 10000, bookmark_interval: float = 1.0,
-                 types: Iterable[ResourceType] = BUILTIN_TYPES):
+                 types: Iterable[ResourceType] = BUILTIN_TYPES, tls: bool = False, host: str = "127.0.0.1",
+                 port: int = 0, tls_names: Iterable[str] = (), authorize: bool = False):
+        """``tls``: serve HTTPS with a CA of its own (:attr:`ca_pem`); the
+        serving certificate names ``kubernetes.default.svc`` and friends,
+        10.96.0.1, localhost, 127.0.0.1, ::1, ``host``, ``tls_names``, and the
+        local address each connection came in on (so ``host="0.0.0.0"`` is
+        verified on every interface, even one made later). ``host``/``port``:
+        where to listen. ``authorize``: authenticate every request and
+        authorize it with RBAC (see the module docstring); off, every
+        request is allowed, as before."""
         self._cond = threading.Condition()
         self._rv = 0
         self._objects: dict[tuple[str, str, str], dict] = {}  # (storage key, ns, name) -> stored object
@@ -1440,7 +2128,27 @@ class ApiServer:
         self.webhooks = WebhookDispatcher(self)  # see its docstring (service_resolver)
         # bearer token -> userInfo, only to tell webhooks who asks (no authentication: an unknown or absent
         # token is system:admin); add_token() adds one, write_kubeconfig(token=...) uses it
-        self.tokens: dict[str, dict] = {}
+        self.tokens: dict[str, dict] = {ADMIN_TOKEN: copy.deepcopy(USER_INFO)}
+        self.authorize = authorize
+        self.audit: list[dict] = []  # every authorization decision (authorize=True), oldest first
+        self._rbac_generation = 0  # bumped by every write of an RBAC object
+        self._rbac_index: tuple[int, _RbacIndex] | None = None
+        self._sa_key = None  # the service-account token signing key (RSA), made at the first issue_token
+        self._sa_key_lock = threading.Lock()
+        self.host, self._port = host, port
+        self.tls = tls
+        self.ca_pem: bytes | None = None
+        self._tls_contexts: dict[str, ssl.SSLContext] = {}
+        self._tls_lock = threading.Lock()
+        if tls:
+            from hamid.control import certs
+            self._ca = certs.make_ca("hamid apiserver stand-in CA")
+            self.ca_pem = self._ca.cert_pem
+            names = ["kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                     "kubernetes.default.svc.cluster.local", "localhost", "127.0.0.1", "::1", "10.96.0.1"]
+            if host not in ("0.0.0.0", "::", ""):
+                names.append(host)
+            self._tls_names = list(dict.fromkeys([*names, *tls_names]))
         self._stopped = False
         self._watch_epoch = 0  # close_watches() ends every stream started in an earlier epoch
         self._watches_held = 0  # while > 0, new watch requests wait (hold_watches)
@@ -1450,13 +2158,25 @@ class ApiServer:
             self.register(rt)
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        if (RBAC_GROUP, "v1", "clusterroles") in self.types:
+            for name, rules, groups in BOOTSTRAP_CLUSTER_ROLES:
+                self.create({"apiVersion": f"{RBAC_GROUP}/v1", "kind": "ClusterRole",
+                             "metadata": {"name": name, **copy.deepcopy(_BOOTSTRAP_META)}, "rules": rules})
+                self.create({"apiVersion": f"{RBAC_GROUP}/v1", "kind": "ClusterRoleBinding",
+                             "metadata": {"name": name, **copy.deepcopy(_BOOTSTRAP_META)},
+                             "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": name},
+                             "subjects": [{"apiGroup": RBAC_GROUP, "kind": "Group", "name": g} for g in groups]})
 
     # -- lifecycle -----------------------------------------------------------
 
     def start(self) -> ApiServer:
         handler = type("Handler", (_Handler,), {"api": self})
-        self._server = _Server(("127.0.0.1", 0), handler)
+        server_cls = _Server
+        if ":" in self.host:
+            server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+        self._server = server_cls((self.host, self._port), handler)
         self._server.daemon_threads = True
+        self._server.tls_context = self._tls_context if self.tls else None
         self._thread = threading.Thread(target=self._server.serve_forever, name="apiserver-standin",
                                         kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
@@ -1481,9 +2201,44 @@ class ApiServer:
         self.stop()
 
     @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        """``http(s)://host:port``; a wildcard listen address is shown as loopback."""
+        host = self._server.server_address[0]
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+    def _tls_context(self, local_ip: str) -> ssl.SSLContext:
+        """The TLS context for connections that came in on ``local_ip``: a
+        serving certificate from :attr:`ca_pem`'s CA that names it too."""
+        import os
+        import tempfile
+
+        from hamid.control import certs
+        if local_ip.startswith("::ffff:"):
+            local_ip = local_ip[7:]
+        key = "" if local_ip in self._tls_names else local_ip
+        with self._tls_lock:
+            ctx = self._tls_contexts.get(key)
+            if ctx is None:
+                issued = certs.issue(self._ca, self._tls_names + ([key] if key else []))
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                ctx.set_alpn_protocols(["http/1.1"])
+                with tempfile.TemporaryDirectory(prefix="apiserver-tls-") as d:
+                    crt, k = os.path.join(d, "tls.crt"), os.path.join(d, "tls.key")
+                    fd = os.open(k, os.O_WRONLY | os.O_CREAT, 0o600)
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(issued.key_pem)
+                    with open(crt, "wb") as f:
+                        f.write(issued.cert_pem)
+                    ctx.load_cert_chain(crt, k)
+                self._tls_contexts[key] = ctx
+            return ctx
 
     @property
     def resource_version(self) -> int:
@@ -1497,12 +2252,163 @@ class ApiServer:
             raise ValueError(f"add_token: a token and a username are required (got {token!r}, {username!r})")
         self.tokens[token] = {"username": username, "groups": [*groups, "system:authenticated"]}
 
-    def write_kubeconfig(self, path, token: str = "standin") -> str:
+    # -- authentication and authorization --------------------------------------
+
+    def _signing_key(self):
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        with self._sa_key_lock:
+            if self._sa_key is None:
+                key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+                der = key.public_key().public_bytes(serialization.Encoding.DER,
+                                                    serialization.PublicFormat.SubjectPublicKeyInfo)
+                digest = hashes.Hash(hashes.SHA256())
+                digest.update(der)
+                kid = base64.urlsafe_b64encode(digest.finalize()).decode().rstrip("=")
+                self._sa_key = (key, kid)
+            return self._sa_key
+
+    def issue_token(self, namespace: str, service_account: str, *, expiration_seconds: int = 3607,
+                    audiences: Iterable[str] = (SA_ISSUER,), pod: str | None = None) -> str:
+        """A service-account token as the TokenRequest API (and kubelet's
+        projected volume) makes it: a JWT signed RS256 with a key of this
+        server, claims ``iss``, ``sub`` (``system:serviceaccount:NS:NAME``),
+        ``aud``, ``exp``, ``iat``, ``nbf``, ``jti`` and ``kubernetes.io``
+        (namespace, serviceaccount name and uid; with ``pod=``, that pod's
+        name and uid and, when it is bound, its node's). The ServiceAccount
+        need not exist yet (its uid claim is then empty); the token
+        authenticates only while it does (and while the pod does), as the
+        real authenticator checks."""
+        import jwt
+        if not namespace or not service_account:
+            raise ValueError(f"issue_token: a namespace and a service account name are required "
+                             f"(got {namespace!r}, {service_account!r})")
+        now = int(time.time())
+        with self._cond:
+            sa = self._objects.get(("serviceaccounts", namespace, service_account))
+            k8s: dict = {"namespace": namespace, "serviceaccount": {
+                "name": service_account, "uid": sa["metadata"]["uid"] if sa else ""}}
+            if pod is not None:
+                p = self._objects.get(("pods", namespace, pod))
+                if p is None:
+                    raise ValueError(f"issue_token: pod {namespace}/{pod} does not exist: a token is bound to an "
+                                     f"existing pod")
+                k8s["pod"] = {"name": pod, "uid": p["metadata"]["uid"]}
+                node = (p.get("spec") or {}).get("nodeName")
+                n = self._objects.get(("nodes", "", node)) if node else None
+                if n is not None:
+                    k8s["node"] = {"name": node, "uid": n["metadata"]["uid"]}
+        claims = {"aud": list(audiences), "exp": now + int(expiration_seconds), "iat": now, "nbf": now,
+                  "iss": SA_ISSUER, "jti": str(uuid.uuid4()), "kubernetes.io": k8s,
+                  "sub": f"{SA_PREFIX}{namespace}:{service_account}"}
+        key, kid = self._signing_key()
+        return jwt.encode(claims, key, algorithm="RS256", headers={"kid": kid, "typ": None})
+
+    def _token_user(self, token: str) -> dict | None:
+        """The user of a service-account JWT this server signed, or None
+        (bad signature, expired, wrong audience or issuer, the service account
+        or bound pod gone or replaced)."""
+        import jwt
+        if self._sa_key is None or token.count(".") != 2:
+            return None
+        key, _kid = self._sa_key
+        try:
+            claims = jwt.decode(token, key.public_key(), algorithms=["RS256"], audience=SA_ISSUER, issuer=SA_ISSUER,
+                                options={"require": ["exp", "iat", "sub"]})
+        except jwt.PyJWTError as e:
+            log.debug("apiserver_standin_token_refused", error=str(e))
+            return None
+        k8s = claims.get("kubernetes.io") or {}
+        ns, sa = k8s.get("namespace") or "", (k8s.get("serviceaccount") or {}).get("name") or ""
+        if claims["sub"] != f"{SA_PREFIX}{ns}:{sa}":
+            return None
+        with self._cond:
+            stored = self._objects.get(("serviceaccounts", ns, sa))
+            claimed = (k8s.get("serviceaccount") or {}).get("uid")
+            if stored is None or (claimed and stored["metadata"]["uid"] != claimed):
+                log.debug("apiserver_standin_token_refused", error=f"service account {ns}/{sa} not found "
+                                                                   f"(or not uid {claimed})")
+                return None
+            extra = {"authentication.kubernetes.io/credential-id": [f"JTI={claims.get('jti')}"]}
+            if "pod" in k8s:
+                p = self._objects.get(("pods", ns, k8s["pod"].get("name")))
+                if p is None or p["metadata"]["uid"] != k8s["pod"].get("uid"):
+                    log.debug("apiserver_standin_token_refused", error=f"pod {ns}/{k8s['pod'].get('name')} gone")
+                    return None
+                extra["authentication.kubernetes.io/pod-name"] = [k8s["pod"]["name"]]
+                extra["authentication.kubernetes.io/pod-uid"] = [k8s["pod"]["uid"]]
+                if "node" in k8s:
+                    extra["authentication.kubernetes.io/node-name"] = [k8s["node"]["name"]]
+                    extra["authentication.kubernetes.io/node-uid"] = [k8s["node"]["uid"]]
+            return {"username": claims["sub"], "uid": stored["metadata"]["uid"], "groups": service_account_groups(ns),
+                    "extra": extra}
+
+    def authenticate(self, authorization: str | None) -> dict:
+        """The user of a request's ``Authorization`` header. A bearer token
+        of :attr:`tokens` or from :meth:`issue_token` is its user; with
+        ``authorize`` on, any other bearer token is 401 and a request without
+        one is ``system:anonymous`` (group ``system:unauthenticated``); off,
+        both are system:admin, as before."""
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() == "bearer" and token:
+            info = self.tokens.get(token) or self._token_user(token)
+            if info is not None:
+                return copy.deepcopy(info)
+            if self.authorize:
+                raise unauthorized()
+            return copy.deepcopy(USER_INFO)
+        return copy.deepcopy(ANONYMOUS if self.authorize else USER_INFO)
+
+    def _rbac(self) -> _RbacIndex:
+        with self._cond:
+            if self._rbac_index is not None and self._rbac_index[0] == self._rbac_generation:
+                return self._rbac_index[1]
+            index = _RbacIndex({}, {}, [], {})
+            for (skey, ns, name), obj in sorted(self._objects.items()):
+                if skey == f"clusterroles.{RBAC_GROUP}":
+                    index.cluster_roles[name] = obj
+                elif skey == f"roles.{RBAC_GROUP}":
+                    index.roles[(ns, name)] = obj
+                elif skey == f"clusterrolebindings.{RBAC_GROUP}":
+                    index.cluster_role_bindings.append(obj)
+                elif skey == f"rolebindings.{RBAC_GROUP}":
+                    index.role_bindings.setdefault(ns, []).append(obj)
+            self._rbac_index = (self._rbac_generation, index)
+            return index
+
+    def decide(self, user: Mapping, attrs: RequestAttributes) -> tuple[bool, str]:
+        """(allowed, reason) for ``user`` (a userInfo dict) doing ``attrs``:
+        ``system:masters`` is allowed everything (the privileged-group
+        authorizer before RBAC), else RBAC over the stored roles and bindings."""
+        if MASTERS in (user.get("groups") or []):
+            return True, ""
+        return rbac_decide(self._rbac(), user, attrs)
+
+    def check(self, user: Mapping, attrs: RequestAttributes) -> None:
+        """Authorize one request: record the decision in :attr:`audit`; a
+        denial raises the real 403."""
+        allowed, reason = self.decide(user, attrs)
+        self.audit.append({"user": user.get("username"), "groups": list(user.get("groups") or []),
+                           "verb": attrs.verb, "apiGroup": attrs.api_group, "resource": attrs.resource,
+                           "subresource": attrs.subresource, "namespace": attrs.namespace, "name": attrs.name,
+                           "path": attrs.path, "allowed": allowed, "reason": reason})
+        if not allowed:
+            raise forbidden(str(user.get("username")), attrs, reason)
+
+
+    def write_kubeconfig(self, path, token: str = ADMIN_TOKEN, server: str | None = None) -> str:
         """A kubeconfig for kubectl and the Python client pointing here (mode
-        0600), with ``token`` as its bearer token (see :meth:`add_token`)."""
+        0600; ``server`` instead of :attr:`url` if given), with ``token`` as
+        its bearer token: the default is system:admin's (in system:masters);
+        pass :meth:`issue_token`'s or :meth:`add_token`'s for another user.
+        With TLS it carries the CA (``certificate-authority-data``)."""
         import os
+        cluster: dict = {"server": server or self.url}
+        if self.ca_pem is not None:
+            cluster["certificate-authority-data"] = base64.b64encode(self.ca_pem).decode()
         doc = {"apiVersion": "v1", "kind": "Config", "current-context": "standin",
-               "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+               "clusters": [{"name": "standin", "cluster": cluster}],
                "users": [{"name": "standin", "user": {"token": token}}],
                "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "standin",
                                                             "namespace": "default"}}]}
@@ -1622,6 +2528,8 @@ class ApiServer:
         return self._rv
 
     def _record(self, type_: str, skey: str, obj: dict, prev: dict | None) -> None:
+        if skey.endswith(f".{RBAC_GROUP}"):
+            self._rbac_generation += 1
         self._history.append(_Event(self._rv, type_, skey, copy.deepcopy(obj), prev))
         while len(self._history) > self._history_max:
             dropped = self._history.popleft()
@@ -1803,11 +2711,15 @@ class ApiServer:
         if rt.kind == "Secret" and rt.group == "":
             _fold_string_data(new)
         if subresource is None:
+            if rt.defaults:
+                rt.defaults(new)  # every decoded object is defaulted, an update's too
             for hook in self.admission_hooks:
                 new = hook(rt, "UPDATE", new, old)
         if subresource in (None, "status"):  # binding: admitted as a CREATE of the Binding (do_bind)
             new = self.webhooks.mutate(rt, subresource or "", "UPDATE", ns, new, old, {})
             meta = new["metadata"]
+        if rt.prepare_update and subresource is None:
+            rt.prepare_update(self, new, old)
         if rt.validate_update and subresource is None:
             causes = rt.validate_update(self, new, old)
             if causes:
@@ -2140,10 +3052,30 @@ _PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
 
 
 class _Server(ThreadingHTTPServer):
+    tls_context: Callable[[str], ssl.SSLContext] | None = None  # local address -> context; None: plain HTTP
+
+    def finish_request(self, request, client_address) -> None:
+        """With TLS, the handshake happens here, in the connection's own
+        thread, so a slow or failing client never holds up the others."""
+        if self.tls_context is None:
+            return super().finish_request(request, client_address)
+        try:
+            request.settimeout(10)
+            conn = self.tls_context(request.getsockname()[0]).wrap_socket(request, server_side=True)
+            conn.settimeout(None)
+        except (ssl.SSLError, OSError) as e:
+            log.debug("apiserver_standin_tls_handshake_failed", client=client_address, error=repr(e))
+            return
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
+
     def handle_error(self, request, client_address) -> None:
         import sys
         exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+        if isinstance(exc, (ConnectionResetError, BrokenPipeError, ssl.SSLError)):
             return  # a client that hung up (or dropped a pooled connection)
         log.error("apiserver_standin_connection_error", client=client_address, error=repr(exc))
 
@@ -2196,11 +3128,14 @@ class _Handler(BaseHTTPRequestHandler):
         started = time.monotonic()
         code = 200
         _warnings.items = []
-        auth = self.headers.get("Authorization") or ""
-        _user.info = self.api.tokens.get(auth[7:]) if auth.startswith("Bearer ") else None
+        _user.info = None
         try:
+            _user.info = self.api.authenticate(self.headers.get("Authorization"))
+            raw_path = urlsplit(self.path).path or "/"
+            if self.api.authorize:
+                self.api.check(_user.info, request_attributes(self.command, raw_path, self._query()))
             accept = self.headers.get("Accept") or "*/*"
-            path = urlsplit(self.path).path.rstrip("/") or "/"
+            path = raw_path.rstrip("/") or "/"
             if path.startswith("/openapi/v2"):
                 if "protobuf" in accept:
                     self._send(200, _openapi_v2_proto(), "application/octet-stream")
