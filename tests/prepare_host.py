@@ -28,6 +28,7 @@ NEEDED = {
     "ip": "iproute2",  # gossip partition tests: network namespaces and veth pairs
     "iptables": "iptables",  # packet loss inside a namespace
     "kubectl": "kubernetes-client",  # kubectl 1.20 against the API-server stand-in (tests/k8s)
+    "debootstrap": "debootstrap",  # the image test's base image (tests/image)
 }
 
 
