@@ -308,6 +308,8 @@ class ResourceType:
     storage: str | None = None  # another type's key whose objects this one shows (converted)
     to_storage: Callable[[dict], dict] | None = None
     from_storage: Callable[[dict], dict] | None = None
+    # a create-only kind answered, never stored (access reviews): (server, body, requester) -> answer
+    review: Callable[[ApiServer, dict, dict], dict] | None = None
 
     @property
     def group_version(self) -> str:
@@ -1583,6 +1585,108 @@ BOOTSTRAP_CLUSTER_ROLES = (
 )
 
 
+# -- access reviews (authorization.k8s.io/v1): answered, never stored ---------------
+
+
+def _review_attributes(spec: dict) -> RequestAttributes:
+    res, non = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+    if res is not None:
+        return RequestAttributes(verb=res.get("verb") or "", path="", resource_request=True,
+                                 api_group=res.get("group") or "", api_version=res.get("version") or "",
+                                 resource=res.get("resource") or "", subresource=res.get("subresource") or "",
+                                 namespace=res.get("namespace") or "", name=res.get("name") or "")
+    return RequestAttributes(verb=(non or {}).get("verb") or "", path=(non or {}).get("path") or "",
+                             resource_request=False)
+
+
+def _access_review(server: ApiServer, body: dict, user: dict | None) -> dict:
+    """A SubjectAccessReview (``user`` None: the spec names the user) or a
+    SelfSubjectAccessReview (the requester): the authorizer's answer in
+    ``status``, validated as the real ValidateSubjectAccessReviewSpec."""
+    rt_kind = body.get("kind") or ("SubjectAccessReview" if user is None else "SelfSubjectAccessReview")
+    spec = body.get("spec") or {}
+    causes = []
+    if spec.get("resourceAttributes") is not None and spec.get("nonResourceAttributes") is not None:
+        causes.append(("FieldValueInvalid", "spec.nonResourceAttributes",
+                       "Invalid value: cannot be specified in combination with resourceAttributes"))
+    if spec.get("resourceAttributes") is None and spec.get("nonResourceAttributes") is None:
+        causes.append(("FieldValueInvalid", "spec.resourceAttributes", 'Invalid value: "null": exactly one of '
+                                                                       "nonResourceAttributes or resourceAttributes "
+                                                                       "must be specified"))
+    if user is None:
+        if not spec.get("user") and not spec.get("groups"):
+            causes.append(("FieldValueInvalid", "spec.user",
+                           'Invalid value: "": at least one of user or group must be specified'))
+        user = {"username": spec.get("user") or "", "groups": list(spec.get("groups") or [])}
+    if causes:
+        text = ", ".join(f"{f}: {m}" for _r, f, m in causes)
+        raise ApiError(422, "Invalid", f'{rt_kind}.authorization.k8s.io "" is invalid: '
+                                       + (text if len(causes) == 1 else f"[{text}]"),
+                       {"group": "authorization.k8s.io", "kind": rt_kind,
+                        "causes": [{"reason": r, "message": m, "field": f} for r, f, m in causes]})
+    allowed, reason = server.decide(user, _review_attributes(spec))
+    status: dict = {"allowed": allowed}
+    if reason:
+        status["reason"] = reason
+    meta = dict(body.get("metadata") or {})
+    meta.setdefault("creationTimestamp", None)
+    return {"kind": rt_kind, "apiVersion": "authorization.k8s.io/v1", "metadata": meta, "spec": spec,
+            "status": status}
+
+
+def rbac_rules(index: _RbacIndex, user: Mapping, namespace: str) -> tuple[list[dict], list[str]]:
+    """RulesFor: every rule the user's ClusterRoleBindings, and the
+    RoleBindings of ``namespace``, grant; and the roles that are missing."""
+    rules, errors = [], []
+    pairs = [(b, "") for b in index.cluster_role_bindings]
+    pairs += [(b, namespace) for b in index.role_bindings.get(namespace, [])] if namespace else []
+    for binding, ns in pairs:
+        if not any(_subject_applies(s, user, ns) for s in binding.get("subjects") or []):
+            continue
+        ref = binding.get("roleRef") or {}
+        role = index.cluster_roles.get(ref.get("name")) if ref.get("kind") == "ClusterRole" \
+            else index.roles.get((ns, ref.get("name")))
+        if role is None:
+            errors.append(f'{ref.get("kind", "").lower()}.{RBAC_GROUP} "{ref.get("name")}" not found')
+            continue
+        rules.extend(role.get("rules") or [])
+    return rules, errors
+
+
+def _rules_review(server: ApiServer, body: dict, user: dict) -> dict:
+    """SelfSubjectRulesReview: what ``kubectl auth can-i --list`` shows."""
+    spec = body.get("spec") or {}
+    rules, errors = rbac_rules(server._rbac(), user, spec.get("namespace") or "")
+    resource_rules, nonresource_rules = [], []
+    for r in rules:
+        if r.get("nonResourceURLs"):
+            nonresource_rules.append({"verbs": r.get("verbs") or [], "nonResourceURLs": r["nonResourceURLs"]})
+        else:
+            out = {"verbs": r.get("verbs") or [], "apiGroups": r.get("apiGroups") or [],
+                   "resources": r.get("resources") or []}
+            if r.get("resourceNames"):
+                out["resourceNames"] = r["resourceNames"]
+            resource_rules.append(out)
+    status: dict = {"resourceRules": resource_rules, "nonResourceRules": nonresource_rules,
+                    "incomplete": bool(errors)}
+    if errors:
+        status["evaluationError"] = "[" + ", ".join(errors) + "]"
+    meta = dict(body.get("metadata") or {})
+    meta.setdefault("creationTimestamp", None)
+    return {"kind": "SelfSubjectRulesReview", "apiVersion": "authorization.k8s.io/v1", "metadata": meta,
+            "spec": spec, "status": status}
+
+
+REVIEW_TYPES: tuple[ResourceType, ...] = (
+    ResourceType("authorization.k8s.io", "v1", "SelfSubjectAccessReview", "selfsubjectaccessreviews", False,
+                 review=lambda server, body, user: _access_review(server, body, user)),
+    ResourceType("authorization.k8s.io", "v1", "SubjectAccessReview", "subjectaccessreviews", False,
+                 review=lambda server, body, user: _access_review(server, body, None)),
+    ResourceType("authorization.k8s.io", "v1", "SelfSubjectRulesReview", "selfsubjectrulesreviews", False,
+                 review=_rules_review),
+)
+
+
 # ---------------------------------------------------------------------------
 # admission webhooks (admission.k8s.io/v1 AdmissionReview)
 
@@ -2101,7 +2205,7 @@ class ApiServer:
     """
 
     def __init__(self, *, history: int = 10000, bookmark_interval: float = 1.0,
-                 types: Iterable[ResourceType] = BUILTIN_TYPES, tls: bool = False, host: str = "127.0.0.1",
+                 types: Iterable[ResourceType] = BUILTIN_TYPES + REVIEW_TYPES, tls: bool = False, host: str = "127.0.0.1",
                  port: int = 0, tls_names: Iterable[str] = (), authorize: bool = False):
         """``tls``: serve HTTPS with a CA of its own (:attr:`ca_pem`); the
         serving certificate names ``kubernetes.default.svc`` and friends,
@@ -2360,6 +2464,38 @@ class ApiServer:
             return copy.deepcopy(USER_INFO)
         return copy.deepcopy(ANONYMOUS if self.authorize else USER_INFO)
 
+    def impersonate(self, user: dict, headers) -> dict:
+        """The user a request acts as: ``user`` unless it carries
+        ``Impersonate-User`` (and ``Impersonate-Group``s), which ``user`` must
+        be allowed to ``impersonate`` (resource ``users``, ``serviceaccounts``
+        in the account's namespace, ``groups``), each check authorized and
+        audited like a request; a service account impersonated without groups
+        gets its own; ``system:authenticated`` is added (``system:unauthenticated``
+        for ``system:anonymous``). ``Impersonate-Uid`` and ``-Extra-`` are
+        refused (not implemented)."""
+        name = headers.get("Impersonate-User")
+        groups = headers.get_all("Impersonate-Group") or []
+        if any(k.lower().startswith(("impersonate-uid", "impersonate-extra-")) for k in headers.keys()):
+            raise bad_request("Impersonate-Uid and Impersonate-Extra-* are not implemented by the API-server "
+                              "stand-in: impersonate a user and groups only")
+        if not name:
+            if groups:
+                raise ApiError(500, "InternalError", "Internal error occurred: requested [" + ", ".join(
+                    f"{{Group {g}}}" for g in groups) + "] without impersonating a user")
+            return user
+        if name.startswith(SA_PREFIX) and name.count(":") == 3:
+            ns, sa = name[len(SA_PREFIX):].split(":")
+            wanted = [RequestAttributes("impersonate", "", True, resource="serviceaccounts", namespace=ns, name=sa)]
+            if not groups:
+                groups = service_account_groups(ns)[:-1]
+        else:
+            wanted = [RequestAttributes("impersonate", "", True, resource="users", name=name)]
+        wanted += [RequestAttributes("impersonate", "", True, resource="groups", name=g) for g in groups]
+        for attrs in wanted:
+            self.check(user, attrs)
+        extra = "system:unauthenticated" if name == ANONYMOUS["username"] else "system:authenticated"
+        return {"username": name, "groups": [*groups, *([extra] if extra not in groups else [])]}
+
     def _rbac(self) -> _RbacIndex:
         with self._cond:
             if self._rbac_index is not None and self._rbac_index[0] == self._rbac_generation:
@@ -2387,7 +2523,10 @@ class ApiServer:
 
     def check(self, user: Mapping, attrs: RequestAttributes) -> None:
         """Authorize one request: record the decision in :attr:`audit`; a
-        denial raises the real 403."""
+        denial raises the real 403. Everything is allowed (and nothing
+        recorded) with ``authorize`` off."""
+        if not self.authorize:
+            return
         allowed, reason = self.decide(user, attrs)
         self.audit.append({"user": user.get("username"), "groups": list(user.get("groups") or []),
                            "verb": attrs.verb, "apiGroup": attrs.api_group, "resource": attrs.resource,
@@ -3130,10 +3269,10 @@ class _Handler(BaseHTTPRequestHandler):
         _warnings.items = []
         _user.info = None
         try:
-            _user.info = self.api.authenticate(self.headers.get("Authorization"))
+            _user.info = self.api.impersonate(self.api.authenticate(self.headers.get("Authorization")),
+                                              self.headers)
             raw_path = urlsplit(self.path).path or "/"
-            if self.api.authorize:
-                self.api.check(_user.info, request_attributes(self.command, raw_path, self._query()))
+            self.api.check(_user.info, request_attributes(self.command, raw_path, self._query()))
             accept = self.headers.get("Accept") or "*/*"
             path = raw_path.rstrip("/") or "/"
             if path.startswith("/openapi/v2"):
@@ -3228,6 +3367,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._watch(rt, ns, query)
             return 200
         ns_key = ns if rt.namespaced else ""
+        if rt.review is not None:
+            if method != "POST" or name is not None:
+                raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested "
+                                                        f"resource: {rt.plural} accepts POST (create) only")
+            body = self._body() or {}
+            if not isinstance(body, dict):
+                raise bad_request(f"the body of a {rt.kind} must be a JSON object")
+            self._check_review_kind(rt, body)
+            self._send(201, rt.review(api, body, _current_user()))
+            return 201
         if name is None:
             if method == "GET":
                 self._send(200, api.do_list(rt, ns if rt.namespaced else None, query))
@@ -3284,6 +3433,12 @@ class _Handler(BaseHTTPRequestHandler):
         raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested "
                                                 f"resource: {method}")
 
+    def _check_review_kind(self, rt: ResourceType, body: dict) -> None:
+        api_version, kind = body.get("apiVersion"), body.get("kind")
+        if api_version not in (None, "", rt.group_version) or kind not in (None, "", rt.kind):
+            raise bad_request(f"the body is a {api_version}, Kind={kind}: expected {rt.group_version}, "
+                              f"Kind={rt.kind}")
+
     def _groups(self) -> list[dict]:
         groups: dict[str, list[str]] = {}
         for rt in self.api.types.values():
@@ -3301,7 +3456,7 @@ class _Handler(BaseHTTPRequestHandler):
         resources = []
         for rt in served:
             resources.append({"name": rt.plural, "singularName": rt.kind.lower(), "namespaced": rt.namespaced,
-                              "kind": rt.kind, "verbs": list(_ALL_VERBS), **({"shortNames": list(rt.short_names)}
+                              "kind": rt.kind, "verbs": ["create"] if rt.review else list(_ALL_VERBS), **({"shortNames": list(rt.short_names)}
                                                                              if rt.short_names else {}),
                               **({"categories": list(rt.categories)} if rt.categories else {})})
             for sub in rt.subresources:
