@@ -80,7 +80,11 @@ node is checked), plugin configuration in profiles, backoff queues (a pod that
 did not fit is tried on every pass), asynchronous binding (a bind finishes
 before the next pod), ``nominatedNodeName``, HTTPS to extenders
 (``enableHTTPS``/``tlsConfig`` are refused), leader election. Configuration it
-does not implement is refused with a :class:`ValueError` naming it.
+does not implement is refused with a :class:`ValueError` naming it;
+``clientConnection`` and ``leaderElection`` are checked as kube-scheduler
+checks them (known keys; a positive lease duration above the renew deadline,
+a positive retry period, a lock name and namespace) and otherwise unused: the
+stand-in is one instance and talks to the API it is given.
 """
 
 from __future__ import annotations
@@ -132,7 +136,10 @@ class SchedulingError(Exception):
 
 _EXTENDER_KEYS = {"urlPrefix", "filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb", "weight",
                   "nodeCacheCapable", "ignorable", "managedResources", "httpTimeout", "enableHTTPS", "tlsConfig"}
-_CONFIG_KEYS = {"apiVersion", "kind", "extenders", "profiles"}
+_CONFIG_KEYS = {"apiVersion", "kind", "extenders", "profiles", "clientConnection", "leaderElection"}
+_CLIENT_KEYS = {"kubeconfig", "acceptContentTypes", "contentType", "qps", "burst"}
+_LEADER_KEYS = {"leaderElect", "leaseDuration", "renewDeadline", "retryPeriod", "resourceLock", "resourceName",
+                "resourceNamespace"}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -196,6 +203,44 @@ class Extender:
             raise ExtenderError(f"extender at URL {url} answered {verb} with invalid JSON: {e}") from None
 
 
+def _check_client_and_leader(config: Mapping) -> None:
+    """``clientConnection`` and ``leaderElection`` as kube-scheduler validates them (component-base's
+    ClientConnectionConfiguration and LeaderElectionConfiguration, with kube-scheduler's defaults)."""
+    cc = config.get("clientConnection") or {}
+    if not isinstance(cc, Mapping):
+        raise ValueError(f"config.clientConnection: a mapping is accepted, not {type(cc).__name__}")
+    unknown = set(cc) - _CLIENT_KEYS
+    if unknown:
+        raise ValueError(f"config.clientConnection: unknown keys {sorted(unknown)}; accepted: {sorted(_CLIENT_KEYS)}")
+    if "kubeconfig" in cc and not isinstance(cc["kubeconfig"], str):
+        raise ValueError(f"config.clientConnection.kubeconfig: {cc['kubeconfig']!r} is not a path")
+    burst = cc.get("burst", 100)
+    if not isinstance(burst, int) or isinstance(burst, bool) or burst < 0:
+        raise ValueError(f"config.clientConnection.burst: {burst!r} must be a non-negative integer")
+    le = config.get("leaderElection") or {}
+    if not isinstance(le, Mapping):
+        raise ValueError(f"config.leaderElection: a mapping is accepted, not {type(le).__name__}")
+    unknown = set(le) - _LEADER_KEYS
+    if unknown:
+        raise ValueError(f"config.leaderElection: unknown keys {sorted(unknown)}; accepted: {sorted(_LEADER_KEYS)}")
+    if not le.get("leaderElect", True):
+        return
+    p = "config.leaderElection"
+    lease = parse_duration(le.get("leaseDuration", "15s"), f"{p}.leaseDuration")
+    renew = parse_duration(le.get("renewDeadline", "10s"), f"{p}.renewDeadline")
+    retry = parse_duration(le.get("retryPeriod", "2s"), f"{p}.retryPeriod")
+    for name, v in (("leaseDuration", lease), ("renewDeadline", renew), ("retryPeriod", retry)):
+        if v <= 0:
+            raise ValueError(f"{p}.{name}: must be greater than zero")
+    if lease <= renew:
+        raise ValueError(f"{p}.leaseDuration: LeaseDuration must be greater than RenewDeadline ({lease} <= {renew})")
+    if le.get("resourceLock", "leases") != "leases":
+        raise ValueError(f"{p}.resourceLock: {le['resourceLock']!r}; accepted: leases")
+    for name in ("resourceName", "resourceNamespace"):
+        if not le.get(name, "kube-scheduler" if name == "resourceName" else "kube-system"):
+            raise ValueError(f"{p}.{name}: required")
+
+
 def parse_config(config: Mapping | None) -> tuple[list[str], list[Extender]]:
     """(scheduler names, extenders) of a KubeSchedulerConfiguration dict; what
     the stand-in does not implement is refused."""
@@ -211,6 +256,7 @@ def parse_config(config: Mapping | None) -> tuple[list[str], list[Extender]]:
         raise ValueError(f"config.apiVersion: {config['apiVersion']!r}; accepted: kubescheduler.config.k8s.io/v1")
     if config.get("kind") not in (None, "KubeSchedulerConfiguration"):
         raise ValueError(f"config.kind: {config['kind']!r}; accepted: KubeSchedulerConfiguration")
+    _check_client_and_leader(config)
     names = []
     for i, prof in enumerate(config.get("profiles") or []):
         extra = set(prof) - {"schedulerName"}

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from clusterenv import ClusterEnv
 from nodeenv import RESOURCE
@@ -21,6 +23,7 @@ from nodeenv import RESOURCE
 pytestmark = pytest.mark.slow
 
 GATE = "hamid.io/placement"
+SCHEDULER_CONFIG = Path(__file__).resolve().parents[2] / "contrib" / "kubelet" / "scheduler-config.yaml"
 
 
 def gpu_pod(name: str, mem: int, cores: int = 0, gpus: int = 1, gated: bool = True) -> dict:
@@ -230,14 +233,10 @@ def test_kubectl_apply_malformed_is_refused_valid_is_placed_bound_and_started(tm
         env.stop()
         pytest.skip("kubectl is not installed (make test installs Debian's kubernetes-client)")
     config = None
-    if mode == "extender":  # what contrib/kubelet/ adds to kube-scheduler
-        config = {"extenders": [{
-            "urlPrefix": f"http://127.0.0.1:{env.ports[1][3]}", "filterVerb": "filter",
-            "prioritizeVerb": "prioritize", "bindVerb": "bind", "weight": 1, "nodeCacheCapable": True,
-            "ignorable": False, "httpTimeout": "30s",
-            "managedResources": [{"name": n, "ignoredByScheduler": True} for n in (
-                "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores",
-                "nvidia.com/priority")]}]}
+    if mode == "extender":  # the file contrib/kubelet/ gives kube-scheduler, reaching this test's daemon
+        config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+        (ext,) = config["extenders"]
+        ext["urlPrefix"] = f"http://127.0.0.1:{env.ports[1][3]}"
     sched = SchedulerStandIn(api_server, config=config, period=0.2).start()
     try:
         env.leader()
