@@ -255,6 +255,9 @@ def test_extender_mode_renders_what_kube_scheduler_needs():
     assert {m["name"] for m in ext["managedResources"]} == {
         "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores",
         "nvidia.com/priority"}
+    # the same configuration as contrib/kubelet/ gives kube-scheduler by hand
+    contrib = yaml.safe_load((CHART.parents[1] / "contrib" / "kubelet" / "scheduler-config.yaml").read_text())
+    assert cfg == contrib
     assert not by_kind(render(), "Service") or all(
         s["metadata"]["name"] != "hamid-extender" for s in by_kind(render(), "Service"))
 
