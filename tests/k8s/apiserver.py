@@ -2205,8 +2205,8 @@ class ApiServer:
     """
 
     def __init__(self, *, history: int = 10000, bookmark_interval: float = 1.0,
-                 types: Iterable[ResourceType] = BUILTIN_TYPES + REVIEW_TYPES, tls: bool = False, host: str = "127.0.0.1",
-                 port: int = 0, tls_names: Iterable[str] = (), authorize: bool = False):
+                 types: Iterable[ResourceType] = BUILTIN_TYPES + REVIEW_TYPES, tls: bool = False,
+                 host: str = "127.0.0.1", port: int = 0, tls_names: Iterable[str] = (), authorize: bool = False):
         """``tls``: serve HTTPS with a CA of its own (:attr:`ca_pem`); the
         serving certificate names ``kubernetes.default.svc`` and friends,
         10.96.0.1, localhost, 127.0.0.1, ::1, ``host``, ``tls_names``, and the
@@ -2486,13 +2486,13 @@ class ApiServer:
         if name.startswith(SA_PREFIX) and name.count(":") == 3:
             ns, sa = name[len(SA_PREFIX):].split(":")
             wanted = [RequestAttributes("impersonate", "", True, resource="serviceaccounts", namespace=ns, name=sa)]
-            if not groups:
-                groups = service_account_groups(ns)[:-1]
         else:
-            wanted = [RequestAttributes("impersonate", "", True, resource="users", name=name)]
+            ns, wanted = "", [RequestAttributes("impersonate", "", True, resource="users", name=name)]
         wanted += [RequestAttributes("impersonate", "", True, resource="groups", name=g) for g in groups]
         for attrs in wanted:
             self.check(user, attrs)
+        if ns and not groups:  # a service account's own groups come with it, unchecked
+            groups = service_account_groups(ns)[:-1]
         extra = "system:unauthenticated" if name == ANONYMOUS["username"] else "system:authenticated"
         return {"username": name, "groups": [*groups, *([extra] if extra not in groups else [])]}
 
@@ -3234,7 +3234,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing ------------------------------------------------------------
 
+    def _drain(self) -> None:
+        """Read a request body nobody read (the request was refused before its
+        handler ran), so the next request on this keep-alive connection
+        starts where it should."""
+        if getattr(self, "_body_read", True):
+            return
+        self._body_read = True
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > 64 << 20 or (self.headers.get("Transfer-Encoding") or "").lower() == "chunked":
+            self.close_connection = True
+        elif length:
+            self.rfile.read(length)
+
     def _send(self, code: int, body, content_type: str = "application/json") -> None:
+        self._drain()
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", content_type)
@@ -3247,6 +3261,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def _body(self):
+        self._body_read = True
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         if not raw:
@@ -3268,6 +3283,7 @@ class _Handler(BaseHTTPRequestHandler):
         code = 200
         _warnings.items = []
         _user.info = None
+        self._body_read = False
         try:
             _user.info = self.api.impersonate(self.api.authenticate(self.headers.get("Authorization")),
                                               self.headers)
@@ -3455,9 +3471,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _resource_list(self, group: str, version: str, served: list[ResourceType]) -> dict:
         resources = []
         for rt in served:
+            verbs = ["create"] if rt.review else list(_ALL_VERBS)
             resources.append({"name": rt.plural, "singularName": rt.kind.lower(), "namespaced": rt.namespaced,
-                              "kind": rt.kind, "verbs": ["create"] if rt.review else list(_ALL_VERBS), **({"shortNames": list(rt.short_names)}
-                                                                             if rt.short_names else {}),
+                              "kind": rt.kind, "verbs": verbs,
+                              **({"shortNames": list(rt.short_names)} if rt.short_names else {}),
                               **({"categories": list(rt.categories)} if rt.categories else {})})
             for sub in rt.subresources:
                 if sub == "binding":
@@ -3474,6 +3491,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.api._matcher(rt, query)
         if query.get("resourceVersion") not in (None, ""):
             _parse_rv(query["resourceVersion"])
+        self._drain()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -954,3 +955,554 @@ def test_webhooks_see_who_asks(api_server, v1, webhook, tls, tmp_path):
         ("by-sa", {"username": "system:serviceaccount:kube-system:hamid",
                    "groups": ["system:serviceaccounts", "system:authenticated"]}),
         ("by-admin", {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]})]
+
+
+# -- more kinds: ServiceAccount, RBAC, DaemonSet, NodePort and headless Services ----------------
+
+RBAC = "rbac.authorization.k8s.io/v1"
+SA_USER = "system:serviceaccount:kube-system:hamid"
+
+CHART_LIKE = """\
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: hamid, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: hamid}
+rules:
+- {apiGroups: [""], resources: [pods], verbs: [get, list, watch, patch]}
+- {apiGroups: [""], resources: [pods/binding], verbs: [create]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: hamid}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: hamid}
+subjects:
+- {kind: ServiceAccount, name: hamid, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: hamid-leases, namespace: kube-system}
+rules:
+- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, create, update]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: hamid-leases, namespace: kube-system}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: hamid-leases}
+subjects:
+- {kind: ServiceAccount, name: hamid}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: hamid, namespace: kube-system}
+spec:
+  selector:
+    matchLabels: {app.kubernetes.io/name: hamid}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: hamid}
+    spec:
+      serviceAccountName: hamid
+      containers:
+      - name: hamid
+        image: hamid:1
+        command: [hamid]
+        ports: [{name: webhook, containerPort: 9443}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hamid-extender, namespace: kube-system}
+spec:
+  type: NodePort
+  selector: {hamid.io/leader: "true"}
+  ports: [{name: http, port: 9998, nodePort: 31999}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hamid-metrics, namespace: kube-system}
+spec:
+  type: NodePort
+  selector: {app.kubernetes.io/name: hamid}
+  ports: [{name: metrics, port: 9394}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hamid-gossip, namespace: kube-system}
+spec:
+  clusterIP: None
+  selector: {app.kubernetes.io/name: hamid}
+  ports: [{name: gossip, port: 7947}]
+"""
+CHART_OBJECTS = ["serviceaccount/hamid", "clusterrole.rbac.authorization.k8s.io/hamid",
+                 "clusterrolebinding.rbac.authorization.k8s.io/hamid", "role.rbac.authorization.k8s.io/hamid-leases",
+                 "rolebinding.rbac.authorization.k8s.io/hamid-leases", "daemonset.apps/hamid",
+                 "service/hamid-extender", "service/hamid-metrics", "service/hamid-gossip"]
+
+
+@pytest.fixture
+def secure_api():
+    """The stand-in as a cluster runs it: HTTPS with its own CA, every request authenticated and authorized."""
+    from apiserver import ApiServer
+
+    with ApiServer(tls=True, authorize=True, bookmark_interval=0.2) as api:
+        yield api
+
+
+def kubectl_on(kubeconfig: str, tmp_path):
+    binary = _kubectl()
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "KUBECONFIG": kubeconfig}
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        out = subprocess.run([binary, *args], capture_output=True, text=True, env=env, timeout=30)
+        if check and out.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({out.returncode}): {out.stderr}")
+        return out
+
+    return run
+
+
+def client_for(api, tmp_path, token: str | None = None) -> client.ApiClient:
+    from kubernetes import config as kconfig
+    name = f"kc-{abs(hash(token))}" if token else "kc-admin"
+    path = api.write_kubeconfig(tmp_path / name, **({"token": token} if token else {}))
+    return kconfig.new_client_from_config(path)
+
+
+def test_kubectl_applies_gets_and_deletes_each_new_kind(secure_api, tmp_path):
+    kubectl = kubectl_on(secure_api.write_kubeconfig(tmp_path / "kubeconfig"), tmp_path)
+    manifest = tmp_path / "chart.yaml"
+    manifest.write_text(CHART_LIKE)
+    assert kubectl("apply", "-f", str(manifest)).stdout.split("\n")[:-1] == [f"{o} created" for o in CHART_OBJECTS]
+    assert kubectl("apply", "-f", str(manifest)).stdout.split("\n")[:-1] == [f"{o} unchanged" for o in CHART_OBJECTS]
+
+    got = {f"{o['kind']}/{o['metadata']['name']}": o
+           for o in json.loads(kubectl("get", "-f", str(manifest), "-o", "json").stdout)["items"]}
+    assert sorted(got) == sorted(["ServiceAccount/hamid", "ClusterRole/hamid", "ClusterRoleBinding/hamid",
+                                  "Role/hamid-leases", "RoleBinding/hamid-leases", "DaemonSet/hamid",
+                                  "Service/hamid-extender", "Service/hamid-metrics", "Service/hamid-gossip"])
+    ds = got["DaemonSet/hamid"]
+    assert ds["metadata"]["generation"] == 1
+    assert ds["metadata"]["annotations"]["deprecated.daemonset.template.generation"] == "1"
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                            "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+    assert ds["spec"]["revisionHistoryLimit"] == 10
+    assert ds["status"] == {"currentNumberScheduled": 0, "numberMisscheduled": 0, "desiredNumberScheduled": 0,
+                            "numberReady": 0}
+    assert ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+    assert got["ClusterRoleBinding/hamid"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "hamid", "namespace": "kube-system"}]
+    # the NodePort given is kept, a missing one allocated in the range; headless stays headless
+    assert got["Service/hamid-extender"]["spec"]["ports"][0]["nodePort"] == 31999
+    allocated = got["Service/hamid-metrics"]["spec"]["ports"][0]["nodePort"]
+    assert 30000 <= allocated <= 32767 and allocated != 31999
+    assert got["Service/hamid-metrics"]["spec"]["externalTrafficPolicy"] == "Cluster"
+    assert got["Service/hamid-gossip"]["spec"]["clusterIP"] == "None"
+    assert got["Service/hamid-gossip"]["spec"]["clusterIPs"] == ["None"]
+
+    # a changed template: generation and template generation move; the allocated nodePort survives apply
+    manifest.write_text(CHART_LIKE.replace("hamid:1", "hamid:2"))
+    out = kubectl("apply", "-f", str(manifest)).stdout
+    assert "daemonset.apps/hamid configured" in out and "service/hamid-metrics unchanged" in out
+    ds = secure_api.get("DaemonSet", "kube-system", "hamid")
+    assert ds["metadata"]["generation"] == 2
+    assert ds["metadata"]["annotations"]["deprecated.daemonset.template.generation"] == "2"
+    assert secure_api.get("Service", "kube-system", "hamid-metrics")["spec"]["ports"][0]["nodePort"] == allocated
+
+    # kubectl names each kind by its short name and finds it through discovery
+    names = kubectl("get", "ds,sa,svc", "-n", "kube-system", "-o", "name").stdout.split()
+    assert names == ["daemonset.apps/hamid", "serviceaccount/hamid", "service/hamid-extender",
+                     "service/hamid-gossip", "service/hamid-metrics"]
+    roles = kubectl("get", "clusterroles", "-o", "name").stdout.split()
+    assert "clusterrole.rbac.authorization.k8s.io/hamid" in roles
+    assert "clusterrole.rbac.authorization.k8s.io/system:discovery" in roles  # the bootstrap policy is there
+
+    out = kubectl("delete", "-f", str(manifest)).stdout.split("\n")[:-1]
+    assert out == [f'{o.split("/")[0]} "{o.split("/")[1]}" deleted' for o in CHART_OBJECTS]
+    missing = kubectl("get", "daemonset", "hamid", "-n", "kube-system", check=False)
+    assert missing.returncode != 0 and 'daemonsets.apps "hamid" not found' in missing.stderr
+    assert secure_api.list("ServiceAccount", "kube-system") == []
+
+
+def daemonset(labels: dict | None, selector, **spec) -> dict:
+    body = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d"},
+            "spec": {"template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "c", "image": "i:1"}], **spec}}}}
+    if selector is not None:
+        body["spec"]["selector"] = selector
+    return body
+
+
+def test_daemonset_selector_errors_generation_and_status(api_server, v1):
+    apps = client.AppsV1Api(v1.api_client)
+
+    def refused(body) -> str:
+        with pytest.raises(client.ApiException) as e:
+            apps.create_namespaced_daemon_set("default", body)
+        assert e.value.status == 422 and status_of(e.value)["reason"] == "Invalid"
+        return status_of(e.value)["message"]
+
+    assert refused(daemonset({"app": "a"}, {"matchLabels": {"app": "b"}})) == (
+        'DaemonSet "d" is invalid: spec.template.metadata.labels: Invalid value: map[string]string{"app":"a"}: '
+        '`selector` does not match template `labels`')
+    # apps/v1 has no default selector: none selects nothing (over plain HTTP: the client requires one)
+    r = httpx.post(f"{api_server.url}/apis/apps/v1/namespaces/default/daemonsets", json=daemonset({"app": "a"}, None))
+    assert r.status_code == 422 and r.json()["message"] == (
+        'DaemonSet "d" is invalid: spec.template.metadata.labels: Invalid value: map[string]string{"app":"a"}: '
+        '`selector` does not match template `labels`')
+    assert refused(daemonset({"app": "a"}, {})) == (
+        'DaemonSet "d" is invalid: spec.selector: Invalid value: v1.LabelSelector{MatchLabels:map[string]string(nil), '
+        'MatchExpressions:[]v1.LabelSelectorRequirement(nil)}: empty selector is invalid for daemonset')
+    assert refused(daemonset({"app": "a"}, {"matchExpressions": [{"key": "app", "operator": "In"}]})) == (
+        'DaemonSet "d" is invalid: spec.selector.matchExpressions[0].values: Required value: must be specified '
+        "when `operator` is 'In' or 'NotIn'")
+    assert 'spec.template.spec.restartPolicy: Unsupported value: "Never": supported values: "Always"' in refused(
+        daemonset({"app": "a"}, {"matchLabels": {"app": "a"}}, restartPolicy="Never"))
+
+    made = apps.create_namespaced_daemon_set("default", daemonset(
+        {"app": "a", "tier": "x"}, {"matchExpressions": [{"key": "app", "operator": "In", "values": ["a"]}]}))
+    assert made.metadata.generation == 1 and made.status.number_ready == 0
+    # the selector is immutable in apps/v1, with the real message
+    with pytest.raises(client.ApiException) as e:
+        apps.patch_namespaced_daemon_set("d", "default", {"spec": {"selector": {"matchLabels": {"tier": "x"}}}})
+    assert status_of(e.value)["message"] == (
+        'DaemonSet "d" is invalid: spec.selector: Invalid value: v1.LabelSelector{MatchLabels:map[string]string{'
+        '"tier":"x"}, MatchExpressions:[]v1.LabelSelectorRequirement{v1.LabelSelectorRequirement{Key:"app", '
+        'Operator:"In", Values:[]string{"a"}}}}: field is immutable')
+    # status is its own subresource; a spec change moves the generation, a label change does not
+    patched = apps.patch_namespaced_daemon_set("d", "default", {"status": {"numberReady": 3},
+                                                                "metadata": {"labels": {"l": "1"}}})
+    assert patched.status.number_ready == 0 and patched.metadata.generation == 1
+    patched = apps.patch_namespaced_daemon_set_status("d", "default", {"status": {
+        "numberReady": 3, "desiredNumberScheduled": 3, "observedGeneration": 1}})
+    assert patched.status.number_ready == 3 and patched.metadata.generation == 1
+    patched = apps.patch_namespaced_daemon_set("d", "default", {"spec": {"minReadySeconds": 5}})
+    assert patched.metadata.generation == 2 and patched.status.number_ready == 3
+    assert patched.metadata.annotations["deprecated.daemonset.template.generation"] == "1"  # template unchanged
+    apps.delete_namespaced_daemon_set("d", "default")
+    assert apps.list_namespaced_daemon_set("default").items == []
+
+
+def service(name: str, type_: str = "NodePort", **port) -> dict:
+    return {"metadata": {"name": name}, "spec": {"type": type_, "selector": {"app": name},
+                                                 "ports": [{"name": "p", "port": 80, **port}]}}
+
+
+def test_nodeport_range_allocation_and_updates(api_server, v1):
+    def refused(body) -> str:
+        with pytest.raises(client.ApiException) as e:
+            v1.create_namespaced_service("default", body)
+        assert e.value.status == 422 and status_of(e.value)["reason"] == "Invalid"
+        return status_of(e.value)["message"]
+
+    assert refused(service("far", nodePort=40000)) == (
+        'Service "far" is invalid: spec.ports[0].nodePort: Invalid value: 40000: provided port is not in the valid '
+        'range. The range of valid ports is 30000-32767')
+    assert refused(service("cip", "ClusterIP", nodePort=31000)) == (
+        "Service \"cip\" is invalid: spec.ports[0].nodePort: Forbidden: may not be used when `type` is 'ClusterIP'")
+    kept = v1.create_namespaced_service("default", service("kept", nodePort=31999))
+    assert kept.spec.ports[0].node_port == 31999 and kept.spec.cluster_ip.startswith("10.96.")
+    assert refused(service("again", nodePort=31999)) == (
+        'Service "again" is invalid: spec.ports[0].nodePort: Invalid value: 31999: provided port is already '
+        'allocated')
+    auto = v1.create_namespaced_service("default", service("auto"))
+    assert 30000 <= auto.spec.ports[0].node_port <= 32767 and auto.spec.ports[0].node_port != 31999
+    # a replace that leaves out the allocated values keeps them; the clusterIP may not change
+    body = service("auto")
+    body["metadata"]["resourceVersion"] = auto.metadata.resource_version
+    replaced = v1.replace_namespaced_service("auto", "default", body)
+    assert replaced.spec.ports[0].node_port == auto.spec.ports[0].node_port
+    assert replaced.spec.cluster_ip == auto.spec.cluster_ip
+    with pytest.raises(client.ApiException) as e:
+        v1.patch_namespaced_service("auto", "default", {"spec": {"clusterIP": "10.96.9.9",
+                                                                 "clusterIPs": ["10.96.9.9"]}})
+    assert status_of(e.value)["message"] == (
+        'Service "auto" is invalid: spec.clusterIPs[0]: Invalid value: []string{"10.96.9.9"}: may not change once set')
+    # once deleted, its node port is free again
+    v1.delete_namespaced_service("kept", "default")
+    assert v1.create_namespaced_service("default", service("again", nodePort=31999)).spec.ports[0].node_port == 31999
+    headless = v1.create_namespaced_service("default", {"metadata": {"name": "gossip"}, "spec": {
+        "clusterIP": "None", "selector": {"app": "x"}, "ports": [{"port": 7947}]}})
+    assert headless.spec.cluster_ip == "None" and headless.spec.cluster_ips == ["None"]
+    assert headless.spec.type == "ClusterIP"
+    assert refused({"metadata": {"name": "9lives"}, "spec": {"ports": [{"port": 1}]}}).startswith(
+        'Service "9lives" is invalid: metadata.name: Invalid value: "9lives": a DNS-1035 label must consist of')
+
+
+# -- HTTPS, service-account tokens, RBAC -----------------------------------------------------
+
+
+def rbac(kind: str, name: str, namespace: str | None = None, **body) -> dict:
+    meta = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {"apiVersion": RBAC, "kind": kind, "metadata": meta, **body}
+
+
+def binding(kind: str, name: str, role_kind: str, role: str, subjects: list, namespace: str | None = None) -> dict:
+    return rbac(kind, name, namespace, roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind,
+                                                "name": role}, subjects=subjects)
+
+
+SA_SUBJECT = {"kind": "ServiceAccount", "name": "hamid", "namespace": "kube-system"}
+
+
+def test_in_cluster_config_over_https_with_a_service_account_token(secure_api, tmp_path):
+    from kubernetes.config.incluster_config import InClusterConfigLoader
+
+    from hamid.control.webhook import service_account_user
+
+    secure_api.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": "hamid", "namespace": "kube-system"}})
+    sa_uid = secure_api.get("ServiceAccount", "kube-system", "hamid")["metadata"]["uid"]
+    # what kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount/
+    token_file, ca_file = tmp_path / "token", tmp_path / "ca.crt"
+    token_file.write_text(secure_api.issue_token("kube-system", "hamid"))
+    ca_file.write_bytes(secure_api.ca_pem)
+    assert service_account_user(str(token_file)) == SA_USER  # hamid's webhook reads its own name from it
+
+    cfg = client.Configuration()
+    InClusterConfigLoader(token_filename=str(token_file), cert_filename=str(ca_file), environ={
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(secure_api.port)}).load_and_set(cfg)
+    assert cfg.host == f"https://127.0.0.1:{secure_api.port}"
+    with client.ApiClient(cfg) as api_client:
+        v1 = client.CoreV1Api(api_client)
+        with pytest.raises(client.ApiException) as e:
+            v1.list_namespaced_pod("default")
+        assert e.value.status == 403 and status_of(e.value) == {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden",
+            "message": f'pods is forbidden: User "{SA_USER}" cannot list resource "pods" in API group "" in the '
+                       f'namespace "default"', "details": {"kind": "pods"}, "code": 403}
+        secure_api.create(rbac("ClusterRole", "pod-reader", rules=[
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]))
+        secure_api.create(binding("ClusterRoleBinding", "hamid-reads", "ClusterRole", "pod-reader", [SA_SUBJECT]))
+        assert v1.list_namespaced_pod("default").items == []
+        assert client.VersionApi(api_client).get_code().minor == "30"  # discovery: any authenticated user
+
+    # the audit shows what the client needed, and which binding allowed it
+    decisions = [(a["user"], a["verb"], a["resource"], a["namespace"], a["allowed"]) for a in secure_api.audit]
+    assert decisions == [(SA_USER, "list", "pods", "default", False), (SA_USER, "list", "pods", "default", True),
+                         (SA_USER, "get", "", "", True)]
+    assert secure_api.audit[1]["reason"] == ('RBAC: allowed by ClusterRoleBinding "hamid-reads" of ClusterRole '
+                                             '"pod-reader" to ServiceAccount "kube-system/hamid"')
+    assert secure_api.audit[2]["path"] == "/version/"
+
+    # the server's certificate is verified: no trust without the CA, and it names the in-cluster service
+    from cryptography import x509
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(f"{secure_api.url}/version", verify=ssl.create_default_context())
+    cert = x509.load_pem_x509_certificate(ssl.get_server_certificate(("127.0.0.1", secure_api.port)).encode())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"kubernetes.default.svc", "kubernetes.default.svc.cluster.local"} <= set(
+        names.get_values_for_type(x509.DNSName))
+
+    # a token of a service account that is gone (or was recreated: another uid) no longer authenticates
+    secure_api.delete("ServiceAccount", "kube-system", "hamid")
+    secure_api.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": "hamid", "namespace": "kube-system"}})
+    assert secure_api.get("ServiceAccount", "kube-system", "hamid")["metadata"]["uid"] != sa_uid
+    r = httpx.get(f"{secure_api.url}/api/v1/namespaces/default/pods",
+                  verify=ssl.create_default_context(cafile=str(ca_file)), headers={"Authorization": f"Bearer {token_file.read_text()}"})
+    assert r.status_code == 401 and r.json() == {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                                 "status": "Failure", "message": "Unauthorized",
+                                                 "reason": "Unauthorized", "code": 401}
+
+
+def test_rbac_grants_exactly_its_rules(secure_api, tmp_path):
+    api = secure_api
+    api.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "hamid", "namespace": "kube-system"}})
+    api.create(pod("p"))
+    api.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "mine", "namespace": "default"}})
+    api.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "other", "namespace": "default"}})
+    api.create(rbac("Role", "worker", "default", rules=[
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["mine"],
+         "verbs": ["get", "list", "update", "create"]}]))
+    api.create(binding("RoleBinding", "worker", "Role", "worker", [SA_SUBJECT], "default"))
+    sa = client.CoreV1Api(client_for(api, tmp_path, api.issue_token("kube-system", "hamid")))
+
+    def denied(call, *args, **kwargs) -> str:
+        with pytest.raises(client.ApiException) as e:
+            call(*args, **kwargs)
+        assert e.value.status == 403 and status_of(e.value)["reason"] == "Forbidden"
+        return status_of(e.value)["message"]
+
+    who = f'User "{SA_USER}"'
+    # exactly its verbs
+    assert [p.metadata.name for p in sa.list_namespaced_pod("default").items] == ["p"]
+    assert sa.read_namespaced_pod("p", "default").metadata.name == "p"
+    assert denied(sa.delete_namespaced_pod, "p", "default") == (
+        f'pods "p" is forbidden: {who} cannot delete resource "pods" in API group "" in the namespace "default"')
+    # a subresource is its own resource: pods/status granted does not grant pods, nor the reverse
+    assert sa.patch_namespaced_pod_status("p", "default", {"status": {"phase": "Running"}}).status.phase == "Running"
+    assert denied(sa.patch_namespaced_pod, "p", "default", {"metadata": {"labels": {"a": "b"}}}) == (
+        f'pods "p" is forbidden: {who} cannot patch resource "pods" in API group "" in the namespace "default"')
+    assert denied(sa.create_namespaced_pod_binding, "p", "default", {
+        "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n1"}}) == (
+        f'pods "p" is forbidden: {who} cannot create resource "pods/binding" in API group "" in the namespace '
+        f'"default"')
+    # resourceNames: only the named object; a list only with a metadata.name field selector naming it;
+    # never a create (the name is not known when it is authorized)
+    assert sa.read_namespaced_config_map("mine", "default").metadata.name == "mine"
+    assert denied(sa.read_namespaced_config_map, "other", "default").startswith('configmaps "other" is forbidden')
+    assert denied(sa.list_namespaced_config_map, "default") == (
+        f'configmaps is forbidden: {who} cannot list resource "configmaps" in API group "" in the namespace '
+        f'"default"')
+    assert [c.metadata.name for c in sa.list_namespaced_config_map(
+        "default", field_selector="metadata.name=mine").items] == ["mine"]
+    assert denied(sa.create_namespaced_config_map, "default", {"metadata": {"name": "mine2"}}) == (
+        f'configmaps is forbidden: {who} cannot create resource "configmaps" in API group "" in the namespace '
+        f'"default"')
+    # a RoleBinding grants in its own namespace only; the cluster scope is its own message
+    assert denied(sa.list_namespaced_pod, "kube-system").endswith('in the namespace "kube-system"')
+    assert denied(sa.list_pod_for_all_namespaces) == (
+        f'pods is forbidden: {who} cannot list resource "pods" in API group "" at the cluster scope')
+    # watches go through the same check
+    w = watch.Watch()
+    first = next(iter(w.stream(sa.list_namespaced_pod, "default", timeout_seconds=2)))
+    assert first["type"] == "ADDED" and first["object"].metadata.name == "p"
+    w.stop()
+    assert denied(lambda: next(iter(watch.Watch().stream(sa.list_node, timeout_seconds=1)))) == (
+        f'nodes is forbidden: {who} cannot watch resource "nodes" in API group "" at the cluster scope')
+    assert [a["verb"] for a in api.audit if a["resource"] == "nodes"] == ["watch"]
+
+    # a ClusterRole through a RoleBinding: its rules, in that namespace only
+    coord = client.CoordinationV1Api(sa.api_client)
+    api.create(rbac("ClusterRole", "lease-editor", rules=[
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}]))
+    api.create(binding("RoleBinding", "leases", "ClusterRole", "lease-editor", [SA_SUBJECT], "kube-system"))
+    lease = {"metadata": {"name": "hamid"}, "spec": {"holderIdentity": "n1"}}
+    assert coord.create_namespaced_lease("kube-system", lease).spec.holder_identity == "n1"
+    assert denied(coord.create_namespaced_lease, "default", lease) == (
+        f'leases.coordination.k8s.io is forbidden: {who} cannot create resource "leases" in API group '
+        f'"coordination.k8s.io" in the namespace "default"')
+
+    # groups: every service account of kube-system may read nodes
+    assert denied(sa.read_node, "n1") == (
+        f'nodes "n1" is forbidden: {who} cannot get resource "nodes" in API group "" at the cluster scope')
+    api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+    api.create(rbac("ClusterRole", "node-reader", rules=[{"apiGroups": [""], "resources": ["nodes"],
+                                                          "verbs": ["get"]}]))
+    api.create(binding("ClusterRoleBinding", "ks-nodes", "ClusterRole", "node-reader", [
+        {"kind": "Group", "name": "system:serviceaccounts:kube-system"}]))
+    assert sa.read_node("n1").metadata.name == "n1"
+
+    # a binding to a role that does not exist: the real reason is appended
+    api.create(binding("RoleBinding", "ghostly", "Role", "ghost", [SA_SUBJECT], "default"))
+    assert denied(sa.delete_namespaced_pod, "p", "default").endswith(
+        ': RBAC: role.rbac.authorization.k8s.io "ghost" not found')
+
+
+def test_authentication_anonymous_discovery_and_unknown_tokens(secure_api, tmp_path):
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(secure_api.ca_pem)
+    secure_api.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": "nobody", "namespace": "default"}})
+    token = secure_api.issue_token("default", "nobody")
+
+    def get(path: str, token: str | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.get(f"{secure_api.url}{path}", verify=ssl.create_default_context(cafile=str(ca)), headers=headers)
+
+    # any authenticated user may read discovery (system:discovery, system:basic-user's bindings)
+    for path in ("/api", "/api/v1", "/apis", "/apis/apps/v1", "/apis/rbac.authorization.k8s.io", "/version",
+                 "/openapi/v2", "/healthz"):
+        assert get(path, token).status_code == 200, path
+    # anonymous: only what system:public-info-viewer allows
+    for path in ("/healthz", "/livez", "/readyz", "/version"):
+        assert get(path).status_code == 200, path
+    r = get("/api")
+    assert r.status_code == 403 and r.json() == {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden",
+        "message": 'forbidden: User "system:anonymous" cannot get path "/api"', "details": {}, "code": 403}
+    assert get("/api/v1/namespaces/default/pods").json()["message"] == (
+        'pods is forbidden: User "system:anonymous" cannot list resource "pods" in API group "" in the namespace '
+        '"default"')
+    # a token nobody issued, or one signed by another server, is 401
+    from apiserver import ApiServer
+    other = ApiServer()
+    other.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody", "namespace": "default"}})
+    for bad in ("not-a-token", other.issue_token("default", "nobody"), token[:-4] + "AAAA"):
+        r = get("/api", bad)
+        assert r.status_code == 401 and r.json()["reason"] == "Unauthorized"
+    # the admin kubeconfig's token is system:masters: everything
+    assert get("/api/v1/nodes", "standin").status_code == 200
+
+
+def test_kubectl_with_a_service_account_kubeconfig(secure_api, tmp_path):
+    admin = kubectl_on(secure_api.write_kubeconfig(tmp_path / "admin"), tmp_path)
+    manifest = tmp_path / "chart.yaml"
+    manifest.write_text(CHART_LIKE)
+    admin("apply", "-f", str(manifest))
+    sa = kubectl_on(secure_api.write_kubeconfig(tmp_path / "sa", token=secure_api.issue_token("kube-system", "hamid")),
+                    tmp_path)
+    assert sa("get", "pods", "-n", "default").returncode == 0
+    refused = sa("delete", "pod", "x", "-n", "default", check=False)
+    assert refused.returncode != 0 and refused.stderr.strip() == (
+        f'Error from server (Forbidden): pods "x" is forbidden: User "{SA_USER}" cannot delete resource "pods" in '
+        f'API group "" in the namespace "default"')
+    refused = sa("get", "nodes", check=False)
+    assert refused.returncode != 0 and refused.stderr.strip() == (
+        f'Error from server (Forbidden): nodes is forbidden: User "{SA_USER}" cannot list resource "nodes" in API '
+        f'group "" at the cluster scope')
+    refused = sa("apply", "-f", str(manifest), check=False)
+    assert refused.returncode != 0 and "cannot get resource \"serviceaccounts\"" in refused.stderr
+    # kubectl auth can-i (SelfSubjectAccessReview) and --as (impersonation, itself authorized)
+    assert sa("auth", "can-i", "patch", "pods").stdout.strip() == "yes"
+    assert sa("auth", "can-i", "delete", "pods", check=False).stdout.strip() == "no"
+    assert sa("auth", "can-i", "update", "leases", "-n", "kube-system").stdout.strip() == "yes"
+    assert sa("auth", "can-i", "update", "leases", "-n", "default", check=False).stdout.strip() == "no"
+    assert admin("auth", "can-i", "create", "pods", "--subresource=binding", "--as", SA_USER).stdout.strip() == "yes"
+    assert admin("auth", "can-i", "create", "pods", "--as", SA_USER, check=False).stdout.strip() == "no"
+    refused = sa("get", "pods", "--as", "root", check=False)
+    assert refused.stderr.strip() == (
+        f'Error from server (Forbidden): users "root" is forbidden: User "{SA_USER}" cannot impersonate resource '
+        f'"users" in API group "" at the cluster scope')
+
+
+def test_rbac_objects_are_validated(secure_api, tmp_path):
+    rbac_api = client.RbacAuthorizationV1Api(client_for(secure_api, tmp_path))
+
+    def refused(call, *args) -> str:
+        with pytest.raises(client.ApiException) as e:
+            call(*args)
+        assert e.value.status == 422
+        return status_of(e.value)["message"]
+
+    assert refused(rbac_api.create_cluster_role_binding, binding(
+        "ClusterRoleBinding", "b", "Role", "r", [{"kind": "ServiceAccount", "name": "hamid"}])) == (
+        'ClusterRoleBinding "b" is invalid: [roleRef.kind: Unsupported value: "Role": supported values: '
+        '"ClusterRole", subjects[0].namespace: Required value]')
+    assert refused(rbac_api.create_cluster_role, rbac("ClusterRole", "r", rules=[
+        {"verbs": [], "resources": ["pods"]}])) == (
+        'ClusterRole "r" is invalid: [rules[0].verbs: Required value: verbs must contain at least one value, '
+        'rules[0].apiGroups: Required value: resource rules must supply at least one api group]')
+    assert refused(rbac_api.create_namespaced_role, "default", rbac("Role", "r", rules=[
+        {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])) == (
+        'Role "r" is invalid: rules[0].nonResourceURLs: Invalid value: []string{"/metrics"}: namespaced rules '
+        'cannot apply to non-resource URLs')
+    made = rbac_api.create_namespaced_role_binding("default", binding(
+        "RoleBinding", "b", "ClusterRole", "view", [{"kind": "User", "name": "alice"}]))
+    assert made.subjects[0].api_group == "rbac.authorization.k8s.io"  # defaulted
+    made.role_ref.name = "edit"
+    assert refused(rbac_api.replace_namespaced_role_binding, "b", "default", made) == (
+        'RoleBinding "b" is invalid: roleRef: Invalid value: rbac.RoleRef{APIGroup:"rbac.authorization.k8s.io", '
+        'Kind:"ClusterRole", Name:"edit"}: cannot change roleRef')
+
+
+def test_webhooks_see_the_service_account_user(secure_api, webhook, tls, tmp_path):
+    hook = webhook(lambda req: {"allowed": True})
+    admin = client.ApiClient(client_for(secure_api, tmp_path).configuration)
+    client.AdmissionregistrationV1Api(admin).create_validating_webhook_configuration(
+        mwc("who", f"https://127.0.0.1:{hook.port}/v", tls["ca"], kind="ValidatingWebhookConfiguration"))
+    secure_api.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": "hamid", "namespace": "kube-system"}})
+    sa_uid = secure_api.get("ServiceAccount", "kube-system", "hamid")["metadata"]["uid"]
+    secure_api.create(binding("ClusterRoleBinding", "admin", "ClusterRole", "cluster-admin", [SA_SUBJECT]))
+    sa = client.CoreV1Api(client_for(secure_api, tmp_path, secure_api.issue_token("kube-system", "hamid")))
+    sa.create_namespaced_pod("default", pod("by-sa"))
+    info = hook.reviews[-1]["request"]["userInfo"]
+    assert (info["username"], info["uid"], info["groups"]) == (
+        SA_USER, sa_uid, ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"])
+    assert info["extra"]["authentication.kubernetes.io/credential-id"][0].startswith("JTI=")
