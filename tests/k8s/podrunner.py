@@ -103,8 +103,10 @@ What it does:
   first; events (Created, Started, Killing, Unhealthy, BackOff, FailedMount).
 * A ``kube-proxy``-like resolver for the API stand-in's webhook calls
   (:meth:`PodRunner.service_resolver`: a ready pod behind the Service, its
-  named or numbered targetPort), and, when the API server listens on
-  loopback only, a TCP relay on the bridge address so pods still reach it.
+  named or numbered targetPort), a Service's NodePort on the host
+  (:meth:`PodRunner.expose_node_port`, an endpoint chosen per connection),
+  and, when the API server listens on loopback only, a TCP relay on the
+  bridge address so pods still reach it.
 
 What it does NOT do: images (the image name picks a ``PATH`` prefix, an
 environment and files in :class:`Image`; the root filesystem is the host's),
@@ -112,39 +114,54 @@ cgroups and resource limits, a PID or IPC namespace (``/proc`` shows the
 host), user namespaces, capabilities and seccomp (processes run as root,
 as the chart's privileged pod does), DNS (no cluster DNS; ``*.svc`` names do
 not resolve; ``/etc/resolv.conf`` is the host's), Service ClusterIPs (no
-kube-proxy: only :meth:`PodRunner.service_resolver`), NodePorts, hostNetwork
-pods, ``mountPropagation``, recursive read-only mounts (only the top mount
-of a read-only ``hostPath`` is read-only), tmpfs-backed secret volumes
-(secret files are plain files under the runner's root), ``emptyDir``
+kube-proxy beyond the two relays above), hostNetwork pods,
+``mountPropagation``, recursive read-only mounts (only the top mount of a
+read-only ``hostPath`` is read-only), tmpfs-backed secret volumes (secret
+files are plain files under the runner's root), ``emptyDir``
 ``medium``/``sizeLimit``, fsGroup and volume ownership, other volume kinds
-(PVCs, CSI, ...), lifecycle hooks (postStart, preStop), grpc probes, the
-termination-message file, ephemeral containers, token rotation, image pull
-policies, the DaemonSet controller's loop (a deleted pod is not recreated;
-call :meth:`PodRunner.pods_for` again), rolling updates, node leases and
-status updates of the Node, and the kube-scheduler's filters (pods are bound
-to the node the DaemonSet targets). The pod's phase stays Running after
-:meth:`PodRunner.stop` of a ``restartPolicy: Always`` pod (kubelet would be
-deleting it); logs are plain text, not the CRI log format.
+(PVCs, CSI, ...), lifecycle hooks (postStart, preStop), grpc probes,
+readiness gates, the termination-message file, ephemeral containers, token
+rotation, image pull policies, the DaemonSet controller's loop (a deleted
+pod is not recreated; call :meth:`PodRunner.pods_for` again), rolling
+updates, node leases and Node status updates (one Node object at
+registration; every node's InternalIP is the bridge address), and the
+kube-scheduler's filters (pods are bound to the node the DaemonSet targets).
+The pod's phase stays Running after :meth:`PodRunner.stop` of a
+``restartPolicy: Always`` pod (kubelet would be deleting it); logs are plain
+text, not the CRI log format. On the host it leaves only ``/run/hamid-podnet.lock``
+(the lock file), and, while pods run, the top-level directories of mount
+points that did not exist (removed by :meth:`PodRunner.close`).
 
-Intended use (the lead's chart test; the API stand-in listens on the bridge)::
+Intended use (the lead's chart test; the API stand-in listens on the bridge;
+the chart's ``nodeSelector`` is ``gpu: "on"``, its ``/dev`` and kubelet
+hostPaths are ``type: Directory``)::
 
-    with PodNetwork() as net, ApiServer(tls=True, host=net.gateway) as api:
+    with PodNetwork() as net, ApiServer(tls=True, host=net.gateway, authorize=True) as api:
+        kubelets = {n: KubeletStandIn(Path(tempfile.mkdtemp(prefix="hk-")), node_name=n) for n in nodes}
         runner = PodRunner(api, net, tmp_path / "pods",
-                           images={"*": Image(path=str(REPO / ".venv/bin"),
-                                              files={"/usr/lib/hamid/libvgpu.so": str(shim)})},
+                           images={"*": Image(path=str(REPO / ".venv/bin"))},
                            host_path=lambda node, path: {
                                "/var/lib/kubelet/device-plugins": kubelets[node].root / "device-plugins",
                                "/var/lib/kubelet/pod-resources": kubelets[node].root / "pod-resources",
-                           }.get(path))            # None: the node's own directory under the runner's root
+                               "/dev": "/dev",
+                           }.get(path))   # None: the node's own directory, root/nodes/<node>/<path>
         with runner:
             api.webhooks.service_resolver = runner.service_resolver
             kubectl("apply", "-f", rendered_chart)
-            pods = runner.pods_for(api.get("DaemonSet", "kube-system", "hamid"), ["node-0", "node-1"])
+            for n in nodes:
+                runner.register_node(n, labels={"gpu": "on"})
+            pods = runner.pods_for(api.get("DaemonSet", "kube-system", "hamid"), nodes)
             for pod in pods:
                 runner.start(pod)
-            runner.wait_ready(pods[0])
+            for pod in pods:
+                runner.wait_ready(pod)                     # the chart's HTTPS readinessProbe on /healthz
             print(runner.logs(pods[0]))
-            runner.kill(pods[0]); runner.restart(pods[0])      # SIGKILL, then the container again
+            runner.kill(pods[0]); runner.restart(pods[0])  # SIGKILL, then the same pod's container again
+            runner.expose_node_port("kube-system", "hamid-extender")   # extender mode: 127.0.0.1:31999
+
+(Tried with the chart as it stands: both daemons found each other through
+the pod list, gossiped over their pod IPs, registered with their node's
+kubelet stand-in, served the webhook and elected a leader.)
 """
 
 from __future__ import annotations
@@ -573,10 +590,13 @@ class PodNetwork:
 
 
 class _Relay:
-    """A TCP relay ``listen`` -> ``target`` (threads), standing in for kube-proxy's
-    path to the API server when the stand-in listens on loopback only."""
+    """A TCP relay ``listen`` -> ``target`` (threads), standing in for kube-proxy:
+    the path to the API server when the stand-in listens on loopback only, and a
+    Service's NodePort. ``target`` is an address or a function giving one per
+    connection (a connection it cannot place is closed)."""
 
-    def __init__(self, listen: tuple[str, int], target: tuple[str, int]):
+    def __init__(self, listen: tuple[str, int],
+                 target: tuple[str, int] | Callable[[], tuple[str, int]]):
         self.target = target
         self.sock = socket.create_server(listen, reuse_port=False)
         self.address = self.sock.getsockname()[:2]
@@ -589,16 +609,16 @@ class _Relay:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            try:
-                up = socket.create_connection(self.target, timeout=10)
-                up.settimeout(None)
-            except OSError:
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn, up), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
-    @staticmethod
-    def _serve(conn: socket.socket, up: socket.socket) -> None:
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            target = self.target() if callable(self.target) else self.target
+            up = socket.create_connection(target, timeout=10)
+            up.settimeout(None)
+        except Exception:  # no endpoint, or it refused: as kube-proxy's REJECT, the client is cut off
+            conn.close()
+            return
         peer = {conn: up, up: conn}
         reading = {conn, up}
         try:
@@ -1125,6 +1145,22 @@ class _Pod:
 
 
 NODE_RESOURCES = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+_BOOT_ID = str(__import__("uuid").uuid4())
+
+
+def _node_info(node: str) -> dict:
+    """``status.nodeInfo`` as kubelet fills it (every field: clients' models require them)."""
+    import uuid
+    os_image = "Linux"
+    with contextlib.suppress(OSError):
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                os_image = line.split("=", 1)[1].strip('"')
+    ident = uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}.podrunner.hamid")
+    return {"machineID": ident.hex, "systemUUID": str(ident), "bootID": _BOOT_ID,
+            "kernelVersion": os.uname().release, "osImage": os_image, "containerRuntimeVersion": "podrunner://1.0",
+            "kubeletVersion": "v1.30.0", "kubeProxyVersion": "v1.30.0", "operatingSystem": "linux",
+            "architecture": "amd64"}
 _SIGNAL_EXIT = 128
 
 
@@ -1157,6 +1193,7 @@ class PodRunner:
         self._ds_nodes: dict[tuple[str, str], list[str]] = {}
         self._host_dirs: list[Path] = []  # top-level directories made on the host for mount points
         self._relay: _Relay | None = None
+        self._node_ports: dict[tuple[str, int], _Relay] = {}
         self._closed = threading.Event()
         self._endpoint = self._api_endpoint()
         install_serviceaccount_admission(api)
@@ -1189,6 +1226,8 @@ class PodRunner:
         self._monitor.join(5)
         if self._relay is not None:
             self._relay.close()
+        for relay in self._node_ports.values():
+            relay.close()
         for d in reversed(self._host_dirs):
             with contextlib.suppress(OSError):
                 d.rmdir()
@@ -1242,8 +1281,8 @@ class PodRunner:
                            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                            "message": "kubelet is posting ready status",
                                            "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}],
-                           "nodeInfo": {"kubeletVersion": "v1.30.0-hamid-podrunner", "operatingSystem": "linux",
-                                        "architecture": "amd64", "containerRuntimeVersion": "podrunner://0"}}}
+                           "nodeInfo": _node_info(name),
+                           "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}}}
         try:
             self.api.create(node)
         except Exception as e:
@@ -1267,12 +1306,15 @@ class PodRunner:
         ns, _, name = str(ref).rpartition("/")
         return self.api.get(kind, ns or "default", name)
 
-    def pods_for(self, daemonset, nodes: Iterable[str]) -> list[dict]:
+    def pods_for(self, daemonset, nodes: Iterable[str], *, skip_unfit: bool = False) -> list[dict]:
         """The DaemonSet controller's step for ``nodes`` (names; their Node objects
-        are registered when missing): for each node the DaemonSet should run on and
-        has no pod yet, create its pod (see :func:`daemonset_pod`), then bind it
-        as the scheduler would. Returns the DaemonSet's pods on those nodes, in
-        the nodes' order (existing ones included)."""
+        are registered when missing, see :meth:`register_node` for labels and
+        taints): for each node the DaemonSet should run on and has no pod yet,
+        create its pod (see :func:`daemonset_pod`), then bind it as the scheduler
+        would. Returns the DaemonSet's pods on those nodes, in the nodes' order
+        (existing ones included). A node the DaemonSet does not fit (node
+        selector, affinity, taints) is an error naming why, unless ``skip_unfit``
+        (then it is skipped, as the controller skips it)."""
         ds = self._object("DaemonSet", daemonset)
         meta = ds["metadata"]
         ns, name, uid = meta.get("namespace", "default"), meta["name"], meta["uid"]
@@ -1290,6 +1332,10 @@ class PodRunner:
             node_obj = self.register_node(node)
             ok, why = daemon_should_run(ds, node_obj)
             if not ok:
+                if not skip_unfit:
+                    raise ValueError(f"DaemonSet {ns}/{name} does not run on node {node}: {why} (give the node "
+                                     f"the labels or taints it needs with register_node(), or pass skip_unfit=True "
+                                     f"to skip it as the controller does)")
                 log.info("daemonset %s/%s skips node %s: %s", ns, name, node, why)
                 continue
             eligible.append(node)
@@ -1322,12 +1368,23 @@ class PodRunner:
                 and not p["metadata"].get("deletionTimestamp")]
         on = [p for p in pods if p["spec"].get("nodeName") in nodes]
         ready = [p for p in on if _condition(p, "Ready") == "True"]
+        min_ready = int((ds.get("spec") or {}).get("minReadySeconds") or 0)
+        now = _dt.datetime.now(_dt.timezone.utc)
+
+        def available(p: dict) -> bool:  # Ready for minReadySeconds
+            since = next((c.get("lastTransitionTime") for c in p["status"].get("conditions") or []
+                          if c.get("type") == "Ready"), None)
+            if not min_ready or not since:
+                return True
+            when = _dt.datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc)
+            return (now - when).total_seconds() >= min_ready
+        avail = [p for p in ready if available(p)]
         hash_ = revision_hash(ds["spec"].get("template") or {}, (ds.get("status") or {}).get("collisionCount"))
         updated = [p for p in on if (p["metadata"].get("labels") or {}).get("controller-revision-hash") == hash_]
         status = {"desiredNumberScheduled": len(nodes),
                   "currentNumberScheduled": len({p["spec"]["nodeName"] for p in on}),
-                  "numberMisscheduled": 0, "numberReady": len(ready), "numberAvailable": len(ready),
-                  "numberUnavailable": len(nodes) - len(ready), "updatedNumberScheduled": len(updated),
+                  "numberMisscheduled": 0, "numberReady": len(ready), "numberAvailable": len(avail),
+                  "numberUnavailable": len(nodes) - len(avail), "updatedNumberScheduled": len(updated),
                   "observedGeneration": ds["metadata"].get("generation", 1)}
         with contextlib.suppress(Exception):
             self.api.set_status("DaemonSet", ns, name, status)
@@ -1581,7 +1638,7 @@ class PodRunner:
                            "ports": [{"name": "https", "port": self.api_port, "protocol": "TCP"}]}}
         return [s for s in services if s["metadata"]["name"] != "kubernetes"] + [master]
 
-    def environment(self, p: _Pod, c: dict) -> dict[str, str]:
+    def _environment(self, p: _Pod, c: dict) -> dict[str, str]:
         """``makeEnvironmentVariables``: what kubelet passes the runtime for ``c``."""
         svc_env = service_env(self._services_for_env(p))
         tmp: dict[str, str] = {}
@@ -1787,9 +1844,10 @@ class PodRunner:
     def _launch(self, p: _Pod, c: _Container) -> subprocess.Popen:
         spec = c.spec
         image = self._image(spec.get("image", ""))
-        env = self.environment(p, spec)
+        env = self._environment(p, spec)
         argv = self.argv(spec, image, env)
         full_env = {"PATH": image.path_env(), **image.env, "HOSTNAME": p.name[:63], **env}
+        full_env.setdefault("HOME", "/root")  # runc sets HOME from the user's passwd entry when unset
         mounts = self._mounts(p, spec, image, env)
         cwd = spec.get("workingDir") or image.working_dir or "/"
         self._make_top_dirs([m["dst"] for m in mounts] + [cwd])
@@ -1833,11 +1891,10 @@ class PodRunner:
             os.close(r)
             if w >= 0:
                 os.close(w)
-        if err or (proc.poll() is not None and proc.returncode == 128):
+        if err:
             proc.wait()
-            reason = (err.decode(errors="replace")
-                      or f"the init exited {proc.returncode}: {self.logs(p, spec['name'])[-500:]}")
-            raise PodStartError(f"container {spec['name']} of pod {p.key}: failed to start: {reason}")
+            raise PodStartError(f"container {spec['name']} of pod {p.key}: failed to start: "
+                                f"{err.decode(errors='replace')}")
         return proc
 
     def _start_container(self, p: _Pod, c: _Container) -> None:
@@ -1960,7 +2017,7 @@ class PodRunner:
                 return int(cp["containerPort"])
         raise PodStartError(f"container {c.name}: named port {port!r} is not among its ports")
 
-    def probe(self, p: _Pod, c: _Container, probe: Mapping) -> tuple[bool, str]:
+    def _probe_once(self, p: _Pod, c: _Container, probe: Mapping) -> tuple[bool, str]:
         """One probe run, from the host (kubelet's netns) to the pod's IP."""
         timeout = float(probe.get("timeoutSeconds", 1))
         try:
@@ -2007,7 +2064,7 @@ class PodRunner:
             if kind != "startupProbe" and not c.started:
                 stop.wait(min(period, 0.1))
                 continue
-            ok, msg = self.probe(p, c, probe)
+            ok, msg = self._probe_once(p, c, probe)
             if stop.is_set():
                 return
             oks, fails = (oks + 1, 0) if ok else (0, fails + 1)
@@ -2143,8 +2200,13 @@ class PodRunner:
     # -- the monitor: exits, restarts, deletions ----------------------------------------------
 
     def _monitor_loop(self) -> None:
-        last_api = 0.0
+        last_api = last_ds = 0.0
         while not self._closed.wait(0.05):
+            if time.monotonic() - last_ds >= 1.0:  # numberAvailable moves with time (minReadySeconds)
+                last_ds = time.monotonic()
+                for ns, name in list(self._ds_nodes):
+                    with contextlib.suppress(Exception):
+                        self._update_daemonset_status(ns, name)
             for p in list(self.pods.values()):
                 try:
                     self._tend(p)
@@ -2304,6 +2366,27 @@ class PodRunner:
                 target = found[0]
             return f"{p.ip}:{int(target)}"
         raise ConnectionError(f"service {namespace}/{name}: no ready endpoint")
+
+    def expose_node_port(self, namespace: str, name: str, port: int | None = None,
+                         host: str = "127.0.0.1") -> tuple[str, int]:
+        """kube-proxy's NodePort for Service ``namespace/name`` (its ``port``, or its
+        first): listen on ``host``:<nodePort> and pass each connection to a Ready pod
+        behind the Service, chosen per connection (:meth:`service_resolver`), so a
+        selector that follows a label (the leader's) follows it here. Returns the
+        address; closed by :meth:`close`."""
+        spec = self.api.get("Service", namespace, name).get("spec") or {}
+        ports = spec.get("ports") or []
+        sp = next((x for x in ports if port is None or x.get("port") == port), None)
+        if sp is None or not sp.get("nodePort"):
+            raise ValueError(f"service {namespace}/{name}: no port {port if port is not None else ''} with a "
+                             f"nodePort (type {spec.get('type')!r}, ports {ports})")
+        key = (host, int(sp["nodePort"]))
+        if key not in self._node_ports:
+            def target() -> tuple[str, int]:
+                h, _, p = self.service_resolver(namespace, name, sp["port"]).rpartition(":")
+                return h, int(p)
+            self._node_ports[key] = _Relay(key, target)
+        return self._node_ports[key].address
 
 
 def _condition(pod: dict, type_: str) -> str | None:

@@ -395,6 +395,13 @@ def cluster(tmp_path):
     assert subprocess.run(["ip", "link", "show", net.bridge], capture_output=True).returncode != 0
 
 
+def _eventually(fn, want, timeout: float = 5):
+    deadline = time.monotonic() + timeout
+    while (got := fn()) != want:
+        assert time.monotonic() < deadline, f"{got} != {want}"
+        time.sleep(0.02)
+
+
 def _wait_listening(host: str, port: int, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -615,12 +622,14 @@ def test_readiness_probe_flips_ready_in_the_pods_status(cluster):
     ready = cluster.runner.wait_ready(pod_a, timeout=5)
     assert time.monotonic() - t0 < 3  # periodSeconds 1
     assert ready["status"]["containerStatuses"][0]["ready"] is True
-    status = cluster.api.get("DaemonSet", "demo", "demo")["status"]
-    assert (status["desiredNumberScheduled"], status["numberReady"], status["numberUnavailable"]) == (2, 1, 1)
+    def ds_numbers() -> tuple:
+        st = cluster.api.get("DaemonSet", "demo", "demo")["status"]
+        return st["desiredNumberScheduled"], st["numberReady"], st["numberUnavailable"]
+    _eventually(ds_numbers, (2, 1, 1))  # the DaemonSet's status follows the pods' (as its controller, a bit later)
     assert cluster.runner.service_resolver("demo", "demo-web", 80) == f"{cluster.runner.ip(pod_a)}:8080"
     flag.unlink()
     cluster.runner.wait_ready(pod_a, timeout=5, ready=False)
-    assert cluster.api.get("DaemonSet", "demo", "demo")["status"]["numberReady"] == 0
+    _eventually(ds_numbers, (2, 0, 2))
     unhealthy = [e["message"] for e in cluster.api.list("Event", "demo")
                  if e["reason"] == "Unhealthy" and e["involvedObject"]["name"] == pod_a["metadata"]["name"]]
     assert "Readiness probe failed: HTTP probe failed with statuscode: 503" in unhealthy
@@ -717,3 +726,42 @@ def test_stop_kills_after_the_grace_period_and_errors_name_the_cause(cluster):
         runner.start(pod("nokey", containers=[{"name": "c", "image": "demo:1", "command": ["true"], "env": [
             {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "kube-root-ca.crt", "key": "nope"}}}]}]))
     assert sorted(p.key for p in runner.pods.values()) == ["default/stubborn"]  # failed starts left nothing
+
+
+@pytest.mark.root
+def test_loopback_api_is_reached_through_a_relay_and_a_node_port_through_the_ready_pod(tmp_path):
+    """An API server on 127.0.0.1 (plain HTTP) is still KUBERNETES_SERVICE_HOST:PORT
+    on the bridge (kube-proxy's relay); a NodePort Service on the host reaches the
+    Ready pod its selector picks."""
+    missing = PodNetwork.missing_tools()
+    if missing:
+        pytest.skip(f"the pod runner needs {', '.join(missing)}")
+    with PodNetwork() as net, ApiServer() as api, \
+            PodRunner(api, net, tmp_path / "pods", images={"demo:1": Image(path=str(VENV_BIN))}) as runner:
+        assert runner.api_host == net.gateway and runner.api_port != api.port
+        svc = api.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"},
+                          "spec": {"type": "NodePort", "selector": {"app": "web"},
+                                   "ports": [{"port": 80, "targetPort": "http"}]}})
+        pod = api.create({"apiVersion": "v1", "kind": "Pod",
+                          "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
+                          "spec": {"nodeName": "node-a", "containers": [{
+                              "name": "web", "image": "demo:1", "workingDir": "/etc/podinfo",
+                              "command": ["python3", "-m", "http.server", "8080"],
+                              "ports": [{"name": "http", "containerPort": 8080}],
+                              "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 1},
+                              "volumeMounts": [{"name": "info", "mountPath": "/etc/podinfo"}]}],
+                              "volumes": [{"name": "info", "downwardAPI": {"items": [
+                                  {"path": "me", "fieldRef": {"fieldPath": "metadata.name"}}]}}]}})
+        with pytest.raises(ConnectionError, match="no ready endpoint"):
+            runner.service_resolver("default", "web", 80)
+        runner.start(pod)
+        runner.wait_ready(pod, timeout=10)
+        out = runner.exec(pod, ["python3", "-c", (
+            "import json, os, urllib.request\n"
+            "u = 'http://%s:%s/version' % (os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT'])\n"
+            "print(json.load(urllib.request.urlopen(u, timeout=5))['gitVersion'])")])
+        assert out.returncode == 0 and out.stdout.startswith("v1."), out.stderr
+        host, port = runner.expose_node_port("default", "web")
+        assert (host, port) == ("127.0.0.1", svc["spec"]["ports"][0]["nodePort"])
+        import urllib.request
+        assert urllib.request.urlopen(f"http://{host}:{port}/me", timeout=5).read() == b"web"
