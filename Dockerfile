@@ -36,49 +36,45 @@
 ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS build
-ARG PIP_INDEX_URL
-ARG PIP_EXTRA_INDEX_URL
-ARG PIP_TRUSTED_HOST
-ARG PIP_NO_INDEX
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore
+ARG PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_NO_INDEX
 RUN if ! command -v gcc >/dev/null || ! command -v make >/dev/null || [ ! -e /usr/include/stdio.h ]; then \
         apt-get update && apt-get install -y --no-install-recommends gcc make libc6-dev \
         && rm -rf /var/lib/apt/lists/*; \
     fi
 COPY . /src
-# The shim: the versioned file the daemon's installer expects
-# (libvgpu.so.<version>) and the libvgpu.so link to it.
+# The shim, as the versioned file the daemon's installer expects
+# (libvgpu.so.<version>) with the libvgpu.so link to it; then the package and
+# its dependencies in a venv at /opt/hamid. Both land under /out, which the
+# final stage copies onto its / in one step.
 RUN set -eu; \
+    export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore; \
+    if [ -d /src/.whl ]; then export PIP_FIND_LINKS=/src/.whl; fi; \
     make -C /src/shim; \
     v="$(cat /src/shim/VERSION)"; \
-    install -d -m 0755 /out/usr/lib/hamid; \
+    install -d -m 0755 /out/usr/lib/hamid /out/opt; \
     install -m 0644 "/src/shim/build/libvgpu.so.$v" /out/usr/lib/hamid/; \
-    ln -s "libvgpu.so.$v" /out/usr/lib/hamid/libvgpu.so
-# The package and its dependencies, in a venv that the final stage takes whole.
-RUN set -eu; \
-    if [ -d /src/.whl ]; then export PIP_FIND_LINKS=/src/.whl; fi; \
+    ln -s "libvgpu.so.$v" /out/usr/lib/hamid/libvgpu.so; \
     python3 -m venv /opt/hamid; \
     /opt/hamid/bin/pip install /src; \
-    /opt/hamid/bin/hamid version
+    /opt/hamid/bin/hamid version; \
+    mv /opt/hamid /out/opt/hamid
 
 FROM ${BASE}
-ARG VERSION=0.1.0
-ARG REVISION=
-ARG CREATED=
+ARG VERSION=0.1.0 REVISION= CREATED=
 LABEL org.opencontainers.image.title="hamid" \
       org.opencontainers.image.description="GPU sharing without a central scheduler: the hamid node daemon and the libvgpu.so shim" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.created="${CREATED}"
-COPY --from=build /opt/hamid /opt/hamid
-COPY --from=build /out/usr/lib/hamid/ /usr/lib/hamid/
 ENV PATH=/opt/hamid/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1
-# Root on purpose: hamid is a node daemon. It opens the GPUs' device nodes and
-# makes MIG capability nodes under the host's /dev, serves the device-plugin
-# socket in kubelet's root-owned /var/lib/kubelet/device-plugins, reads
-# pod-resources, and writes the shim, the limits files and its ledger under
-# /var/lib/hamid owned by root (the shim trusts only root-owned limits files).
-USER root
+# No USER: the daemon runs as root on purpose. It is a node daemon: it drives
+# the GPUs through NVML and their device nodes under /dev (MIG instances made
+# and destroyed), serves the device-plugin socket in kubelet's root-owned
+# /var/lib/kubelet/device-plugins and reads pod-resources, and writes the
+# shim, the limits files and its ledger under /var/lib/hamid owned by root
+# (the shim refuses a limits file that root does not own).
 CMD ["hamid", "run"]
+# Last, so that the metadata steps above stay cheap (each is a commit).
+COPY --from=build /out/ /

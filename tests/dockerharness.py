@@ -1,7 +1,8 @@
 """A real Docker engine and a hamid daemon for the runtime tests and bench.
 
 Starts dockerd as root with its own data root, exec root and socket
-(``--storage-driver=vfs --iptables=false --bridge=none``), registers
+(``--storage-driver=vfs --iptables=false --bridge=none``; another storage
+driver on request), registers
 ``hamid-runtime`` as runtime ``hami`` through a daemon.json with
 ``runtimeArgs`` (as ``contrib/docker/daemon.json`` does), imports a busybox
 image with ``docker import``, and runs ``hamid run`` on simulated GPUs with
@@ -42,8 +43,10 @@ def _mknod(path: Path, major: int, minor: int) -> None:
 
 
 class Env:
-    def __init__(self, root: Path, simulate: str = "H100-80GB-HBM3:1,T4:1", mode: str = "mig") -> None:
+    def __init__(self, root: Path, simulate: str = "H100-80GB-HBM3:1,T4:1", mode: str = "mig",
+                 storage_driver: str = "vfs") -> None:
         self.root = root
+        self.storage_driver = storage_driver  # vfs works on any filesystem; overlay2 is faster where it works
         self.state = root / "hamid"
         self.devroot = root / "dev"
         self.caps = root / "caps"
@@ -72,7 +75,7 @@ class Env:
         self.dockerd = subprocess.Popen(
             ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.exec_root),
              "-H", f"unix://{self.sock}", "--pidfile", str(self.root / "docker.pid"),
-             "--storage-driver=vfs", "--iptables=false", "--ip6tables=false", "--bridge=none",
+             f"--storage-driver={self.storage_driver}", "--iptables=false", "--ip6tables=false", "--bridge=none",
              "--config-file", str(cfg)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 60
         while time.time() < deadline:
