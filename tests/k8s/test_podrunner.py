@@ -726,6 +726,74 @@ def test_stop_kills_after_the_grace_period_and_errors_name_the_cause(cluster):
         runner.start(pod("nokey", containers=[{"name": "c", "image": "demo:1", "command": ["true"], "env": [
             {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "kube-root-ca.crt", "key": "nope"}}}]}]))
     assert sorted(p.key for p in runner.pods.values()) == ["default/stubborn"]  # failed starts left nothing
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert netns.count(f"hpr-{cluster.net.tag}-") == 1
+
+
+@pytest.mark.root
+def test_init_container_startup_and_liveness_probes(cluster):
+    """The init container runs to completion first (its file is there for the
+    main one), the startup probe (exec, inside the container) gates the others,
+    a failing liveness probe gets the container killed and restarted."""
+    api, runner = cluster.api, cluster.runner
+    work = {"name": "work", "mountPath": "/var/tmp/podrunner-work"}
+    pod = api.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probed", "namespace": "default"},
+                      "spec": {"nodeName": "node-a", "terminationGracePeriodSeconds": 1,
+                               "volumes": [{"name": "work", "emptyDir": {}}],
+                               "initContainers": [{"name": "init", "image": "demo:1", "volumeMounts": [work],
+                                                   "command": ["sh", "-c",
+                                                              "echo from-init > /var/tmp/podrunner-work/init.txt"]}],
+                               "containers": [{
+                                   "name": "main", "image": "demo:1", "volumeMounts": [work],
+                                   "command": ["sh", "-c", "cat /var/tmp/podrunner-work/init.txt; exec sleep 1000"],
+                                   "startupProbe": {"exec": {"command": ["test", "-s",
+                                                                         "/var/tmp/podrunner-work/init.txt"]},
+                                                    "periodSeconds": 1},
+                                   "livenessProbe": {"tcpSocket": {"port": 9}, "periodSeconds": 1,
+                                                     "failureThreshold": 2}}]}})
+    started = runner.start(pod)
+    init = started["status"]["initContainerStatuses"][0]
+    assert init["state"]["terminated"]["exitCode"] == 0 and init["state"]["terminated"]["reason"] == "Completed"
+    assert {c["type"]: c["status"] for c in started["status"]["conditions"]}["Initialized"] == "True"
+    deadline = time.monotonic() + 15
+    while True:
+        cs = api.get("Pod", "default", "probed")["status"]["containerStatuses"][0]
+        if cs["restartCount"] >= 1 and cs["started"]:  # restarted, and its startup probe passed again
+            break
+        assert time.monotonic() < deadline, cs
+        time.sleep(0.02)
+    assert cs["ready"] is True and "running" in cs["state"]  # no readiness probe: ready once started
+    assert cs["lastState"]["terminated"]["exitCode"] == 143  # SIGTERM (sleep's default action)
+    assert runner.logs(pod, "main").count("from-init") >= 2
+    events = [(e["reason"], e["message"]) for e in api.list("Event", "default")
+              if e["involvedObject"]["name"] == "probed"]
+    assert ("Killing", "Container main failed liveness probe, will be restarted") in events
+    assert any(r == "Unhealthy" and m.startswith("Liveness probe failed: ") for r, m in events)
+    assert not any(m.startswith("Startup probe failed") for _r, m in events)
+
+
+@pytest.mark.root
+def test_leftovers_of_a_dead_test_process_are_swept(tmp_path):
+    """A test process killed mid-run leaves its bridge and pod namespaces; the
+    next pod network removes them (and only those of dead processes)."""
+    if PodNetwork.missing_tools():
+        pytest.skip(f"the pod runner needs {', '.join(PodNetwork.missing_tools())}")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ns, br = f"hpr-{dead.pid}z-7", f"hpb{dead.pid}z"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    subprocess.run(["ip", "link", "add", br, "type", "bridge"], check=True)
+    try:
+        with PodNetwork() as net:
+            assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+            assert subprocess.run(["ip", "link", "show", br], capture_output=True).returncode != 0
+            sb = net.add_pod("x")
+            assert subprocess.run(["ip", "-n", sb.netns, "-4", "-o", "addr", "show", "eth0"], capture_output=True,
+                                  text=True).stdout.split()[3] == f"{sb.ip}/24"
+        assert sb.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", br], capture_output=True)
 
 
 @pytest.mark.root
@@ -758,7 +826,8 @@ def test_loopback_api_is_reached_through_a_relay_and_a_node_port_through_the_rea
         runner.wait_ready(pod, timeout=10)
         out = runner.exec(pod, ["python3", "-c", (
             "import json, os, urllib.request\n"
-            "u = 'http://%s:%s/version' % (os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT'])\n"
+            "e = os.environ\n"
+            "u = 'http://%s:%s/version' % (e['KUBERNETES_SERVICE_HOST'], e['KUBERNETES_SERVICE_PORT'])\n"
             "print(json.load(urllib.request.urlopen(u, timeout=5))['gitVersion'])")])
         assert out.returncode == 0 and out.stdout.startswith("v1."), out.stderr
         host, port = runner.expose_node_port("default", "web")
