@@ -43,9 +43,9 @@ What it does:
   for hostNetwork pods), only for nodes whose labels and taints the template
   accepts, one pod a node), the default scheduler's bind (``pods/binding``),
   and the DaemonSet's status subresource (desired, current, ready,
-  available, updated numbers) whenever a pod's readiness changes.
+  available after ``minReadySeconds``, updated numbers), kept current.
 * **Kubelet**: the Node object (registered when missing: hostname, os and
-  arch labels, InternalIP, Ready); per pod a directory under the runner's
+  arch labels, InternalIP, Ready, every ``nodeInfo`` field); per pod a directory under the runner's
   root with the volumes laid out as kubelet lays them out: ``configMap``,
   ``secret``, ``downwardAPI`` and ``projected`` (``serviceAccountToken``,
   ``configMap``, ``secret``, ``downwardAPI``) written the way kubelet's
@@ -72,8 +72,8 @@ What it does:
   ``configMapKeyRef``, ``secretKeyRef``), then the service-link variables
   (``KUBERNETES_SERVICE_HOST``/``_PORT``/``_PORT_HTTPS`` and the docker-link
   ``KUBERNETES_PORT*`` always, the other Services of the namespace while
-  ``enableServiceLinks``), under the runtime's image environment and
-  ``HOSTNAME``. ``command``/``args`` expanded with kubelet's exact rules
+  ``enableServiceLinks``), over the runtime's image environment,
+  ``HOSTNAME`` and (runc's) ``HOME=/root``. ``command``/``args`` expanded with kubelet's exact rules
   (:func:`expand`) and combined with the image's entrypoint/cmd as runtimes
   do. Container start: ``ip netns exec <pod-ns> unshare --mount --uts
   --propagation private`` runs this file as a tiny init that bind-mounts
@@ -1262,14 +1262,22 @@ class PodRunner:
 
     def register_node(self, name: str, *, labels: Mapping[str, str] | None = None,
                       taints: list[dict] | None = None, capacity: Mapping[str, str] | None = None) -> dict:
-        """The Node object kubelet registers (when missing; an existing one is
-        returned as it is): hostname/os/arch labels, taints, capacity, the host's
-        bridge address as InternalIP, Ready."""
+        """The Node object kubelet registers when missing: hostname/os/arch labels
+        plus ``labels``, ``taints``, capacity, the host's bridge address as
+        InternalIP, Ready, kubelet's nodeInfo. On an existing node, ``labels`` are
+        added and ``taints`` replace its taints (``kubectl label``/``taint``)."""
         try:
-            return self.api.get("Node", None, name)
+            node = self.api.get("Node", None, name)
         except Exception as e:
             if not _is_api_error(e, 404) and not isinstance(e, LookupError):
                 raise
+        else:
+            if labels or taints is not None:
+                node["metadata"].setdefault("labels", {}).update(labels or {})
+                if taints is not None:
+                    node.setdefault("spec", {})["taints"] = list(taints)
+                node = self.api.update(node)
+            return node
         cap = dict(capacity or NODE_RESOURCES)
         node = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",

@@ -834,3 +834,24 @@ def test_loopback_api_is_reached_through_a_relay_and_a_node_port_through_the_rea
         assert (host, port) == ("127.0.0.1", svc["spec"]["ports"][0]["nodePort"])
         import urllib.request
         assert urllib.request.urlopen(f"http://{host}:{port}/me", timeout=5).read() == b"web"
+
+
+@pytest.mark.root
+def test_pods_for_names_an_unfit_node_follows_node_labels_and_makes_one_pod_a_node(cluster):
+    api, runner = cluster.api, cluster.runner
+    ds = api.create({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "gpu", "namespace": "default"},
+                     "spec": {"selector": {"matchLabels": {"app": "gpu"}},
+                              "template": {"metadata": {"labels": {"app": "gpu"}},
+                                           "spec": {"nodeSelector": {"gpu": "on"},
+                                                    "containers": [{"name": "c", "image": "demo:1"}]}}}})
+    with pytest.raises(ValueError, match="does not run on node node-x: node selector gpu=on does not match"):
+        runner.pods_for(ds, ["node-x"])
+    assert runner.pods_for(ds, ["node-x"], skip_unfit=True) == []
+    assert api.get("Node", None, "node-x")["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.")
+    runner.register_node("node-x", labels={"gpu": "on"})  # as `kubectl label node node-x gpu=on`
+    [pod] = runner.pods_for(ds, ["node-x"])
+    assert pod["spec"]["nodeName"] == "node-x" and pod["status"]["conditions"][-1]["type"] == "PodScheduled"
+    assert [p["metadata"]["name"] for p in runner.pods_for(ds, ["node-x"])] == [pod["metadata"]["name"]]
+    assert len(api.list("Pod", "default")) == 1
+    status = api.get("DaemonSet", "default", "gpu")["status"]
+    assert (status["desiredNumberScheduled"], status["currentNumberScheduled"], status["numberReady"]) == (1, 1, 0)
