@@ -95,6 +95,7 @@ import json
 import math
 import re
 import socket
+import ssl
 import threading
 import time
 from collections import Counter
@@ -584,10 +585,17 @@ class SchedulerStandIn:
     """See the module docstring. ``api``: an :class:`apiserver.ApiServer` (its
     ``url`` is used: everything goes over HTTP) or a base URL. ``config``: a
     KubeSchedulerConfiguration dict (``extenders``, ``profiles[].schedulerName``).
-    ``period``: seconds between passes when no watch event comes."""
+    ``period``: seconds between passes when no watch event comes. Over HTTPS
+    (an :class:`apiserver.ApiServer` with ``tls=True``) the server's CA is
+    trusted; ``token`` is the bearer token it authenticates as (default: the
+    stand-in's admin token; kube-scheduler's own identity is
+    ``system:kube-scheduler``, bound to a role that may bind any pod)."""
 
-    def __init__(self, api, *, config: Mapping | None = None, period: float = 0.5) -> None:
+    def __init__(self, api, *, config: Mapping | None = None, period: float = 0.5, token: str = "standin") -> None:
         self.url = (api if isinstance(api, str) else api.url).rstrip("/")
+        ca = None if isinstance(api, str) else getattr(api, "ca_pem", None)
+        self._verify: ssl.SSLContext | bool = ssl.create_default_context(cadata=ca.decode()) if ca else True
+        self._headers = {"Authorization": f"Bearer {token}"}
         if period <= 0:
             raise ValueError(f"period: {period!r} must be a positive number of seconds")
         self.period = period
@@ -598,7 +606,7 @@ class SchedulerStandIn:
         self._threads: list[threading.Thread] = []
         self._failures: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
-        self._http = httpx.Client(base_url=self.url, timeout=10)
+        self._http = httpx.Client(base_url=self.url, timeout=10, verify=self._verify, headers=self._headers)
         self._ext_http = httpx.Client()
         self._watch_clients: list[httpx.Client] = []
         self.passes = 0
@@ -611,7 +619,8 @@ class SchedulerStandIn:
             raise RuntimeError("the scheduler stand-in is already started")
         self._threads = [threading.Thread(target=self._run, name="scheduler-standin", daemon=True)]
         for path in ("/api/v1/pods", "/api/v1/nodes"):
-            client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(5.0, read=None))
+            client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(5.0, read=None), verify=self._verify,
+                                  headers=self._headers)
             self._watch_clients.append(client)  # made here, so that stop() can always close it
             self._threads.append(threading.Thread(target=self._watch, args=(path, client), daemon=True,
                                                   name=f"scheduler-standin-watch{path.replace('/', '-')}"))
