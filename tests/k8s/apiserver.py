@@ -1,8 +1,11 @@
 """A STAND-IN for kube-apiserver, for tests: no real API server can be
 installed on these machines, so this module serves the real REST paths and
-JSON of the kinds hamid uses, over real HTTP on 127.0.0.1 (a thread, an
-ephemeral port), so that the official Kubernetes Python client and ``kubectl``
-work against it unchanged.
+JSON of the kinds hamid uses, over real HTTP, or HTTPS with a CA of its own,
+on 127.0.0.1 or the address given (a thread, an ephemeral port unless given),
+so that the official Kubernetes Python client (its in-cluster loader
+included) and ``kubectl`` work against it unchanged. The same server, with
+``authorize=True``, authenticates every request and authorizes it with RBAC,
+as a cluster does for a DaemonSet's pods.
 
 What it does, as the real server does:
 
@@ -15,9 +18,105 @@ What it does, as the real server does:
   core ``events`` and the same objects as ``events.k8s.io/v1`` events (one
   storage, converted as the real server does); ``coordination.k8s.io/v1``
   leases; configmaps; secrets (``stringData`` folded into ``data``);
-  services (a ClusterIP allocated from 10.96.0.0/16);
-  ``admissionregistration.k8s.io/v1`` mutating and validating webhook
-  configurations (defaulted and validated as the real server does).
+  serviceaccounts; services (below); ``apps/v1`` daemonsets with ``status``
+  (below); ``rbac.authorization.k8s.io/v1`` clusterroles, clusterrolebindings,
+  roles, rolebindings (below); ``admissionregistration.k8s.io/v1`` mutating
+  and validating webhook configurations (defaulted and validated as the real
+  server does); ``authorization.k8s.io/v1`` selfsubjectaccessreviews,
+  subjectaccessreviews and selfsubjectrulesreviews (answered by the
+  authorizer, never stored: ``kubectl auth can-i [--list]``). Discovery lists
+  every group, version and resource, with short names (``sa``, ``ds``,
+  ``svc``...) and the ``all`` category.
+* services: defaults (``type: ClusterIP``, ``sessionAffinity``, port
+  ``protocol``/``targetPort``, ``internalTrafficPolicy``, and for NodePort
+  ``externalTrafficPolicy: Cluster``); a ClusterIP allocated from
+  10.96.0.0/16 into ``clusterIP``/``clusterIPs`` (``ipFamilies`` IPv4,
+  SingleStack), ``clusterIP: None`` kept (headless); ``type: NodePort``: a
+  given ``nodePort`` kept if inside 30000-32767 and free (else the real 422s
+  ``provided port is not in the valid range. The range of valid ports is
+  30000-32767`` and ``provided port is already allocated``), a missing one
+  allocated; an update that leaves out the clusterIP or a nodePort keeps the
+  allocated one (node ports matched by port name, as patchAllocatedValues),
+  a changed clusterIP is ``may not change once set``; validated: name
+  (DNS-1035), type, ports (number, names when several, duplicates), and a
+  nodePort on a ClusterIP service is ``Forbidden``.
+* daemonsets: apps/v1 defaults (``updateStrategy`` RollingUpdate with
+  maxUnavailable 1 and maxSurge 0, ``revisionHistoryLimit`` 10, the pod
+  template's defaults), ``status`` zeroed at create and its own subresource,
+  ``generation`` (+1 on any spec change), the template generation (annotation
+  ``deprecated.daemonset.template.generation``: 1, +1 when the template
+  changes); validation with the real messages: the selector's requirements,
+  the template's labels against the selector (``selector` does not match
+  template `labels``; a missing selector selects nothing), an empty selector
+  (``empty selector is invalid for daemonset``), the template's containers,
+  ``restartPolicy: Always``, no ``activeDeadlineSeconds``; the selector is
+  immutable (``field is immutable``).
+* RBAC objects: names any path segment (``system:discovery``); roles'
+  rules validated (verbs required; apiGroups and resources for resource
+  rules; no nonResourceURLs in a Role or beside resources); bindings
+  defaulted (``roleRef.apiGroup``, User/Group subjects' apiGroup) and
+  validated (roleRef apiGroup, kind Role/ClusterRole, or ClusterRole only for
+  a ClusterRoleBinding, name; subjects' kind, name, apiGroup, a
+  ServiceAccount's namespace in a ClusterRoleBinding); ``roleRef`` is
+  immutable (``cannot change roleRef``). The bootstrap policy that decides
+  what every user may do is created at start, as the real server does:
+  ClusterRoles and ClusterRoleBindings ``cluster-admin`` (group
+  system:masters), ``system:discovery`` and ``system:basic-user`` (group
+  system:authenticated), ``system:public-info-viewer`` (system:authenticated
+  and system:unauthenticated), labelled ``kubernetes.io/bootstrapping:
+  rbac-defaults``.
+* HTTPS (``tls=True``): a CA of its own (ECDSA P-256, made with
+  :mod:`hamid.control.certs`), its PEM in :attr:`ApiServer.ca_pem` (a pod's
+  ``ca.crt``) and in :meth:`ApiServer.write_kubeconfig`'s
+  ``certificate-authority-data``; the serving certificate names
+  ``kubernetes``, ``kubernetes.default``, ``kubernetes.default.svc``,
+  ``kubernetes.default.svc.cluster.local``, 10.96.0.1, localhost,
+  127.0.0.1, ::1, the listen address, ``tls_names``, and the local address
+  each connection arrived on (so a server on ``0.0.0.0`` verifies on a
+  bridge made after it started); HTTP/1.1 only (ALPN), the handshake in the
+  connection's own thread.
+* authentication (``authorize=True``; off, every request is system:admin
+  but for known tokens, as before): a bearer token of :attr:`ApiServer.tokens`
+  (the admin kubeconfig's ``standin``: system:admin in system:masters;
+  :meth:`ApiServer.add_token`'s) or a service-account token from
+  :meth:`ApiServer.issue_token` (an RS256 JWT with the projected token's
+  claims ``iss``, ``sub``, ``aud``, ``exp``, ``iat``, ``nbf``, ``jti``,
+  ``kubernetes.io`` namespace/serviceaccount/pod/node; verified: signature,
+  expiry, audience and issuer ``https://kubernetes.default.svc.cluster.local``,
+  the ServiceAccount existing with the claimed uid, a bound pod existing with
+  its uid) is that user (a service account's groups
+  ``system:serviceaccounts``, ``system:serviceaccounts:<ns>``,
+  ``system:authenticated``, its uid, and the ``extra`` of credential id and
+  bound pod/node); any other bearer token is 401 ``Unauthorized``; no token
+  (or another scheme) is ``system:anonymous`` in ``system:unauthenticated``.
+  ``Impersonate-User``/``-Group`` (``kubectl --as``) act as that user once
+  the requester is allowed ``impersonate`` on users (or serviceaccounts) and
+  groups, each check authorized like a request.
+* authorization (``authorize=True``): the request's attributes as the real
+  RequestInfo resolves them (:func:`request_attributes`: verb from the method,
+  ``list``/``watch`` (``watch=1`` or ``/watch/``) for a GET of a collection,
+  ``deletecollection``; group, resource, subresource (``pods/binding``,
+  ``pods/status``...), namespace (a namespace's own name for
+  ``namespaces/<name>``), name (from a list's or watch's
+  ``metadata.name=`` field selector too); non-resource paths with their
+  path); system:masters allowed everything; else the RBAC authorizer over the
+  stored roles and bindings: ClusterRoleBindings grant everywhere,
+  RoleBindings their Role or a ClusterRole's rules in their namespace only;
+  subjects User, Group, ServiceAccount (without a namespace in a
+  RoleBinding: the binding's); rules match verbs, apiGroups, resources
+  (``*``, ``res/sub``, ``*/sub``; a subresource is its own resource),
+  resourceNames (never matching a request without a name: a create, or a
+  list/watch without that field selector) and nonResourceURLs (exact, ``*``
+  or ``prefix*``). A denial is 403 ``Forbidden`` with the real message and
+  details: ``pods "x" is forbidden: User "..." cannot patch resource "pods"
+  in API group "" in the namespace "default"`` (``... at the cluster
+  scope``; ``forbidden: User "..." cannot get path "/api"``), and the
+  authorizer's reason when a binding names a missing role (``: RBAC:
+  role.rbac.authorization.k8s.io "x" not found``). Every request, its
+  watches, binding and status subresources included, is checked before
+  anything else, and each decision is appended to :attr:`ApiServer.audit`
+  (user, groups, verb, apiGroup, resource, subresource, namespace, name,
+  path, allowed, and the binding that allowed it).
 * metadata: ``uid`` (uuid4), ``creationTimestamp``, ``generation`` (kinds
   with ``generation=True``: 1 at create, +1 when anything outside metadata
   and status changes), one global ``resourceVersion`` counter (a string)
@@ -29,7 +128,9 @@ What it does, as the real server does:
   unconditional update, as for every built-in kind), ``Invalid`` 422 (names,
   pod containers, pod spec immutability), ``BadRequest`` 400,
   ``MethodNotAllowed`` 405, ``UnsupportedMediaType`` 415, ``Expired``/``Gone``
-  410, ``InternalError`` 500 (a create that carries a resourceVersion).
+  410, ``InternalError`` 500 (a create that carries a resourceVersion),
+  ``Unauthorized`` 401 and ``Forbidden`` 403 (above). A refused request's
+  body is read and dropped, so its keep-alive connection stays usable.
 * PATCH: ``application/merge-patch+json`` (RFC 7386),
   ``application/json-patch+json`` (RFC 6902, ``test`` included, through the
   ``jsonpatch`` library) and ``application/strategic-merge-patch+json`` with
@@ -110,8 +211,8 @@ What it does, as the real server does:
   ``?timeout=<timeoutSeconds>s`` on the URL and that deadline on the call;
   an AdmissionReview v1 with uid, kind, resource, subResource, requestKind,
   requestResource, name (empty for generateName), namespace, operation,
-  userInfo (the user :meth:`ApiServer.add_token` gave the request's bearer
-  token, else ``system:admin``: nothing is authenticated), object, oldObject,
+  userInfo (the authenticated user, as above: username, uid, groups,
+  extra), object, oldObject,
   dryRun and options. Mutating webhooks run one after the other, configurations
   by name, each seeing the last one's JSONPatch applied (then the defaults
   again); validating ones in parallel after validation. A call that fails
@@ -127,8 +228,22 @@ What it does, as the real server does:
   Exact (each kind is served in one version), ``sideEffects`` only validated
   (no dry runs), ``auditAnnotations`` dropped.
 
-What it does NOT do (tests must not rely on these): authentication,
-authorization, admission plugins (no ServiceAccount token volume, no default
+What it does NOT do (tests must not rely on these): other authentication
+(client certificates, OIDC, webhook token review, legacy token Secrets;
+``Impersonate-Uid``/``-Extra-`` are refused; a service-account token whose
+account did not exist when it was issued carries an empty uid and is
+accepted by any later account of that name, where the real server would
+refuse it), other authorizers (Node, webhook) and RBAC's escalation checks (a
+user allowed to create roles or bindings may grant anything: the real server
+asks for ``escalate``/``bind`` or the permissions themselves), aggregated
+ClusterRoles (``aggregationRule`` is stored and never acted on; the
+aggregated ``admin``, ``edit``, ``view`` roles do not exist), the service
+account issuer discovery (``/.well-known/openid-configuration``), the
+controllers that make objects (no DaemonSet pods, no ``default``
+ServiceAccount, no ``kube-root-ca.crt``, no Endpoints or EndpointSlices, no
+``kubernetes`` Service; tests/k8s/podrunner.py plays those), LoadBalancer
+addresses, the DaemonSet ``updateStrategy`` and status validation, admission
+plugins (no ServiceAccount token volume, no default
 tolerations, no LimitRange/ResourceQuota; :attr:`ApiServer.admission_hooks`
 are in-process stand-ins for them, run before the webhooks), server-side apply
 (``application/apply-patch+yaml`` is 415) and ``managedFields``, protobuf
@@ -136,7 +251,7 @@ are in-process stand-ins for them, run before the webhooks), server-side apply
 prints from the JSON itself), ``dryRun``, ``deletecollection``, the
 namespace controller (deleting a namespace deletes its objects at once), the
 garbage collector (``ownerReferences`` are stored, never acted on), full field
-validation (only names, pod containers and pod spec immutability are checked)
+validation (only what is listed above is checked)
 and OpenAPI schemas: ``/openapi/v2`` is a valid document with no definitions,
 so kubectl's client-side validation finds no schema and accepts the object,
 as it does for a kind it has no schema for.
@@ -2196,8 +2311,10 @@ class ApiServer:
     :meth:`create`, :meth:`get`, :meth:`list`, :meth:`update`, :meth:`delete`,
     :meth:`set_status`, :meth:`finish_deletion`, :meth:`compact`,
     :meth:`write_kubeconfig`, :meth:`add_token`, :meth:`register`, :meth:`close_watches`,
-    :meth:`hold_watches`. Hooks: :attr:`admission_hooks` (in-process mutating
-    admission, ``hook(rt, operation, obj, old) -> obj`` or raise
+    :meth:`hold_watches`; :meth:`issue_token` (a service-account JWT),
+    :attr:`ca_pem` (with ``tls=True``), :attr:`audit` and :meth:`decide` (with
+    ``authorize=True``: the decisions made, and one asked for directly).
+    Hooks: :attr:`admission_hooks` (in-process mutating admission, ``hook(rt, operation, obj, old) -> obj`` or raise
     :class:`ApiError`), :attr:`pod_update_hooks` (extra pod update checks,
     ``hook(new, old) -> [(reason, field, message)]``), :attr:`webhooks` (the
     :class:`WebhookDispatcher`; set ``webhooks.service_resolver`` for

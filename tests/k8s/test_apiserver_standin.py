@@ -1301,7 +1301,8 @@ def test_in_cluster_config_over_https_with_a_service_account_token(secure_api, t
                        "metadata": {"name": "hamid", "namespace": "kube-system"}})
     assert secure_api.get("ServiceAccount", "kube-system", "hamid")["metadata"]["uid"] != sa_uid
     r = httpx.get(f"{secure_api.url}/api/v1/namespaces/default/pods",
-                  verify=ssl.create_default_context(cafile=str(ca_file)), headers={"Authorization": f"Bearer {token_file.read_text()}"})
+                  verify=ssl.create_default_context(cafile=str(ca_file)),
+                  headers={"Authorization": f"Bearer {token_file.read_text()}"})
     assert r.status_code == 401 and r.json() == {"kind": "Status", "apiVersion": "v1", "metadata": {},
                                                  "status": "Failure", "message": "Unauthorized",
                                                  "reason": "Unauthorized", "code": 401}
@@ -1506,3 +1507,20 @@ def test_webhooks_see_the_service_account_user(secure_api, webhook, tls, tmp_pat
     assert (info["username"], info["uid"], info["groups"]) == (
         SA_USER, sa_uid, ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"])
     assert info["extra"]["authentication.kubernetes.io/credential-id"][0].startswith("JTI=")
+
+
+def test_https_on_every_address_of_a_wildcard_listener(tmp_path):
+    """A server on 0.0.0.0 is verified at whichever local address a client
+    dials (here 127.0.0.2, as a pod dials the bridge's address), and a
+    kubeconfig may name that address."""
+    from apiserver import ApiServer
+
+    with ApiServer(tls=True, host="0.0.0.0") as api:
+        assert api.url == f"https://127.0.0.1:{api.port}"
+        ctx = ssl.create_default_context(cadata=api.ca_pem.decode())
+        r = httpx.get(f"https://127.0.0.2:{api.port}/version", verify=ctx)
+        assert r.status_code == 200 and r.json()["gitVersion"].startswith("v1.30")
+        kubeconfig = api.write_kubeconfig(tmp_path / "kc", server=f"https://127.0.0.2:{api.port}")
+        from kubernetes import config as kconfig
+        v1 = client.CoreV1Api(kconfig.new_client_from_config(kubeconfig))
+        assert v1.read_namespace("kube-system").metadata.name == "kube-system"
