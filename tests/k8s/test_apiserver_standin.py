@@ -1524,3 +1524,50 @@ def test_https_on_every_address_of_a_wildcard_listener(tmp_path):
         from kubernetes import config as kconfig
         v1 = client.CoreV1Api(kconfig.new_client_from_config(kubeconfig))
         assert v1.read_namespace("kube-system").metadata.name == "kube-system"
+
+
+def test_bound_and_expiring_tokens_and_access_reviews(secure_api, tmp_path):
+    api = secure_api
+    api.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "hamid", "namespace": "kube-system"}})
+    api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+    api.create({**pod("hamid-x", node="n1"), "metadata": {"name": "hamid-x", "namespace": "kube-system"}})
+    bound = api.issue_token("kube-system", "hamid", pod="hamid-x")
+    info = api.authenticate(f"Bearer {bound}")
+    assert info["username"] == SA_USER
+    assert info["extra"]["authentication.kubernetes.io/pod-name"] == ["hamid-x"]
+    assert info["extra"]["authentication.kubernetes.io/node-name"] == ["n1"]
+    short = api.issue_token("kube-system", "hamid", expiration_seconds=1)
+    other_audience = api.issue_token("kube-system", "hamid", audiences=["vault"])
+    assert api.authenticate(f"Bearer {short}")["username"] == SA_USER
+    from apiserver import ApiError
+    with pytest.raises(ApiError) as e:
+        api.authenticate(f"Bearer {other_audience}")  # not for this server's audience
+    assert e.value.code == 401
+    # a bound token dies with its pod; an expired one with its time
+    api.delete("Pod", "kube-system", "hamid-x", grace_period=0)
+    time.sleep(2.1)
+    for token in (bound, short):
+        with pytest.raises(ApiError) as e:
+            api.authenticate(f"Bearer {token}")
+        assert e.value.code == 401 and e.value.reason == "Unauthorized"
+
+    # SubjectAccessReview (an admin asks for another user) and SelfSubjectRulesReview (kubectl auth can-i --list)
+    api.create(rbac("Role", "cm", "default", rules=[{"apiGroups": [""], "resources": ["configmaps"],
+                                                     "verbs": ["get"], "resourceNames": ["c"]}]))
+    api.create(binding("RoleBinding", "cm", "Role", "cm", [SA_SUBJECT], "default"))
+    authz = client.AuthorizationV1Api(client_for(api, tmp_path))
+
+    def sar(**attrs):
+        return authz.create_subject_access_review({"spec": {
+            "user": SA_USER, "groups": ["system:serviceaccounts", "system:authenticated"],
+            "resourceAttributes": attrs}}).status
+
+    assert sar(verb="get", resource="configmaps", namespace="default", name="c").allowed is True
+    assert sar(verb="get", resource="configmaps", namespace="default", name="d").allowed is False
+    assert sar(verb="get", resource="configmaps", namespace="kube-system", name="c").allowed is False
+    mine = client.AuthorizationV1Api(client_for(api, tmp_path, api.issue_token("kube-system", "hamid")))
+    rules = mine.create_self_subject_rules_review({"spec": {"namespace": "default"}}).status
+    assert {"verbs": ["get"], "api_groups": [""], "resources": ["configmaps"], "resource_names": ["c"]} in [
+        {k: v for k, v in r.to_dict().items() if v is not None} for r in rules.resource_rules]
+    assert rules.incomplete is False
