@@ -1993,7 +1993,9 @@ class PodRunner:
                         c.name for c in apps if not c.ready) + "]"
                 conds.append(cond)
             current = (p.obj.get("status") or {}).get("conditions") or []
-            conds += [c for c in current if c.get("type") == "PodScheduled"]
+            scheduled = [c for c in current if c.get("type") == "PodScheduled"]
+            conds += scheduled or [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                                    "lastTransitionTime": p.start_time}]  # kubelet adds it to pods made bound
             status = {"phase": phase, "conditions": conds, "hostIP": self.network.gateway,
                       "hostIPs": [{"ip": self.network.gateway}], "startTime": p.start_time,
                       "containerStatuses": [self._container_status(c) for c in apps]}
@@ -2159,7 +2161,7 @@ class PodRunner:
         """SIGKILL the pod's containers at once (stays stopped until :meth:`restart`)."""
         self._stop_pod(self._pod(pod), signal.SIGKILL, 0)
 
-    def signal(self, pod, sig: int, container: str | None = None) -> None:
+    def send_signal(self, pod, sig: int, container: str | None = None) -> None:
         """Send ``sig`` to a container's process group and nothing else: if it
         exits, the pod's ``restartPolicy`` (with back-off) decides what follows,
         as for a crash."""

@@ -660,7 +660,7 @@ def test_restarts_in_place_crash_backoff_and_deletion(cluster):
 
     for want in (2, 3):
         t0 = time.monotonic()
-        cluster.runner.signal(pod, signal.SIGKILL)
+        cluster.runner.send_signal(pod, signal.SIGKILL)
         while restarts() < want:
             assert time.monotonic() - t0 < 10, cluster.api.get("Pod", "demo", name)["status"]
             time.sleep(0.02)
@@ -764,7 +764,7 @@ def test_init_container_startup_and_liveness_probes(cluster):
         time.sleep(0.02)
     assert cs["ready"] is True and "running" in cs["state"]  # no readiness probe: ready once started
     assert cs["lastState"]["terminated"]["exitCode"] == 143  # SIGTERM (sleep's default action)
-    assert runner.logs(pod, "main").count("from-init") >= 2
+    _eventually(lambda: runner.logs(pod, "main").count("from-init") >= 2, True)  # each start read the init's file
     events = [(e["reason"], e["message"]) for e in api.list("Event", "default")
               if e["involvedObject"]["name"] == "probed"]
     assert ("Killing", "Container main failed liveness probe, will be restarted") in events
