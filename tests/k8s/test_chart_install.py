@@ -148,9 +148,25 @@ def test_an_upgrade_keeps_the_gossip_keyring_and_the_webhook_certificate(tmp_pat
         assert other["other-hamid-gossip"] != keys
 
 
+def free_node_port() -> int:
+    import random
+    import socket
+
+    for _ in range(100):
+        port = random.randint(30000, 32767)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in the NodePort range")
+
+
 @pytest.mark.slow
 @pytest.mark.root
-def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_pod(tmp_path):
+@pytest.mark.parametrize("mode", ["gate", "extender"])
+def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_pod(tmp_path, mode):
     need_kubectl()
     from podrunner import Image, PodNetwork, PodRunner
 
@@ -180,7 +196,11 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
                 api.webhooks.service_resolver = runner.service_resolver  # kube-proxy's part for the webhook
                 for k in kubelets.values():
                     k.start()
-                out = apply(kc, render(TEST_VALUES), tmp_path)
+                values = dict(TEST_VALUES, mode=mode)
+                if mode == "extender":  # the NodePort the test's kube-proxy relay may take on this machine
+                    port = free_node_port()
+                    values["extender"] = {"nodePort": port, "urlPrefix": f"http://127.0.0.1:{port}"}
+                out = apply(kc, render(values), tmp_path)
                 assert "daemonset.apps/hamid created" in out, out
                 for n in nodes:
                     runner.register_node(n, labels={"gpu": "on"})
@@ -215,7 +235,11 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
 
                 # every node's daemon sees the others through gossip over the pod IPs
                 leader_pod = next(p for p in pods if p["metadata"]["name"] == holder)
-                sched = SchedulerStandIn(api, period=0.2).start()
+                config = None
+                if mode == "extender":  # what the operator gives kube-scheduler: the chart's own file
+                    config = yaml.safe_load(api.get("ConfigMap", NS, "hamid-scheduler-config")["data"]["config.yaml"])
+                    runner.expose_node_port(NS, "hamid-extender")  # kube-proxy: the NodePort to the leader's pod
+                sched = SchedulerStandIn(api, config=config, period=0.2).start()
 
                 # kubectl through the chart's webhook (Service + chart-generated certificate)
                 bad = kubectl(kc, "apply", "-f", "-", stdin=GPU_POD.format(name="bad", mem=4000, cores=120))
@@ -227,6 +251,7 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
                 pod = api.get("Pod", "default", "good")
                 assert pod["metadata"]["annotations"]["hami.io/vgpu-node"] == node
                 assert not pod["spec"].get("schedulingGates")
+                assert pod["spec"]["nodeName"] == node
 
                 # kubelet's side: admitted on that node, started with its limits
                 got = kubelets[node].admit(pod)
@@ -238,13 +263,42 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
                 (d,) = limits.devices
                 assert (d.memory_bytes >> 20, d.sm_percent) == (6000, 30)
 
+                # a rolling update replaces that node's daemon: the running GPU pod keeps its limits file
+                # and its reservation, the new daemon re-registers with kubelet and still releases the
+                # pod when it ends
+                from hamid.localapi.client import LocalClient
+
+                limits_file = state / inside.relative_to("/var/lib/hamid")
+                before = limits_file.read_bytes()
+                daemon = next(p for p in pods if p["spec"]["nodeName"] == node)
+                runner.stop(daemon)  # SIGTERM, as the rollout's deletion of the old pod
+                runner.restart(daemon)
+                runner.wait_ready(daemon, timeout=60)
+                kubelets[node].wait_for_devices("nvidia.com/gpu", 20, timeout=30)
+                assert limits_file.read_bytes() == before
+                uid = pod["metadata"]["uid"]
+                with LocalClient(state) as c:
+                    assert [r["owner"] for r in c.reservations()] == [f"pod:{uid}"]
+                kubelets[node].remove_pod(pod)
+                api.delete("Pod", "default", "good", grace_period=0)
+                deadline = time.time() + 15
+                while time.time() < deadline:
+                    with LocalClient(state) as c:
+                        if not c.reservations():
+                            break
+                    time.sleep(0.1)
+                with LocalClient(state) as c:
+                    assert c.reservations() == [], "the restarted daemon did not release the deleted pod"
+
                 # RBAC: the daemons did their work with the chart's roles, and nothing was refused
                 mine = [a for a in api.audit if a.get("user") == SA_USER]
                 denied = [a for a in mine if not a.get("allowed")]
                 assert not denied, denied[:5]
                 used = {(a.get("verb"), a.get("resource"), a.get("subresource") or "") for a in mine}
-                for need in (("update", "pods", ""), ("update", "leases", ""), ("watch", "pods", ""),
-                             ("patch", "nodes", "status")):
+                needs = [("update", "leases", ""), ("watch", "pods", ""), ("patch", "nodes", "status")]
+                needs += [("update", "pods", "")] if mode == "gate" else [("create", "pods", "binding"),
+                                                                         ("patch", "pods", "")]
+                for need in needs:
                     assert need in used, (need, sorted(used))
                 assert leader_pod["metadata"]["name"] == holder
         finally:
