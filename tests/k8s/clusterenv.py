@@ -26,6 +26,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A GPU pod as a user writes it for `kubectl apply` (format with name, mem in MiB, cores in %).
+POD_YAML = """apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  containers:
+  - name: main
+    image: busybox
+    resources:
+      limits:
+        nvidia.com/gpu: "1"
+        nvidia.com/gpumem: "{mem}"
+        nvidia.com/gpucores: "{cores}"
+      requests:
+        cpu: 100m
+"""
+
+
 class ClusterEnv:
     def __init__(self, root: Path, api, *, nodes: int = 3, simulate: str = "H100:2", split: int = 10,
                  mode: str = "gate", extra_config: str = "") -> None:
@@ -128,4 +148,4 @@ class ClusterEnv:
                               capture_output=True, text=True, timeout=60)
 
 
-__all__ = ["ClusterEnv", "RESOURCE", "free_port"]
+__all__ = ["POD_YAML", "ClusterEnv", "RESOURCE", "free_port"]

@@ -23,7 +23,6 @@ upgrade applied with kubectl).
 
 from __future__ import annotations
 
-import base64
 import os
 import shutil
 import subprocess
@@ -33,6 +32,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from clusterenv import POD_YAML
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk is in the test extra (make test installs it)")
 
@@ -47,25 +48,6 @@ TEST_VALUES = {"config": {
     "simulate": "H100:2", "healthCheckInterval": 0.2, "reconcileInterval": 1,
     "leaderElectionLeaseDuration": 3, "leaderElectionRenewDeadline": 2, "leaderElectionRetryPeriod": 0.5,
     "gossipProbeInterval": 0.5, "gossipInterval": 0.05}}
-
-GPU_POD = """apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: default
-spec:
-  containers:
-  - name: main
-    image: busybox
-    resources:
-      limits:
-        nvidia.com/gpu: "1"
-        nvidia.com/gpumem: "{mem}"
-        nvidia.com/gpucores: "{cores}"
-      requests:
-        cpu: 100m
-"""
-
 
 def render(values: dict, *, helm_owned: bool = True) -> list[dict]:
     """The chart's manifests as ``helm install`` sends them (with the ownership annotations
@@ -242,10 +224,10 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
                 sched = SchedulerStandIn(api, config=config, period=0.2).start()
 
                 # kubectl through the chart's webhook (Service + chart-generated certificate)
-                bad = kubectl(kc, "apply", "-f", "-", stdin=GPU_POD.format(name="bad", mem=4000, cores=120))
+                bad = kubectl(kc, "apply", "-f", "-", stdin=POD_YAML.format(name="bad", mem=4000, cores=120))
                 assert bad.returncode != 0 and 'admission webhook "pods.hamid.io" denied the request' in bad.stderr, \
                     bad.stderr
-                ok = kubectl(kc, "apply", "-f", "-", stdin=GPU_POD.format(name="good", mem=6000, cores=30))
+                ok = kubectl(kc, "apply", "-f", "-", stdin=POD_YAML.format(name="good", mem=6000, cores=30))
                 assert ok.returncode == 0, ok.stderr
                 node = sched.wait_bound("default", "good", timeout=60)
                 pod = api.get("Pod", "default", "good")

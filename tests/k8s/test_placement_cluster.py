@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterenv import ClusterEnv
+from clusterenv import POD_YAML, ClusterEnv
 from nodeenv import RESOURCE
 
 pytestmark = pytest.mark.slow
@@ -186,25 +186,6 @@ def test_the_leader_killed_during_a_burst(cluster):
         left = {r["owner"].split(":", 1)[1] for n in cluster.nodes for r in n.reservations()} & gone_uids
         time.sleep(0.2)
     assert not left, f"reservations left for {len(left)} pods that no longer exist"
-
-
-POD_YAML = """apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: default
-spec:
-  containers:
-  - name: main
-    image: busybox
-    resources:
-      limits:
-        nvidia.com/gpu: "1"
-        nvidia.com/gpumem: "{mem}"
-        nvidia.com/gpucores: "{cores}"
-      requests:
-        cpu: 100m
-"""
 
 
 def _kubectl_available(env) -> bool:
