@@ -97,7 +97,8 @@ What it does:
   ``periodSeconds``, ``timeoutSeconds``, ``successThreshold``,
   ``failureThreshold`` honoured, a liveness failure kills and restarts the
   container); restarts by ``restartPolicy`` with kubelet's back-off (at once,
-  then 10 s doubling to 300 s; ``backoff=`` shortens it for tests); a pod
+  then 10 s doubling to 300 s; ``backoff=`` and ``max_probe_period=``
+  shorten the waits for tests); a pod
   deleted in the API is stopped (SIGTERM, SIGKILL after its grace) and its
   deletion finished, as kubelet does; ``init`` containers run to completion
   first; events (Created, Started, Killing, Unhealthy, BackOff, FailedMount).
@@ -1175,11 +1176,15 @@ class PodRunner:
     own directory ``root/nodes/<node>/<path>``). ``backoff``: kubelet's restart
     back-off (first restart at once, then ``backoff`` seconds doubling to
     ``max_backoff``). ``close_grace``: the most :meth:`close` waits for a
-    container after SIGTERM."""
+    container after SIGTERM. ``max_probe_period``: a cap on probes'
+    ``periodSeconds`` and ``initialDelaySeconds`` (a test's knob, like
+    ``backoff``; None: as written). ``status_interval``: how often the API is
+    checked for deleted pods."""
 
     def __init__(self, api, network: PodNetwork, root: Path | str, *, images: Mapping[str, Image | str],
                  host_path: Callable[[str, str], str | Path | None] | None = None, backoff: float = 10.0,
-                 max_backoff: float = 300.0, close_grace: float = 5.0, status_interval: float = 0.25):
+                 max_backoff: float = 300.0, close_grace: float = 5.0, status_interval: float = 0.25,
+                 max_probe_period: float | None = None):
         self.api = api
         self.network = network
         self.root = Path(root).resolve()
@@ -1188,6 +1193,7 @@ class PodRunner:
         self._host_path = host_path
         self.backoff, self.max_backoff, self.close_grace = backoff, max_backoff, close_grace
         self.status_interval = status_interval
+        self.max_probe_period = max_probe_period
         self.pods: dict[str, _Pod] = {}  # uid -> pod
         self._lock = threading.RLock()
         self._ds_nodes: dict[tuple[str, str], list[str]] = {}
@@ -2064,9 +2070,12 @@ class PodRunner:
 
     def _probe_worker(self, p: _Pod, c: _Container, kind: str, probe: Mapping, stop: threading.Event) -> None:
         period = float(probe.get("periodSeconds", 10))
+        delay = float(probe.get("initialDelaySeconds", 0))
+        if self.max_probe_period is not None:
+            period, delay = min(period, self.max_probe_period), min(delay, self.max_probe_period)
         need_ok = int(probe.get("successThreshold", 1))
         need_fail = int(probe.get("failureThreshold", 3))
-        if stop.wait(float(probe.get("initialDelaySeconds", 0))):
+        if stop.wait(delay):
             return
         oks = fails = 0
         label = {"startupProbe": "Startup", "readinessProbe": "Readiness", "livenessProbe": "Liveness"}[kind]

@@ -805,7 +805,8 @@ def test_loopback_api_is_reached_through_a_relay_and_a_node_port_through_the_rea
     if missing:
         pytest.skip(f"the pod runner needs {', '.join(missing)}")
     with PodNetwork() as net, ApiServer() as api, \
-            PodRunner(api, net, tmp_path / "pods", images={"demo:1": Image(path=str(VENV_BIN))}) as runner:
+            PodRunner(api, net, tmp_path / "pods", images={"demo:1": Image(path=str(VENV_BIN))},
+                      max_probe_period=0.2) as runner:
         assert runner.api_host == net.gateway and runner.api_port != api.port
         svc = api.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"},
                           "spec": {"type": "NodePort", "selector": {"app": "web"},
@@ -816,14 +817,15 @@ def test_loopback_api_is_reached_through_a_relay_and_a_node_port_through_the_rea
                               "name": "web", "image": "demo:1", "workingDir": "/etc/podinfo",
                               "command": ["python3", "-m", "http.server", "8080"],
                               "ports": [{"name": "http", "containerPort": 8080}],
-                              "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 1},
+                              "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 60,
+                                                 "initialDelaySeconds": 60},  # capped to 0.2 s here
                               "volumeMounts": [{"name": "info", "mountPath": "/etc/podinfo"}]}],
                               "volumes": [{"name": "info", "downwardAPI": {"items": [
                                   {"path": "me", "fieldRef": {"fieldPath": "metadata.name"}}]}}]}})
         with pytest.raises(ConnectionError, match="no ready endpoint"):
             runner.service_resolver("default", "web", 80)
         runner.start(pod)
-        runner.wait_ready(pod, timeout=10)
+        runner.wait_ready(pod, timeout=5)
         out = runner.exec(pod, ["python3", "-c", (
             "import json, os, urllib.request\n"
             "e = os.environ\n"
