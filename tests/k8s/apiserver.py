@@ -240,19 +240,18 @@ ClusterRoles (``aggregationRule`` is stored and never acted on; the
 aggregated ``admin``, ``edit``, ``view`` roles do not exist), the service
 account issuer discovery (``/.well-known/openid-configuration``), the
 controllers that make objects (no DaemonSet pods, no ``default``
-ServiceAccount, no ``kube-root-ca.crt``, no Endpoints or EndpointSlices, no
-``kubernetes`` Service; tests/k8s/podrunner.py plays those), LoadBalancer
+ServiceAccount, no ``kube-root-ca.crt``: tests/k8s/podrunner.py plays those;
+no Endpoints or EndpointSlices, no ``kubernetes`` Service), LoadBalancer
 addresses, the DaemonSet ``updateStrategy`` and status validation, admission
-plugins (no ServiceAccount token volume, no default
-tolerations, no LimitRange/ResourceQuota; :attr:`ApiServer.admission_hooks`
-are in-process stand-ins for them, run before the webhooks), server-side apply
+plugins (no ServiceAccount token volume, no default tolerations, no
+LimitRange/ResourceQuota; :attr:`ApiServer.admission_hooks` are in-process
+stand-ins for them, run before the webhooks), server-side apply
 (``application/apply-patch+yaml`` is 415) and ``managedFields``, protobuf
 (JSON only; a request accepting only protobuf is 406), Table output (kubectl
 prints from the JSON itself), ``dryRun``, ``deletecollection``, the
 namespace controller (deleting a namespace deletes its objects at once), the
 garbage collector (``ownerReferences`` are stored, never acted on), full field
-validation (only what is listed above is checked)
-and OpenAPI schemas: ``/openapi/v2`` is a valid document with no definitions,
+validation (only what is listed above is checked) and OpenAPI schemas: ``/openapi/v2`` is a valid document with no definitions,
 so kubectl's client-side validation finds no schema and accepts the object,
 as it does for a kind it has no schema for.
 """
