@@ -23,8 +23,9 @@
 #
 # Offline (no package index reachable from inside the build): put wheels of
 # hamid's dependencies, and of setuptools and wheel to build hamid itself, in
-# .whl/ at the root of the build context, made with the base's Python version
-# (3.11), and turn the index off. .whl/ is used whenever it exists:
+# .whl/ at the root of the build context (git ignores it), made on Linux of the
+# image's architecture with the base's Python version (3.11), and turn the
+# index off. .whl/ is searched whenever it exists:
 #
 #   python3 -m pip wheel --wheel-dir .whl . setuptools wheel
 #   docker build --build-arg PIP_NO_INDEX=1 -t hamid:0.1.0 .
@@ -62,7 +63,7 @@ RUN set -eu; \
 FROM ${BASE}
 ARG VERSION=0.1.0 REVISION= CREATED=
 LABEL org.opencontainers.image.title="hamid" \
-      org.opencontainers.image.description="GPU sharing without a central scheduler: the hamid node daemon and the libvgpu.so shim" \
+      org.opencontainers.image.description="hamid: GPU sharing without a central scheduler (daemon and shim)" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.revision="${REVISION}" \
