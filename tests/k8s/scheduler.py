@@ -878,7 +878,6 @@ class SchedulerStandIn:
         key = (meta["namespace"], meta["name"])
         with self._lock:
             changed = self._failures.get(key) != message
-            self._failures[key] = message
         cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
                     None)
         if not cond or (cond.get("status"), cond.get("reason"), cond.get("message")) != ("False", reason, message):
@@ -895,6 +894,8 @@ class SchedulerStandIn:
         if changed:
             self._event(pod, "Warning", "FailedScheduling", "Scheduling", message)
             log.info("scheduler_standin_unschedulable", pod=f"{key[0]}/{key[1]}", reason=reason, message=message)
+        with self._lock:  # recorded last: whoever sees it can already read the condition and the event
+            self._failures[key] = message
 
     def _event(self, pod: dict, type_: str, reason: str, action: str, note: str) -> None:
         meta = pod["metadata"]
