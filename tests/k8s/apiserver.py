@@ -3425,7 +3425,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as e:
             code = e.code
             self._send(e.code, e.status())
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError):  # the client went away (a killed watcher)
             code = 499
         except Exception as e:  # a bug in the stand-in: say so loudly
             code = 500
