@@ -31,7 +31,7 @@ VARIANTS = {
     "extender": {"mode": "extender"},
     "none": {"mode": "none"},
     "admission-policy": {"admissionPolicy": {"enabled": True}},
-    "host-network": {"hostNetwork": True},
+    "host-network": {"hostNetwork": True, "ports": {"webhook": 9443}},
     "dashboard": {"dashboard": {"enabled": True}},
     "renamed-resources": {"config": {"resourceCountName": "example.com/vgpu",
                                      "resourceMemoryName": "example.com/vgpu-memory"}},
@@ -163,6 +163,15 @@ def test_a_key_the_chart_owns_is_refused_in_config_naming_the_value_to_set():
     with pytest.raises(helm.HelmError) as e:
         render({"config": {"gossipListen": "0.0.0.0:1234"}})
     assert "config.gossipListen is set by the chart" in str(e.value)
+
+
+def test_the_webhook_listens_where_managed_control_planes_reach_and_never_on_kubelets_port():
+    docs = render()
+    assert yaml.safe_load(one(docs, "ConfigMap", "hamid-config")["data"]["config.yaml"])["webhookListen"] == \
+        "0.0.0.0:10250"  # pod network: the port GKE private clusters' firewall lets the API server reach
+    with pytest.raises(helm.HelmError) as e:
+        render({"hostNetwork": True})
+    assert "kubelet's own port" in str(e.value) and "ports.webhook" in str(e.value)
 
 
 def test_values_outside_what_is_accepted_are_refused_by_the_schema():
