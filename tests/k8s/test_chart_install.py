@@ -130,6 +130,25 @@ def test_an_upgrade_keeps_the_gossip_keyring_and_the_webhook_certificate(tmp_pat
         assert other["other-hamid-gossip"] != keys
 
 
+def wait_leader(api, names: set[str], other_than: str | None = None, timeout: float = 30.0) -> str:
+    """The pod holding the chart's Lease once it is one of ``names`` (and not ``other_than``) and
+    its pod carries the leader label, alone among ``names`` (what the extender Service selects)."""
+    deadline = time.time() + timeout
+    holder = None
+    while time.time() < deadline:
+        try:
+            holder = api.get("Lease", NS, "hamid-leader")["spec"].get("holderIdentity")
+        except Exception:
+            holder = None
+        if holder in names and holder != other_than:
+            labelled = {n for n in names
+                        if api.get("Pod", NS, n)["metadata"].get("labels", {}).get("hamid.io/leader") == "true"}
+            if labelled == {holder}:
+                return holder
+        time.sleep(0.1)
+    raise AssertionError(f"no leader among {sorted(names)} (other than {other_than!r}): the Lease names {holder!r}")
+
+
 def free_node_port() -> int:
     import random
     import socket
@@ -200,23 +219,10 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
                     api.set_status("Node", None, n, {"capacity": {"nvidia.com/gpu": n_dev},
                                                      "allocatable": {"nvidia.com/gpu": n_dev}})
 
-                # a leader elected over the chart's Lease, its pod labelled for the extender Service
+                # a leader elected over the chart's Lease, its pod alone labelled for the extender Service
                 names = {p["metadata"]["name"] for p in pods}
-                deadline = time.time() + 30
-                holder = None
-                while time.time() < deadline:
-                    try:
-                        holder = api.get("Lease", NS, "hamid-leader")["spec"].get("holderIdentity")
-                    except Exception:
-                        holder = None
-                    if holder in names and api.get("Pod", NS, holder)["metadata"]["labels"].get(
-                            "hamid.io/leader") == "true":
-                        break
-                    time.sleep(0.1)
-                assert holder in names, f"no leader: {holder!r}\n{runner.logs(pods[0])[-3000:]}"
+                holder = wait_leader(api, names)
 
-                # every node's daemon sees the others through gossip over the pod IPs
-                leader_pod = next(p for p in pods if p["metadata"]["name"] == holder)
                 config = None
                 if mode == "extender":  # what the operator gives kube-scheduler: the chart's own file
                     config = yaml.safe_load(api.get("ConfigMap", NS, "hamid-scheduler-config")["data"]["config.yaml"])
@@ -282,7 +288,21 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
                                                                          ("patch", "pods", "")]
                 for need in needs:
                     assert need in used, (need, sorted(used))
-                assert leader_pod["metadata"]["name"] == holder
+
+                # failover: the leader's daemon SIGKILLed; another pod takes the Lease and the label
+                # (the extender Service follows it), and places the next pod
+                holder = wait_leader(api, names)  # now (the rolling update may have moved the Lease)
+                runner.kill(next(p for p in pods if p["metadata"]["name"] == holder))
+                t0 = time.time()
+                new = wait_leader(api, names, other_than=holder, timeout=30)
+                print(f"{mode}: {new} took over from {holder} in {time.time() - t0:.1f} s")
+                ok = kubectl(kc, "apply", "-f", "-", stdin=POD_YAML.format(name="after", mem=2000, cores=10))
+                assert ok.returncode == 0, ok.stderr
+                node = sched.wait_bound("default", "after", timeout=60)
+                after = api.get("Pod", "default", "after")
+                assert after["metadata"]["annotations"]["hami.io/vgpu-node"] == node
+                got = kubelets[node].admit(after)
+                assert got.admitted, got.message
         finally:
             if sched is not None:
                 sched.stop()
