@@ -100,14 +100,15 @@ class KubeletFace:
                 by_gpu.setdefault(gpu_of(i), []).append(i)
         view = self.node.core.ledger.view()
         free = {g.uuid: g.mem_total - g.mem_used for g in view.gpus}
-        waiting: list[tuple[str, ...]] = []
+        candidates: list[tuple[Reservation, tuple[str, ...]]] = []
         for r in self.node.core.ledger.list():
             if r.kind != "pod" or r.state != "reserved":
                 continue
             keyed = r.details.get("container_slots") or {}
             for c in r.decision.containers:
                 if c.name not in keyed and len(c.devices) == size - len(must):
-                    waiting.append(tuple(d.uuid for d in c.devices))
+                    candidates.append((r, tuple(d.uuid for d in c.devices)))
+        waiting = self._admissible(candidates) if len(candidates) > 1 else [g for _, g in candidates]
         order = sorted(by_gpu, key=lambda g: -free.get(g, 0))
         for gset in waiting:
             if all(g in by_gpu for g in gset):
@@ -118,6 +119,29 @@ class KubeletFace:
                 if len(chosen) < size and by_gpu[g]:
                     chosen.append(by_gpu[g].pop(0))
         return chosen[:size]
+
+    def _admissible(self, candidates: list[tuple[Reservation, tuple[str, ...]]]) -> list[tuple[str, ...]]:
+        """Of several waiting reservations, the GPUs of those kubelet may be admitting now: their
+        pod bound to this node (kubelet admits no other), the oldest first (kubelet admits pods in
+        creation order). A pod the API cannot be asked about stays a candidate, after the others;
+        one placed but not yet bound here is left out, so it cannot steer another pod's devices."""
+        bound: list[tuple[str, tuple[str, ...]]] = []
+        unknown: list[tuple[str, ...]] = []
+        for r, gset in candidates:
+            ns, sep, name = r.name.partition("/")
+            if not sep or self.pods.api is None:
+                unknown.append(gset)
+                continue
+            try:
+                pod = self.pods.get_pod(ns, name)
+            except Exception:  # the API server cannot answer: no reason to drop it
+                unknown.append(gset)
+                continue
+            if pod is not None and (pod.get("metadata") or {}).get("uid") == r.uid and \
+                    (pod.get("spec") or {}).get("nodeName") == self.node.name:
+                bound.append(((pod.get("metadata") or {}).get("creationTimestamp") or "", gset))
+        bound.sort(key=lambda t: t[0])  # RFC 3339 UTC timestamps sort as strings
+        return [g for _, g in bound] + unknown
 
     # --- liveness, for the reconciler (a worker thread) -------------------------------------
 

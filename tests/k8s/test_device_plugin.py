@@ -151,6 +151,32 @@ def _reserve_first(env, pods):
                       owner={"kind": "pod", "uid": m["uid"], "name": f"{m['namespace']}/{m['name']}"})
 
 
+def test_preferred_allocation_follows_the_waiting_pod_that_is_bound_here(node):
+    """Kubelet's GetPreferredAllocation names no pod. Two reservations wait on this node; only the
+    pod bound to it can be the one kubelet admits, so its GPU is preferred, not the GPU of a pod the
+    leader placed here that kube-scheduler has not bound yet (older reservation, other GPU)."""
+    from hamid.localapi.client import LocalClient
+    from hamid.request import parse_pod
+
+    big = _gpu_pod(node, "big", 70000, node=None)  # placed here, not bound yet
+    mid = _gpu_pod(node, "mid", 30000)  # bound
+    with LocalClient(node.state) as c:  # the leader's commits: a decision each, left `reserved`
+        for p in (big, mid):
+            m, request = p["metadata"], parse_pod(p).to_dict()
+            probe = c.reserve(request, "pod", owner={"kind": "pod", "uid": "probe-" + m["uid"], "name": "x/probe"})
+            c.release(probe["owner"])
+            c.commit({"kind": "pod", "uid": m["uid"], "name": f"{m['namespace']}/{m['name']}"},
+                     probe["decision"], "pod", request)
+        assert {r["state"] for r in c.reservations()} == {"reserved"}
+    placed = {r["owner"]: r["decision"]["containers"][0]["devices"][0]["uuid"] for r in node.reservations()}
+    gpu_big, gpu_mid = placed[f"pod:{big['metadata']['uid']}"], placed[f"pod:{mid['metadata']['uid']}"]
+    assert gpu_big != gpu_mid  # 70000 + 30000 MiB do not fit on one H100
+    assert node.kubelet.admit(mid).admitted
+    cfg = node.kubelet.start_container(mid, "main")
+    assert decode_limits(node, cfg) == (30000, 0)
+    assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == gpu_mid
+
+
 @pytest.mark.parametrize("strategy", ["envvar", "cdi-cri"])
 def test_no_swaps_with_reservations_made_before_kubelet(tmp_path, api_server, strategy):
     env = NodeEnv(tmp_path / "n", api_server, split=50, pick="random", seed=7, strategy=strategy).start()
