@@ -83,6 +83,7 @@ class PodAdmission:
         self.pods = pods
         self.strategy = strategy
         self.cdi_dir = cdi_dir
+        core.own_file_dir(cdi_dir)  # release may delete the CDI specs written there, and nothing else
         self.defaults = defaults
 
     # --- Allocate: what depends on the devices alone ----------------------------------

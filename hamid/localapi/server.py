@@ -85,6 +85,21 @@ def _user(body: dict) -> tuple[int, int]:
     return u[0], u[1]
 
 
+def _runtime_details(d, cid: str) -> dict[str, str]:
+    """What the Docker runtime records beside a container it admits: its id,
+    and the runc root and bundle (absolute paths, read for liveness only)."""
+    d = d or {}
+    if not isinstance(d, dict) or set(d) - {"id", "runc_root", "bundle"}:
+        raise HamidError("details: accepted keys for a container: id, runc_root, bundle")
+    for k in ("runc_root", "bundle"):
+        v = d.get(k)
+        if v is not None and (not isinstance(v, str) or not v.startswith("/") or "\0" in v or len(v) > 4096):
+            raise HamidError(f"details.{k}: expected an absolute path")
+    if d.get("id", cid) != cid:
+        raise HamidError("details.id: must be the container's id")
+    return dict(d)
+
+
 class LocalApiFace:
     """Serves the app on ``socket_path`` (mode 0600) until cancelled."""
 
@@ -130,7 +145,7 @@ class LocalApiFace:
             owner = Owner.from_dict(body["owner"]) if body.get("owner") else Owner.from_key(request.owner)
             if owner.kind != kind:
                 raise HamidError(f"owner {owner.key} is not of kind {kind}")
-            got = await node.admit(owner, request, user=_user(body), details=body.get("details") or {},
+            got = await node.admit(owner, request, user=_user(body), details=caller_details(body.get("details")),
                                    deadline=_deadline(body))
             return JSONResponse(got.reservation.to_dict())
 
@@ -143,7 +158,7 @@ class LocalApiFace:
             request = parse_docker_env(env, cid, self.defaults)
             if request is None:
                 return JSONResponse({"ours": False})
-            got = await node.admit(owner, request, user=_user(body), details=body.get("details") or {},
+            got = await node.admit(owner, request, user=_user(body), details=_runtime_details(body.get("details"), cid),
                                    deadline=_deadline(body))
             return JSONResponse({"ours": True, **got.to_dict()})
 
@@ -159,7 +174,7 @@ class LocalApiFace:
             except (KeyError, TypeError, ValueError) as e:
                 raise HamidError(f"decision: malformed ({e!r})") from None
             res = await node.commit(owner, decision, request=body.get("request") or {},
-                                    details=body.get("details") or {}, deadline=_deadline(body))
+                                    details=caller_details(body.get("details")), deadline=_deadline(body))
             return JSONResponse(res.to_dict())
 
         async def cluster_view(req: HttpRequest):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,9 +61,7 @@ def _safe_dir(path: str, mode: int) -> None:
         os.mkdir(path, mode)
     except FileExistsError:
         st = os.lstat(path)
-        import stat as st_mod
-
-        if not st_mod.S_ISDIR(st.st_mode):
+        if not stat.S_ISDIR(st.st_mode):
             raise HamidError(f"{path} exists and is not a directory; remove it") from None
 
 
@@ -74,6 +73,15 @@ class NodeCore:
         self._open_backend = backend
         self._backend: DeviceBackend | None = None
         self.claimant = claimant_id()
+        # Directories outside the state directory where a face writes files for
+        # a reservation (the kubelet face's CDI specs); release deletes a file
+        # named in a reservation only when it is a plain entry of one of these.
+        self._file_dirs: set[str] = set()
+
+    def own_file_dir(self, path: str) -> None:
+        """Let reservations name files of ``path`` (a directory a face of this
+        node writes into) for release to delete."""
+        self._file_dirs.add(os.path.abspath(path))
 
     @property
     def backend(self) -> DeviceBackend:
@@ -215,15 +223,40 @@ class NodeCore:
             mig.destroy_instances(self.backend, res)
         kind, _, uid = key.partition(":")
         for c in res.decision.containers:  # the slot a face keyed it to, and the default one it had before
-            for slot in {slot_name(res, c.name), layout.slot(kind, uid, c.name)}:
-                self._remove_container_files(slot)
+            for slot in (lambda: slot_name(res, c.name), lambda: layout.slot(kind, uid, c.name)):
+                try:
+                    name = slot()
+                except layout.LayoutError as e:  # never ours: nothing was made under such a name
+                    log.warning("not removing files under a malformed name", owner=key, error=str(e))
+                    continue
+                self._remove_container_files(name)
         for path in res.details.get("extra_files") or ():  # a face's own files for it (CDI specs)
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            self._remove_face_file(key, path)
         self.ledger.finish_release(key, self.claimant)
         return res
+
+    def _remove_face_file(self, key: str, path: object) -> None:
+        """Delete ``path`` if it is a plain entry of a directory a face owns
+        (:meth:`own_file_dir`), through that directory's descriptor (no link
+        followed on the way); anything else is logged and left alone."""
+        if not isinstance(path, str) or os.path.abspath(os.path.dirname(path)) not in self._file_dirs:
+            log.warning("not deleting a file outside the directories this node writes", owner=key,
+                        path=str(path)[:200])
+            return
+        try:
+            name = layout.component(os.path.basename(path), "file name")
+            dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except (layout.LayoutError, OSError) as e:
+            log.warning("not deleting a face's file", owner=key, path=path, error=str(e))
+            return
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(dfd)
 
     def _remove_container_files(self, slot: str) -> None:
         shutil.rmtree(layout.region_dir(self.state_dir, slot), ignore_errors=True)

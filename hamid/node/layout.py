@@ -15,6 +15,9 @@ A container's *slot* names its entries: a Docker container's id, or
 from __future__ import annotations
 
 import os
+import re
+
+from ..errors import HamidError
 
 LEDGER_NAME = "ledger.db"
 LOCK_NAME = "hamid.lock"
@@ -37,14 +40,34 @@ REGION_FILE_IN_CONTAINER = REGION_DIR_IN_CONTAINER + "/vgpu.cache"
 MOUNTED_IN_CONTAINER = (SHIM_IN_CONTAINER, LIMITS_IN_CONTAINER, PRELOAD_IN_CONTAINER, REGION_DIR_IN_CONTAINER)
 
 
+# One path component of ours: no separator, no leading dot (so never "." or
+# ".."), printable ASCII only. Pod UIDs, Docker ids and Kubernetes container
+# names (DNS labels) all fit; 255 is the file-name limit of every Linux file system.
+_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
+
+
+class LayoutError(HamidError):
+    """A name the node would turn into a path is not one plain path component."""
+
+
+def component(name: object, what: str = "name") -> str:
+    """``name`` if it is one safe path component, else :class:`LayoutError`.
+    Every name the node derives a path from passes here, whoever sent it."""
+    if not isinstance(name, str) or not _COMPONENT.match(name):
+        shown = repr(name)[:80]
+        raise LayoutError(f"{what}: bad value {shown}; accepted: 1 to 255 letters, digits, '_', '.', '-', "
+                          "not starting with '.', '_' or '-'")
+    return name
+
+
 def slot(owner_kind: str, uid: str, container: str) -> str:
     """The name of a container's entries under ``containers/`` and ``limits/``."""
-    return uid if owner_kind == "docker" else f"{uid}_{container}"
+    return component(uid if owner_kind == "docker" else f"{uid}_{container}", "container slot")
 
 
 def region_dir(state_dir: str | os.PathLike, slot_name: str) -> str:
-    return os.path.join(state_dir, CONTAINERS_DIR, slot_name)
+    return os.path.join(state_dir, CONTAINERS_DIR, component(slot_name, "container slot"))
 
 
 def limits_file(state_dir: str | os.PathLike, slot_name: str) -> str:
-    return os.path.join(state_dir, LIMITS_DIR, slot_name)
+    return os.path.join(state_dir, LIMITS_DIR, component(slot_name, "container slot"))

@@ -78,7 +78,7 @@ def slot_name(res: Reservation, container: str) -> str:
     the devices kubelet gave), else the layout's default."""
     given = (res.details.get("container_slots") or {}).get(container)
     if given:
-        return given
+        return layout.component(given, "container slot")
     kind, _, uid = res.owner.partition(":")
     return layout.slot(kind, uid, container)
 

@@ -22,6 +22,8 @@ from ..errors import HamidError
 from ..gossip.keyring import Keyring
 from ..ledger import LedgerConflict
 from ..logs import get_logger
+from ..node.callers import DetailsError, caller_details
+from ..node.layout import LayoutError, component
 from ..node.identity import Owner
 from ..placement import Decision
 from . import frames
@@ -174,8 +176,13 @@ class PeerFace:
             decision = Decision.from_dict(decision_d)
         except Exception as e:
             raise frames.FrameError("schema", f"commit: malformed decision ({e!r})") from None
-        res = await self.node.commit(owner, decision, request=_optional_map(args, "request"),
-                                     details=_optional_map(args, "details"))
+        try:
+            details = caller_details(args.get("details"))
+            for c in decision.containers:  # the node derives file names from these
+                component(c.name, "container name")
+        except (DetailsError, LayoutError) as e:
+            raise frames.FrameError("schema", f"commit: {e}") from None
+        res = await self.node.commit(owner, decision, request=_optional_map(args, "request"), details=details)
         log.info("committed for a peer", owner=owner.key, node=decision.node)
         return res.to_dict()
 

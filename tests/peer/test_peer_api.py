@@ -232,9 +232,9 @@ async def test_bodies_are_bounded(tmp_path):
     async with serving(face) as (addr,), PeerClient(keys) as client:
         owner, decision = b.propose("huge")
         with pytest.raises(PeerProtocolError, match="over 4096 bytes") as e:
-            await client.commit(addr, owner, decision, details={"pad": "x" * 5000})
+            await client.commit(addr, owner, decision, request={"pad": "x" * 5000})
         assert e.value.kind == "too-large" and b.owners() == []
-        await client.commit(addr, owner, decision, details={"pad": "x" * 100})
+        await client.commit(addr, owner, decision, request={"pad": "x" * 100})
         assert b.owners() == ["pod:huge"]
 
 
