@@ -4,7 +4,8 @@
 ``task_status.started(bound addresses)`` once listening and serves until
 cancelled. An address that cannot be bound is a :class:`HamidError` naming
 it, not a traceback. With ``certfile`` and ``keyfile`` (PEM files) it serves
-HTTPS only (TLS 1.2 or later; no client certificate asked); a pair that
+HTTPS only (TLS 1.2 or later); with ``client_ca`` too, only clients that
+present a certificate signed by that CA complete the handshake. A pair that
 cannot be loaded is a :class:`HamidError` naming the files.
 """
 
@@ -19,6 +20,25 @@ from hypercorn.trio import serve
 from .errors import HamidError
 
 
+class BodyTooLarge(HamidError):
+    """A request body over its listener's limit (answer 413)."""
+
+
+async def read_body(req, limit: int) -> bytes:
+    """A starlette request's body, refused (:class:`BodyTooLarge`) as soon as it
+    is known to pass ``limit`` bytes: by its Content-Length before anything is
+    read, else while streaming, so an oversized body is never held."""
+    length = req.headers.get("content-length")
+    if length is not None and (not length.isascii() or not length.isdigit() or int(length) > limit):
+        raise BodyTooLarge(f"request body over {limit} bytes")
+    buf = bytearray()
+    async for chunk in req.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise BodyTooLarge(f"request body over {limit} bytes")
+    return bytes(buf)
+
+
 class ListenError(HamidError):
     """An address could not be bound (in use, not ours, malformed)."""
 
@@ -28,13 +48,17 @@ class TLSError(HamidError):
 
 
 async def serve_asgi(app, bind: str, *, what: str = "", certfile: str | None = None, keyfile: str | None = None,
-                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+                     client_ca: str | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
     cfg = HyperConfig()
     cfg.bind = [bind]
     if (certfile is None) != (keyfile is None):
         raise TLSError(f"TLS needs both a certificate and a key file, got certfile={certfile!r} keyfile={keyfile!r}")
+    if client_ca is not None and certfile is None:
+        raise TLSError(f"client certificates ({client_ca}) need TLS: a certificate and key to serve")
     if certfile is not None:
         cfg.certfile, cfg.keyfile = certfile, keyfile
+        if client_ca is not None:  # no handshake completes without a certificate this CA signed
+            cfg.ca_certs, cfg.verify_mode = client_ca, ssl.CERT_REQUIRED
         try:
             cfg.create_ssl_context()  # hypercorn loads them only once serving: fail here, naming the files
         except (OSError, ssl.SSLError) as e:

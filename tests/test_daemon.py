@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hamid.errors import HamidError
+
 from hamid.localapi.client import Conflict as LedgerConflict
 from hamid.localapi.client import LocalClient
 from hamid.request import parse_docker_env
@@ -67,7 +69,9 @@ def test_daemon_serves_reserve_status_metrics_and_survives_a_crash(tmp_path, fre
         assert oct((state / "hamid.sock").stat().st_mode & 0o777) == "0o600"
         req = parse_docker_env({"HAMI_VISIBLE_DEVICES": "1", "HAMI_VGPU_SPEC": "mem=4g,cores=30"}, "abc")
         with LocalClient(state) as c:
-            res = c.reserve(req.to_dict(), "docker", {"note": "x"})
+            with pytest.raises(HamidError, match="key 'extra_files' may not be set by a caller"):
+                c.reserve(req.to_dict(), "docker", {"extra_files": ["/etc/passwd"]})  # never a path from a caller
+            res = c.reserve(req.to_dict(), "docker")
             dev = res["decision"]["containers"][0]["devices"][0]
             assert (dev["index"], dev["mem_mib"], dev["cores"]) == (1, 4096, 30)
             big = parse_docker_env({"HAMI_VISIBLE_DEVICES": "2", "HAMI_VGPU_SPEC": "mem=20g"}, "big")

@@ -300,6 +300,43 @@ class Config(NodeSettings, ResourceNameSettings):
     Every daemon serves it and forwards to the leader; the Service selecting
     the leader's label is what kube-scheduler's ``urlPrefix`` names."""
 
+    extenderClientCAFile: str | None = None
+    """PEM CA certificate(s) of the extender's callers (``controlMode:
+    extender``). The extender then serves HTTPS only (the webhook's serving
+    certificate) and completes no TLS handshake without a client certificate
+    this CA signed: kube-scheduler's (``tlsConfig`` in its extender entry) and
+    the daemons' own (``extenderClientCertFile``, for a follower forwarding to
+    the leader). ``bind`` commits on a node and binds pods with the daemon's
+    rights, so nobody else may call it. The chart makes this CA and both
+    certificates. Required in extender mode unless ``extenderInsecure``."""
+
+    extenderClientCertFile: str | None = None
+    """PEM client certificate a follower presents when it forwards an
+    extender call to the leader (signed by ``extenderClientCAFile``'s CA);
+    with ``extenderClientKeyFile``. Unset: a follower answers calls itself
+    (every commit is still re-checked by its node's ledger)."""
+
+    extenderClientKeyFile: str | None = None
+    """PEM private key of ``extenderClientCertFile``."""
+
+    extenderServerCAFile: str | None = None
+    """PEM CA that signed the daemons' serving certificate (the chart's
+    webhook CA): a follower checks the leader's certificate against it when
+    forwarding an extender call (the name is not checked: gossip gives pod
+    addresses, the certificate names the Service). Unset:
+    ``extenderClientCAFile``."""
+
+    extenderSchedulerNames: tuple[str, ...] = ("default-scheduler",)
+    """The ``schedulerName`` values of pods the extender may bind: the
+    profiles of the kube-scheduler that calls it (kube-scheduler's own default
+    profile is ``default-scheduler``). A pod of another scheduler is refused
+    at ``bind``, so no caller can have hamid bind pods it does not schedule."""
+
+    extenderInsecure: bool = False
+    """Serve the extender over plain HTTP with no authentication: anyone who
+    reaches ``extenderListen`` can then bind pods to nodes with the daemon's
+    rights. For a test cluster on one machine only; a warning is logged."""
+
     webhookListen: str = "0.0.0.0:9443"
     """``HOST:PORT`` of the mutating admission webhook's HTTPS server (with
     ``kubernetes`` and a ``controlMode`` other than ``none``). Every daemon
@@ -557,6 +594,20 @@ class Config(NodeSettings, ResourceNameSettings):
                 "webhook_tls_pair", "set both webhookCertFile and webhookKeyFile, or neither (a self-made CA): got "
                 "webhookCertFile={cert}, webhookKeyFile={key}",
                 {"cert": repr(self.webhookCertFile), "key": repr(self.webhookKeyFile)})
+        return self
+
+    @model_validator(mode="after")
+    def _extender_auth(self):
+        if (self.extenderClientCertFile is None) != (self.extenderClientKeyFile is None):
+            raise PydanticCustomError(
+                "extender_client_pair", "set both extenderClientCertFile and extenderClientKeyFile, or neither: "
+                "got extenderClientCertFile={cert}, extenderClientKeyFile={key}",
+                {"cert": repr(self.extenderClientCertFile), "key": repr(self.extenderClientKeyFile)})
+        if self.controlMode == "extender" and self.extenderClientCAFile is None and not self.extenderInsecure:
+            raise PydanticCustomError(
+                "extender_auth", "controlMode extender needs extenderClientCAFile (the CA of kube-scheduler's "
+                "client certificate: only kube-scheduler may bind pods; the chart makes one), or "
+                "extenderInsecure: true for a test cluster on one machine", {})
         return self
 
     @model_validator(mode="after")

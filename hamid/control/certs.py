@@ -96,13 +96,15 @@ def _split_names(names) -> tuple[list[str], list[ipaddress._BaseAddress]]:
     return dns, ips
 
 
-def issue(ca: Issued, names, days: int = SERVING_DAYS) -> Issued:
+def issue(ca: Issued, names, days: int = SERVING_DAYS, *, client: bool = False) -> Issued:
     """A serving certificate signed by ``ca`` for ``names`` (DNS names and IP
-    addresses, all put in subjectAltName; the first is also the CN)."""
+    addresses, all put in subjectAltName; the first is also the CN). With
+    ``client``: a client certificate instead (``names[0]`` the CN, no
+    subjectAltName), as kube-scheduler presents to the extender."""
     names = list(dict.fromkeys(names))
     if not names:
-        raise CertError("a serving certificate needs at least one DNS name or IP address")
-    dns, ips = _split_names(names)
+        raise CertError("a certificate needs at least one name")
+    dns, ips = _split_names(names) if not client else ([], [])
     key = ec.generate_private_key(ec.SECP256R1())
     ca_cert, ca_key = ca.cert, ca.key
     now = _now()
@@ -118,10 +120,12 @@ def issue(ca: Issued, names, days: int = SERVING_DAYS) -> Issued:
                                          crl_sign=False, content_commitment=False, data_encipherment=False,
                                          key_agreement=False, encipher_only=False, decipher_only=False),
                            critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.SubjectAlternativeName(san), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH if client
+                                                  else ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False))
+    if san:
+        cert = cert.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    cert = cert.sign(ca_key, hashes.SHA256())
     return Issued(_pem_key(key), cert.public_bytes(serialization.Encoding.PEM))
 
 

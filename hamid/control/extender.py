@@ -14,7 +14,16 @@ kube-scheduler (configured by ``contrib/kubelet/``) calls ``filter``,
 - ``bind``: the placement on the chosen node is committed on that node's
   ledger through the peer API (re-checked there; no node-wide lock), the
   allocation is recorded on the pod, and the Binding is created; a Binding
-  that fails releases the commit, and kube-scheduler retries the pod.
+  that fails releases the commit this call made (never one an earlier call
+  made: the commit carries an attempt id, as the gate controller's do), and
+  kube-scheduler retries the pod. ``bind`` refuses a pod that is already
+  bound, that another scheduler owns (``schedulerNames``), that asks for no
+  GPU of hamid's, or a node this extender did not pass it on in ``filter``.
+
+Who may call: with a client CA (``extenderClientCAFile``) the server is
+HTTPS and completes no handshake without a certificate that CA signed
+(kube-scheduler's, or a follower daemon's forwarding); only
+``extenderInsecure`` serves plain HTTP, for tests on one machine.
 
 Every daemon serves it; a daemon that does not lead forwards each call to
 the leader (``leader_url``), and answers itself when no leader is known, which
@@ -23,6 +32,9 @@ is safe since every commit is re-checked by the node's ledger.
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -40,18 +52,25 @@ from ..placement import Decision
 from ..placement.engine import feasible, fit_node
 from ..request import parse_pod
 from ..request.model import Defaults, Request
+from ..serving import BodyTooLarge, read_body
 from . import annotations
 from .placer import ClusterView
 
 log = get_logger("extender")
 
-MAX_BODY = 8 * 1024 * 1024
-FORWARDED = "x-hamid-forwarded"  # a NodeList of thousands of nodes when not node-cache capable
+MAX_BODY = 8 * 1024 * 1024  # a NodeList of thousands of nodes when not node-cache capable
+FORWARDED = "x-hamid-forwarded"
+FILTERED_TTL_S = 600.0  # kube-scheduler binds within seconds of filtering; a pod filtered longer ago is re-filtered
+FILTERED_MAX = 65536  # pods remembered between filter and bind (bounded: one entry per pod, oldest dropped first)
 
 
 class Extender:
     def __init__(self, api, peer, cluster: ClusterView, *, defaults: Defaults, node_policy: str,
-                 is_leader: Callable[[], bool], leader_url: Callable[[], str | None]) -> None:
+                 is_leader: Callable[[], bool], leader_url: Callable[[], str | None],
+                 scheduler_names: tuple[str, ...] = ("default-scheduler",),
+                 forward_tls: tuple[str, str, str] | None = None) -> None:
+        """``forward_tls``: (client certificate, key, CA) a follower uses to reach
+        the leader's HTTPS extender; None with a plain-HTTP extender."""
         from kubernetes import client
 
         self.api = api
@@ -62,8 +81,22 @@ class Extender:
         self.node_policy = node_policy
         self.is_leader = is_leader
         self.leader_url = leader_url
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), trust_env=False)
+        self.scheduler_names = tuple(scheduler_names)
+        verify: Any = True
+        cert = None
+        if forward_tls is not None:
+            import ssl
+
+            cert = forward_tls[:2]
+            # the leader's serving certificate names the Service, not the pod address gossip gives: the
+            # chain is checked against the callers' CA (the chart signs both), the name is not
+            verify = ssl.create_default_context(cafile=forward_tls[2])
+            verify.check_hostname = False
+            verify.load_cert_chain(*cert)
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), trust_env=False, verify=verify)
         self.bound = 0  # pods bound through this daemon (metrics)
+        self.refused = 0  # bind calls refused before any commit (metrics)
+        self._filtered: OrderedDict[str, tuple[float, frozenset[str]]] = OrderedDict()  # pod uid -> nodes passed
 
     def _request(self, pod: dict) -> Request | None:
         """The pod's GPU request, or None when it asks for no GPU (then every node will do)."""
@@ -96,6 +129,9 @@ class Extender:
                     ok.append(name)
                 else:
                     failed[name] = "hamid: " + "; ".join(why)
+        uid = (pod.get("metadata") or {}).get("uid")
+        if request is not None and isinstance(uid, str) and uid:
+            self._remember(uid, ok)
         out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": {}, "Error": ""}
         if by_names:
             out["NodeNames"] = ok
@@ -127,50 +163,77 @@ class Extender:
             out.append({"Host": name, "Score": score})
         return out
 
+    def _remember(self, uid: str, nodes) -> None:
+        self._filtered[uid] = (time.monotonic(), frozenset(nodes))
+        self._filtered.move_to_end(uid)
+        while len(self._filtered) > FILTERED_MAX:
+            self._filtered.popitem(last=False)
+
+    def _filtered_onto(self, uid: str, node: str) -> bool:
+        got = self._filtered.get(uid)
+        return got is not None and time.monotonic() - got[0] <= FILTERED_TTL_S and node in got[1]
+
+    def _refuse(self, message: str) -> dict[str, Any]:
+        self.refused += 1
+        log.info("bind refused", reason=message)
+        return {"Error": f"hamid: {message}"}
+
     async def bind(self, args: dict[str, Any]) -> dict[str, Any]:
         ns, name, uid, node = args.get("PodNamespace"), args.get("PodName"), args.get("PodUID"), args.get("Node")
         if not all(isinstance(x, str) and x for x in (ns, name, uid, node)):
-            return {"Error": "hamid: PodName, PodNamespace, PodUID and Node are required"}
+            return self._refuse("PodName, PodNamespace, PodUID and Node are required")
         try:
             pod = self.api.sanitize_for_serialization(
                 await trio.to_thread.run_sync(lambda: self.core.read_namespaced_pod(name, ns, _request_timeout=10)))
         except Exception as e:
             return {"Error": f"hamid: cannot read pod {ns}/{name}: {e}"}
         if pod["metadata"]["uid"] != uid:
-            return {"Error": f"hamid: pod {ns}/{name} is now another pod (uid {pod['metadata']['uid']})"}
+            return self._refuse(f"pod {ns}/{name} is now another pod (uid {pod['metadata']['uid']})")
+        spec = pod.get("spec") or {}
+        if spec.get("nodeName"):
+            return self._refuse(f"pod {ns}/{name} is already bound to node {spec['nodeName']}")
+        sched = spec.get("schedulerName") or "default-scheduler"
+        if sched not in self.scheduler_names:
+            return self._refuse(f"pod {ns}/{name} belongs to scheduler {sched!r}, not to this extender's "
+                                f"({', '.join(self.scheduler_names)}: extenderSchedulerNames)")
         try:
             request = self._request(pod)
         except HamidError as e:
-            return {"Error": f"hamid: {e}"}
-        placed = None
-        if request is not None:
-            members = self.cluster.members()
-            m = members.get(node)
-            if m is None or not m.peer:
-                return {"Error": f"hamid: no hamid daemon reachable on node {node}"}
-            got = fit_node(request, m.view)
-            if not isinstance(got, Decision):
-                return {"Error": f"hamid: the pod no longer fits on {node}: " + "; ".join(got)}
-            owner = Owner("pod", uid, name=f"{ns}/{name}")
-            try:
-                await self.peer.commit(m.peer, owner, got, request=request.to_dict(),
-                                       details={"placed_by": "extender"})
-            except HamidError as e:
-                return {"Error": f"hamid: node {node} refused the placement: {e}"}
-            self.cluster.committed(got)
-            placed = (owner, got, m.peer)
+            return self._refuse(str(e))
+        if request is None:
+            return self._refuse(f"pod {ns}/{name} asks for no GPU of hamid's: kube-scheduler binds it itself")
+        if not self._filtered_onto(uid, node):
+            return self._refuse(f"pod {ns}/{name} was not filtered onto node {node} by this extender "
+                                f"(in the last {FILTERED_TTL_S:.0f} s); kube-scheduler filters it again")
+        m = self.cluster.members().get(node)
+        if m is None or not m.peer:
+            return {"Error": f"hamid: no hamid daemon reachable on node {node}"}
+        got = fit_node(request, m.view)
+        if not isinstance(got, Decision):
+            return {"Error": f"hamid: the pod no longer fits on {node}: " + "; ".join(got)}
+        owner = Owner("pod", uid, name=f"{ns}/{name}")
+        attempt = uuid.uuid4().hex
         try:
-            await trio.to_thread.run_sync(self._record_and_bind, ns, name, uid, node,
-                                          placed[1] if placed else None)
+            res = await self.peer.commit(m.peer, owner, got, request=request.to_dict(),
+                                         details={"placed_by": "extender", "attempt": attempt})
+        except HamidError as e:
+            return {"Error": f"hamid: node {node} refused the placement: {e}"}
+        ours = (res.get("details") or {}).get("attempt") == attempt  # else an earlier call's commit: not ours to undo
+        if ours:
+            self.cluster.committed(got)
+        else:
+            got = Decision.from_dict(res["decision"])  # what the node holds for this pod is what the pod records
+        try:
+            await trio.to_thread.run_sync(self._record_and_bind, ns, name, uid, node, got)
         except Exception as e:
-            if placed is not None:
-                owner, got, peer = placed
+            if ours:
                 try:
-                    await self.peer.release(peer, owner.key, node=node)
+                    await self.peer.release(m.peer, owner.key, node=node)
                 except HamidError as err:
                     log.warning("could not release after a failed binding", owner=owner.key, error=str(err))
                 self.cluster.forget(got)
             return {"Error": f"hamid: binding {ns}/{name} to {node} failed: {e}"}
+        self._filtered.pop(uid, None)
         self.bound += 1
         log.info("bound", pod=f"{ns}/{name}", node=node)
         return {"Error": ""}
@@ -207,9 +270,10 @@ class Extender:
             verb = req.path_params["verb"]
             if verb not in ("filter", "prioritize", "bind"):
                 return JSONResponse({"Error": f"unknown verb {verb!r}; accepted: filter, prioritize, bind"}, 404)
-            body = await req.body()
-            if len(body) > MAX_BODY:
-                return JSONResponse({"Error": f"request body over {MAX_BODY} bytes"}, 413)
+            try:
+                body = await read_body(req, MAX_BODY)
+            except BodyTooLarge as e:
+                return JSONResponse({"Error": str(e)}, 413)
             fwd = await self._forward(verb, body, req.headers.get(FORWARDED) is not None)
             if fwd is not None:
                 return fwd

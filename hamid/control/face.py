@@ -33,7 +33,12 @@ class ControlFace:
 
     def __init__(self, *, api, peer, cluster: ClusterView, elector, mode: str, defaults: Defaults,
                  node_policy: str, ignored: set[str], extender_listen: str | None = None,
-                 extender_of=None) -> None:
+                 extender_of=None, extender_tls=None, extender_client_ca: str | None = None,
+                 extender_forward_tls: tuple[str, str, str] | None = None,
+                 scheduler_names: tuple[str, ...] = ("default-scheduler",)) -> None:
+        """``extender_tls``: a blocking callable giving the (certificate, key)
+        files the extender serves (the webhook's), None for plain HTTP;
+        ``extender_client_ca``: the CA whose client certificates may call it."""
         self.api = api
         self.peer = peer
         self.cluster = cluster
@@ -46,9 +51,12 @@ class ControlFace:
         self.gates: GateController | None = None
         self.extender_of = extender_of or (lambda node: None)  # a node's extender URL, from gossip
         self.leader_node: str | None = None  # the node the leader runs on (its identity may be a pod name)
+        self.extender_tls = extender_tls
+        self.extender_client_ca = extender_client_ca
         self.extender = Extender(api, peer, cluster, defaults=defaults, node_policy=node_policy,
                                  is_leader=lambda: self.elector.is_leader,
-                                 leader_url=lambda: self.extender_of(self.leader_node) if self.leader_node else None)
+                                 leader_url=lambda: self.extender_of(self.leader_node) if self.leader_node else None,
+                                 scheduler_names=scheduler_names, forward_tls=extender_forward_tls)
 
     def collector(self) -> Any:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -65,6 +73,10 @@ class ControlFace:
                 placed.add_metric(["gate"], face.gates.placed if face.gates else 0)
                 placed.add_metric(["extender"], face.extender.bound)
                 yield placed
+                refused = CounterMetricFamily("hamid_extender_binds_refused",
+                                              "extender bind calls refused before any commit")
+                refused.add_metric([], face.extender.refused)
+                yield refused
 
         return _Collector()
 
@@ -95,6 +107,13 @@ class ControlFace:
             elif self.mode == "extender" and self.extender_listen:
                 from ..serving import serve_asgi
 
-                await nursery.start(lambda task_status: serve_asgi(self.extender.app(), self.extender_listen,
-                                                                   what="extenderListen", task_status=task_status))
+                certfile = keyfile = None
+                if self.extender_tls is not None:
+                    certfile, keyfile = await trio.to_thread.run_sync(self.extender_tls)
+                else:
+                    log.warning("extender on plain HTTP without authentication (extenderInsecure): anyone who "
+                                "reaches it can bind pods", listen=self.extender_listen)
+                await nursery.start(lambda task_status: serve_asgi(
+                    self.extender.app(), self.extender_listen, what="extenderListen", certfile=certfile,
+                    keyfile=keyfile, client_ca=self.extender_client_ca, task_status=task_status))
             task_status.started()

@@ -56,6 +56,7 @@ import trio
 
 from ..errors import HamidError
 from ..logs import get_logger
+from ..serving import BodyTooLarge, read_body
 from ..request import RequestError, parse_pod
 from ..request.kube import (ANN_GPU_POLICY, ANN_MODE, ANN_NODE_POLICY, ANN_NOUSE_TYPE, ANN_NOUSE_UUID, ANN_NUMA_BIND,
                             ANN_SCORING_WEIGHTS, ANN_USE_TYPE, ANN_USE_UUID, parse_device_cordon)
@@ -323,19 +324,15 @@ class Webhook:
         from starlette.routing import Route
 
         async def mutate(request: Request):
-            size = request.headers.get("content-length")
-            if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
-                return PlainTextResponse(f"body larger than {MAX_BODY} bytes", status_code=413)
-            body = bytearray()
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > MAX_BODY:
-                    return PlainTextResponse(f"body larger than {MAX_BODY} bytes", status_code=413)
             try:
-                out = self.review(json.loads(body))
-            except (ValueError, ReviewError) as e:  # JSONDecodeError is a ValueError
+                body = await read_body(request, MAX_BODY)
+            except BodyTooLarge:
+                return PlainTextResponse(f"body larger than {MAX_BODY} bytes", status_code=413)
+            try:  # parsing a large review takes CPU: off the event loop, so no other face waits for it
+                out = await trio.to_thread.run_sync(lambda: self.review(json.loads(body)))
+            except (ValueError, ReviewError, RecursionError) as e:  # JSONDecodeError is a ValueError
                 self.counts["invalid"] += 1
-                msg = str(e) if isinstance(e, ReviewError) else f"body is not JSON: {e}"
+                msg = str(e) if isinstance(e, ReviewError) else f"body is not JSON: {str(e)[:200]}"
                 return PlainTextResponse(msg, status_code=400)
             return JSONResponse(out)
 

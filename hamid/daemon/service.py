@@ -17,6 +17,7 @@ import fcntl
 import os
 import signal
 import socket
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from ..devices import DeviceBackend, open_backend
 from ..errors import HamidError
 from ..ledger import Ledger
 from ..logs import get_logger
+from .supervise import FaceHealth, supervised
 from ..node import devnodes
 from ..node.capacity import capacity_views
 from ..node.core import NodeCore
@@ -51,9 +53,11 @@ class Daemon:
     core: NodeCore
     lock_fd: int
     service: NodeService = field(init=False)
+    face_health: FaceHealth = field(init=False)
 
     def __post_init__(self) -> None:
         self.service = NodeService(self.core, self.backend_label)
+        self.face_health = FaceHealth()
 
     @property
     def backend_label(self) -> str:
@@ -69,6 +73,13 @@ class Daemon:
 def _take_lock(state_dir: Path) -> int:
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = os.lstat(state_dir)
+        if not stat.S_ISDIR(st.st_mode):
+            raise HamidError(f"state dir {state_dir} is not a directory (a symbolic link?); remove it or pick another")
+        if stat.S_IMODE(st.st_mode) & 0o077:  # ledger, limits, keys: root's alone
+            os.chmod(state_dir, 0o700)
+            log.warning("state dir was open to others; made it 0700", path=str(state_dir),
+                        was=oct(stat.S_IMODE(st.st_mode)))
         fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as e:
         raise HamidError(f"cannot use state dir {state_dir}: {e.strerror}") from None
@@ -230,7 +241,8 @@ def build_faces(d: Daemon):
             host, port = c.extenderListen.rsplit(":", 1)
             if host in ("0.0.0.0", "::", "[::]", ""):  # peers dial the address they reach this node on
                 host = (peer_address or c.gossipAdvertise or c.gossipListen).rsplit(":", 1)[0]
-            extender_address = f"http://{host}:{port}"
+            scheme = "http" if c.extenderInsecure and not c.extenderClientCAFile else "https"
+            extender_address = f"{scheme}://{host}:{port}"
         gossip = GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=seeds,
                                advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
                                read_stamp=d.ledger.change_stamp, peer_address=peer_address,
@@ -251,6 +263,7 @@ def build_faces(d: Daemon):
         faces.append(kubelet_face(d, api))
         if c.controlMode != "none" and api is not None:
             faces.extend(control_faces(d, api, gossip))
+    registry.register(d.face_health.collector())
     for f in faces:
         col = collector_of(f)
         if col is not None:
@@ -311,16 +324,37 @@ def control_faces(d: Daemon, api, gossip) -> list:
         WebhookFace = None
     if WebhookFace is not None:
         faces.append(WebhookFace.from_config(c, defaults=request_defaults(d)))
+    def serving_files() -> tuple[str, str]:
+        """The extender serves the webhook's certificate (the chart's, or the self-made one)."""
+        if c.webhookCertFile:
+            return c.webhookCertFile, c.webhookKeyFile
+        from ..control.certs import ensure
+
+        files = ensure(os.path.join(c.stateDir, "webhook-tls"), ["localhost", "127.0.0.1", *c.webhookNames])
+        return str(files.cert), str(files.key)
+
+    forward_tls = None
+    if c.controlMode == "extender" and c.extenderClientCAFile:
+        if c.extenderClientCertFile:
+            forward_tls = (c.extenderClientCertFile, c.extenderClientKeyFile,
+                           c.extenderServerCAFile or c.extenderClientCAFile)
     faces.append(ControlFace(api=api, peer=peer, cluster=cluster, elector=elector, mode=c.controlMode,
                              defaults=request_defaults(d), node_policy=d.settings.nodeSchedulerPolicy,
-                             ignored=ignored, extender_listen=c.extenderListen, extender_of=extender_of))
+                             ignored=ignored, extender_listen=c.extenderListen, extender_of=extender_of,
+                             extender_tls=serving_files if c.extenderClientCAFile else None,
+                             extender_client_ca=c.extenderClientCAFile,
+                             extender_forward_tls=forward_tls,
+                             scheduler_names=tuple(c.extenderSchedulerNames)))
     return faces
 
 
 async def _reconcile_loop(d: Daemon, liveness) -> None:
     while True:
         await trio.sleep(d.config.reconcileInterval)
-        await d.service.reconcile(liveness)
+        try:
+            await d.service.reconcile(liveness)
+        except Exception as e:  # a pass that failed (the ledger busy, a disk error): the next one retries
+            log.error("reconcile pass failed", error=repr(e)[:500])
 
 
 async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -333,9 +367,10 @@ async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
             liveness.update(liveness_of(f))
         await d.service.drain_released()
         await d.service.reconcile(liveness)
+        health = d.face_health
         async with trio.open_nursery() as nursery:
             for f in faces:
-                await nursery.start(f.run)
+                await nursery.start(supervised, f, health)
             nursery.start_soon(_reconcile_loop, d, liveness)
             nursery.start_soon(_wait_for_signal, nursery.cancel_scope)
             log.info("serving", socket=str(sock), faces=[f.name for f in faces],

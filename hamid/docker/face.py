@@ -36,6 +36,8 @@ from .liveness import docker_alive
 
 log = get_logger("docker")
 
+MAX_BODY = 64 * 1024  # a create names a bundle, an id and two paths: a few hundred bytes
+
 
 class DockerFace:
     name = "docker"
@@ -80,13 +82,16 @@ class DockerFace:
         import json
 
         from starlette.applications import Starlette
+
+        from ..serving import BodyTooLarge, read_body
         from starlette.responses import JSONResponse
         from starlette.routing import Route
 
         async def create(req):
-            raw = await req.body()
-            if len(raw) > 64 * 1024:
-                return JSONResponse({"error": "request body over 65536 bytes"}, 413)
+            try:
+                raw = await read_body(req, MAX_BODY)
+            except BodyTooLarge as e:
+                return JSONResponse({"error": str(e)}, 413)
             try:
                 body = json.loads(raw)
                 if not isinstance(body, dict):

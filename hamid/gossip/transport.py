@@ -39,6 +39,17 @@ log = get_logger("gossip.transport")
 RESOURCE = "/gossip/1"
 LINK_QUEUE = 256  # frames waiting per peer before new ones are dropped
 CLOSE_WAIT = 1.0
+# An inbound connection must present one frame that opens with the keyring within this many
+# connect timeouts, or it is closed: a peer sends its first frame at once, a stranger holds a
+# file descriptor for at most this long.
+FIRST_FRAME_TIMEOUTS = 2
+# A link on which nothing arrived for this long is closed (a live peer probes or gossips several
+# times a second; a closed link is dialled again on the next send).
+LINK_IDLE_S = 120.0
+# Inbound connections at once; more are refused at the handshake. Links are per peer and idle ones
+# close, so even a 15,000-node cluster keeps far fewer; the cap bounds what a flood can hold
+# (about 16 KB of memory and one descriptor each).
+MAX_INBOUND = 4096
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,7 @@ class Transport:
         self._nursery: trio.Nursery | None = None
         self._ws_limit = codec.max_frame_bytes + OVERHEAD + 16
         self.port: int | None = None
+        self.inbound = 0  # inbound connections open now
 
     async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -193,16 +205,34 @@ class Transport:
     # --- receiving ---------------------------------------------------------
 
     async def _accept(self, request: WebSocketRequest) -> None:
-        try:
-            ws = await request.accept()
-        except Exception:
+        if self.inbound >= MAX_INBOUND:
+            self.stats.dropped["busy"] += 1
+            try:
+                await request.reject(503)
+            except Exception:
+                pass
             return
-        await self._reader(ws, None)
+        self.inbound += 1
+        try:
+            try:
+                ws = await request.accept()
+            except Exception:
+                return
+            await self._reader(ws, None)
+        finally:
+            self.inbound -= 1
 
     async def _reader(self, ws: WebSocketConnection, link: _Link | None) -> None:
+        trusted = link is not None  # an inbound connection is trusted once one frame opened with the keyring
         try:
             while True:
-                frame = await ws.get_message()
+                with trio.move_on_after(LINK_IDLE_S if trusted else FIRST_FRAME_TIMEOUTS * self.connect_timeout) as idle:
+                    frame = await ws.get_message()
+                if idle.cancelled_caught:
+                    self.stats.dropped["idle"] += 1
+                    log.debug("gossip connection idle; closed", trusted=trusted)
+                    await self._close(ws)
+                    return
                 self.stats.bytes_received += len(frame)
                 self.stats.frames_received += 1
                 try:
@@ -211,6 +241,7 @@ class Transport:
                     self.stats.dropped[e.reason] += 1
                     log.debug("gossip frame dropped", reason=str(e))
                     continue
+                trusted = True
                 if link is None and msg["f"] != self.name:
                     have = self.links.get(msg["a"])
                     if have is None:

@@ -22,6 +22,8 @@ from starlette.routing import Route
 from ..errors import HamidError
 from ..ledger import Abandoned, LedgerConflict
 from ..logs import get_logger
+from ..serving import BodyTooLarge, read_body
+from ..node.callers import caller_details
 from ..node.identity import KINDS, Owner
 from ..node.service import NodeService
 from ..placement import Decision
@@ -42,14 +44,10 @@ def _error(status: int, message: str, reasons=()) -> JSONResponse:
 
 
 async def _body(req: HttpRequest) -> dict[str, Any]:
-    length = req.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-        raise _TooLarge(f"request body over {MAX_BODY} bytes")
-    buf = bytearray()
-    async for chunk in req.stream():
-        buf += chunk
-        if len(buf) > MAX_BODY:
-            raise _TooLarge(f"request body over {MAX_BODY} bytes")
+    try:
+        buf = await read_body(req, MAX_BODY)
+    except BodyTooLarge as e:
+        raise _TooLarge(str(e)) from None
     import json
 
     try:

@@ -22,6 +22,7 @@ from ..errors import HamidError
 from ..gossip.keyring import Keyring
 from ..ledger import LedgerConflict
 from ..logs import get_logger
+from ..serving import BodyTooLarge, read_body
 from ..node.callers import DetailsError, caller_details
 from ..node.layout import LayoutError, component
 from ..node.identity import Owner
@@ -41,22 +42,6 @@ _STATUS = {frames.REFUSED: 409, frames.BAD_REQUEST: 400, frames.STALE: 400, fram
 
 class PeerConfigError(HamidError):
     """The peer API cannot start as configured."""
-
-
-class _TooLarge(Exception):
-    pass
-
-
-async def _read_body(req: HttpRequest, limit: int) -> bytes:
-    length = req.headers.get("content-length")
-    if length is not None and (not length.isascii() or not length.isdigit() or int(length) > limit):
-        raise _TooLarge()
-    buf = bytearray()
-    async for chunk in req.stream():
-        buf += chunk
-        if len(buf) > limit:
-            raise _TooLarge()
-    return bytes(buf)
 
 
 def _optional_map(args: dict, key: str) -> dict | None:
@@ -113,8 +98,8 @@ class PeerFace:
 
     async def _handle(self, req: HttpRequest) -> Response:
         try:
-            frame = await _read_body(req, self.max_body_bytes)
-        except _TooLarge:
+            frame = await read_body(req, self.max_body_bytes)
+        except BodyTooLarge:
             self.stats.note("unknown", "too-large")
             return PlainTextResponse(f"too-large: request body over {self.max_body_bytes} bytes "
                                      "(peerMaxBodyBytes)\n", status_code=413)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk is in the test extra (make test installs it)")
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the test extra")
@@ -154,7 +156,8 @@ def test_the_configmap_is_a_config_hamid_run_accepts(variant, tmp_path):
     assert gossip["secretName"] == values.get("gossip", {}).get("existingSecret", "hamid-gossip")
     if c.controlMode != "none":
         tls = volumes[mounts["/etc/hamid/webhook-tls"]["name"]]["secret"]
-        assert {i["path"] for i in tls["items"]} == {"tls.crt", "tls.key"}
+        assert {i["path"] for i in tls["items"]} == {"tls.crt", "tls.key"} | (
+            {"ca.crt"} if c.controlMode == "extender" else set())  # the CA a follower checks the leader with
     for path in (c.stateDir, f"{c.kubeletDir}/device-plugins", f"{c.kubeletDir}/pod-resources", c.cdiSpecDir):
         assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path  # same path inside and out
 
@@ -260,7 +263,23 @@ def test_extender_mode_renders_what_kube_scheduler_needs():
     cfg = yaml.safe_load(one(docs, "ConfigMap", "hamid-scheduler-config")["data"]["config.yaml"])
     assert cfg["kind"] == "KubeSchedulerConfiguration"
     (ext,) = cfg["extenders"]
-    assert ext["urlPrefix"] == "http://127.0.0.1:31999" and ext["nodeCacheCapable"] is True
+    assert ext["urlPrefix"] == "https://127.0.0.1:31999" and ext["nodeCacheCapable"] is True
+    assert ext["enableHTTPS"] is True and ext["tlsConfig"]["serverName"] == "hamid-webhook.kube-system.svc"
+    # only kube-scheduler may call the extender: the daemons require its client certificate
+    secret = one(docs, "Secret", "hamid-extender-client")
+    client = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    client.verify_directly_issued_by(ca)
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    daemon_cfg = yaml.safe_load(one(docs, "ConfigMap", "hamid-config")["data"]["config.yaml"])
+    assert daemon_cfg["extenderClientCAFile"] == "/etc/hamid/extender-client/ca.crt"
+    assert daemon_cfg["extenderServerCAFile"] == "/etc/hamid/webhook-tls/ca.crt"
+    ds = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in ds["containers"][0]["volumeMounts"]}
+    assert mounts["extender-client"] == "/etc/hamid/extender-client"
+    vols = {v["name"]: v for v in ds["volumes"]}
+    assert vols["extender-client"]["secret"]["secretName"] == "hamid-extender-client"
+    assert {"key": "ca.crt", "path": "ca.crt"} in vols["webhook-tls"]["secret"]["items"]
     assert {m["name"] for m in ext["managedResources"]} == {
         "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores",
         "nvidia.com/priority"}

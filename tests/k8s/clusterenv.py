@@ -57,6 +57,18 @@ class ClusterEnv:
 
         # one serving certificate for every daemon, as the chart mounts one Secret into each pod
         self.tls = ensure(root / "tls", ["127.0.0.1", "hamid-webhook.kube-system.svc"])
+        # extender mode: kube-scheduler's client certificate from the same CA, as the chart makes it
+        from hamid.control.certs import Issued, issue
+
+        ca = Issued((root / "tls" / "ca.key").read_bytes(), (root / "tls" / "ca.pem").read_bytes())
+        client = issue(ca, ["system:kube-scheduler"], client=True)
+        self.client_cert, self.client_key = root / "tls" / "client.crt", root / "tls" / "client.key"
+        self.client_cert.write_bytes(client.cert_pem)
+        self.client_key.write_bytes(client.key_pem)
+        os.chmod(self.client_key, 0o600)
+        if mode == "extender":
+            extra_config = (f"extenderClientCAFile: {self.tls.ca}\nextenderClientCertFile: {self.client_cert}\n"
+                            f"extenderClientKeyFile: {self.client_key}\n{extra_config}")
         key = root / "gossip.key"
         key.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
         os.chmod(key, 0o600)
@@ -74,6 +86,11 @@ class ClusterEnv:
                    f"leaderElectionRetryPeriod: 0.5\n{extra_config}")
             self.nodes.append(NodeEnv(root / f"n{i}", api, node=f"node-{i}", simulate=simulate, split=split,
                                       extra_config=cfg))
+
+    def extender_tls(self) -> dict:
+        """kube-scheduler's tlsConfig for this cluster's extender."""
+        return {"certFile": str(self.client_cert), "keyFile": str(self.client_key), "caFile": str(self.tls.ca),
+                "serverName": "hamid-webhook.kube-system.svc"}
 
     def start(self, webhook: bool = True) -> "ClusterEnv":
         try:

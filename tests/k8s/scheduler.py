@@ -78,8 +78,8 @@ inter-pod-affinity and image-locality plugins, other score plugins (taint and
 affinity preferences, balanced allocation), ``percentageOfNodesToScore`` (every
 node is checked), plugin configuration in profiles, backoff queues (a pod that
 did not fit is tried on every pass), asynchronous binding (a bind finishes
-before the next pod), ``nominatedNodeName``, HTTPS to extenders
-(``enableHTTPS``/``tlsConfig`` are refused), leader election. Configuration it
+before the next pod), ``nominatedNodeName``, ``tlsConfig``'s ``*Data`` forms
+(its file forms, ``serverName`` and ``insecure`` are kept), leader election. Configuration it
 does not implement is refused with a :class:`ValueError` naming it;
 ``clientConnection`` and ``leaderElection`` are checked as kube-scheduler
 checks them (known keys; a positive lease duration above the renew deadline,
@@ -137,6 +137,7 @@ class SchedulingError(Exception):
 
 _EXTENDER_KEYS = {"urlPrefix", "filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb", "weight",
                   "nodeCacheCapable", "ignorable", "managedResources", "httpTimeout", "enableHTTPS", "tlsConfig"}
+_TLS_KEYS = {"insecure", "serverName", "certFile", "keyFile", "caFile"}  # the *Data forms are not implemented
 _CONFIG_KEYS = {"apiVersion", "kind", "extenders", "profiles", "clientConnection", "leaderElection"}
 _CLIENT_KEYS = {"kubeconfig", "acceptContentTypes", "contentType", "qps", "burst"}
 _LEADER_KEYS = {"leaderElect", "leaseDuration", "renewDeadline", "retryPeriod", "resourceLock", "resourceName",
@@ -174,6 +175,29 @@ class Extender:
     ignorable: bool = False
     managed: dict[str, bool] = field(default_factory=dict)  # resource name -> ignoredByScheduler
     http_timeout: float = DEFAULT_EXTENDER_TIMEOUT
+    tls: dict | None = None  # tlsConfig (certFile, keyFile, caFile, serverName, insecure), with enableHTTPS
+    _client: httpx.Client | None = field(default=None, repr=False)
+
+    def client(self, shared: httpx.Client) -> httpx.Client:
+        """kube-scheduler's makeTransport: plain HTTP shares one client; with a
+        tlsConfig, a client presenting its certificate and checking the
+        server's against caFile (no CA with enableHTTPS: not checked), the name
+        checked being serverName when set."""
+        if self.tls is None:
+            return shared
+        if self._client is None:
+            import ssl
+
+            t = self.tls
+            if t.get("insecure") or not t.get("caFile"):
+                ctx = ssl.create_default_context()
+                ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+            else:
+                ctx = ssl.create_default_context(cafile=t["caFile"])
+            if t.get("certFile"):
+                ctx.load_cert_chain(t["certFile"], t["keyFile"])
+            self._client = httpx.Client(verify=ctx, trust_env=False)
+        return self._client
 
     def interested(self, pod: dict) -> bool:
         if not self.managed:
@@ -188,9 +212,10 @@ class Extender:
 
     def send(self, client: httpx.Client, verb: str, args: dict):
         url = self.url_prefix.rstrip("/") + "/" + verb
+        ext = {"sni_hostname": self.tls["serverName"]} if self.tls and self.tls.get("serverName") else None
         try:
-            r = client.post(url, content=json.dumps(args), headers={"Content-Type": "application/json"},
-                            timeout=self.http_timeout)
+            r = self.client(client).post(url, content=json.dumps(args), headers={"Content-Type": "application/json"},
+                                         timeout=self.http_timeout, extensions=ext)
         except httpx.TimeoutException:
             raise ExtenderError(f'Post "{url}": context deadline exceeded (Client.Timeout exceeded while awaiting '
                                 f"headers)") from None
@@ -275,8 +300,19 @@ def parse_config(config: Mapping | None) -> tuple[list[str], list[Extender]]:
             raise ValueError(f"{p}: unknown keys {sorted(unknown)}; accepted: {sorted(_EXTENDER_KEYS)}")
         if not e.get("urlPrefix"):
             raise ValueError(f"{p}.urlPrefix: required (the extender's base URL)")
-        if e.get("enableHTTPS") or e.get("tlsConfig"):
-            raise ValueError(f"{p}: enableHTTPS/tlsConfig: the stand-in calls extenders over plain HTTP only")
+        tls = e.get("tlsConfig")
+        if tls is not None:
+            if not isinstance(tls, Mapping):
+                raise ValueError(f"{p}.tlsConfig: a mapping is accepted, not {type(tls).__name__}")
+            bad = set(tls) - _TLS_KEYS
+            if bad:
+                raise ValueError(f"{p}.tlsConfig: {sorted(bad)} not implemented by the stand-in; accepted: "
+                                 f"{sorted(_TLS_KEYS)}")
+            if bool(tls.get("certFile")) != bool(tls.get("keyFile")):
+                raise ValueError(f"{p}.tlsConfig: certFile and keyFile go together")
+        if e.get("enableHTTPS") and not str(e["urlPrefix"]).startswith("https://"):
+            raise ValueError(f"{p}: enableHTTPS with a urlPrefix that is not https:// (the stand-in takes the "
+                             "scheme from urlPrefix, as kube-scheduler's transport does)")
         if e.get("preemptVerb"):
             raise ValueError(f"{p}.preemptVerb: the stand-in has no preemption")
         weight = e.get("weight", 1)
@@ -298,7 +334,8 @@ def parse_config(config: Mapping | None) -> tuple[list[str], list[Extender]]:
             url_prefix=e["urlPrefix"], filter_verb=e.get("filterVerb") or "",
             prioritize_verb=e.get("prioritizeVerb") or "", bind_verb=e.get("bindVerb") or "", weight=weight,
             node_cache_capable=bool(e.get("nodeCacheCapable", False)), ignorable=bool(e.get("ignorable", False)),
-            managed=managed, http_timeout=timeout or DEFAULT_EXTENDER_TIMEOUT))
+            managed=managed, http_timeout=timeout or DEFAULT_EXTENDER_TIMEOUT,
+            tls=dict(tls) if tls is not None or e.get("enableHTTPS") else None))
     binders = sum(1 for x in extenders if x.bind_verb)
     if binders > 1:
         raise ValueError(f"config.extenders: only one extender can implement bind, found {binders}")

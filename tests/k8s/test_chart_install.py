@@ -23,6 +23,8 @@ upgrade applied with kubectl).
 
 from __future__ import annotations
 
+import base64
+
 import os
 import shutil
 import subprocess
@@ -200,7 +202,8 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
                 values = dict(TEST_VALUES, mode=mode)
                 if mode == "extender":  # the NodePort the test's kube-proxy relay may take on this machine
                     port = free_node_port()
-                    values["extender"] = {"nodePort": port, "urlPrefix": f"http://127.0.0.1:{port}"}
+                    values["extender"] = {"nodePort": port, "urlPrefix": f"https://127.0.0.1:{port}",
+                                          "schedulerTLSDir": str(tmp_path / "scheduler-tls")}
                 out = apply(kc, render(values), tmp_path)
                 assert "daemonset.apps/hamid created" in out, out
                 for n in nodes:
@@ -227,6 +230,14 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
                 if mode == "extender":  # what the operator gives kube-scheduler: the chart's own file
                     config = yaml.safe_load(api.get("ConfigMap", NS, "hamid-scheduler-config")["data"]["config.yaml"])
                     runner.expose_node_port(NS, "hamid-extender")  # kube-proxy: the NodePort to the leader's pod
+                    # the operator copies kube-scheduler's TLS files out of the Secrets (contrib/kubelet/README.md)
+                    tls_dir = tmp_path / "scheduler-tls"
+                    tls_dir.mkdir()
+                    client = api.get("Secret", NS, "hamid-extender-client")["data"]
+                    for name, data in (("extender-client.crt", client["tls.crt"]),
+                                       ("extender-client.key", client["tls.key"]),
+                                       ("extender-ca.crt", api.get("Secret", NS, "hamid-webhook-tls")["data"]["ca.crt"])):
+                        (tls_dir / name).write_bytes(base64.b64decode(data))
                 sched = SchedulerStandIn(api, config=config, period=0.2).start()
 
                 # kubectl through the chart's webhook (Service + chart-generated certificate)

@@ -68,7 +68,11 @@ def test_the_scheduler_configuration_loads_in_the_kube_scheduler_stand_in(api_se
     assert config["leaderElection"]["leaderElect"] is True
     sched = SchedulerStandIn(api_server, config=config)  # parses and validates; not started
     (ext,) = sched.extenders
-    assert ext.url_prefix == "http://127.0.0.1:31999"  # the chart's NodePort, from the hostNetwork scheduler
+    assert ext.url_prefix == "https://127.0.0.1:31999"  # the chart's NodePort, from the hostNetwork scheduler
+    # kube-scheduler's client certificate, beside the configuration where the README installs them
+    tls_dir = posixpath.dirname(DISTROS[distro][2])
+    assert ext.tls == {"certFile": f"{tls_dir}/extender-client.crt", "keyFile": f"{tls_dir}/extender-client.key",
+                       "caFile": f"{tls_dir}/extender-ca.crt", "serverName": "hamid-webhook.kube-system.svc"}
     assert (ext.filter_verb, ext.prioritize_verb, ext.bind_verb) == ("filter", "prioritize", "bind")
     assert ext.node_cache_capable and not ext.ignorable
     assert ext.weight == 10 and ext.http_timeout == 10.0
@@ -78,9 +82,13 @@ def test_the_scheduler_configuration_loads_in_the_kube_scheduler_stand_in(api_se
 
 
 def test_the_three_copies_differ_only_in_the_kubeconfig():
-    main = load(DISTROS["kubeadm"][0])
+    def same_dir(config: dict, distro: str) -> dict:  # the TLS files' directory is each distribution's own
+        text = yaml.safe_dump(config).replace(posixpath.dirname(DISTROS[distro][2]), "TLSDIR")
+        return yaml.safe_load(text)
+
+    main = same_dir(load(DISTROS["kubeadm"][0]), "kubeadm")
     for distro in ("k3s", "rke2"):
-        other = load(DISTROS[distro][0])
+        other = same_dir(load(DISTROS[distro][0]), distro)
         assert {k: v for k, v in other.items() if k != "clientConnection"} == \
             {k: v for k, v in main.items() if k != "clientConnection"}, distro
 

@@ -217,7 +217,8 @@ def test_kubectl_apply_malformed_is_refused_valid_is_placed_bound_and_started(tm
     if mode == "extender":  # the file contrib/kubelet/ gives kube-scheduler, reaching this test's daemon
         config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
         (ext,) = config["extenders"]
-        ext["urlPrefix"] = f"http://127.0.0.1:{env.ports[1][3]}"
+        ext["urlPrefix"] = f"https://127.0.0.1:{env.ports[1][3]}"
+        ext["tlsConfig"] = {**ext["tlsConfig"], **env.extender_tls()}
     sched = SchedulerStandIn(api_server, config=config, period=0.2).start()
     try:
         env.leader()

@@ -78,6 +78,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $_ := set $owned "webhookCertFile" "/etc/hamid/webhook-tls/tls.crt" -}}
 {{- $_ := set $owned "webhookKeyFile" "/etc/hamid/webhook-tls/tls.key" -}}
 {{- end -}}
+{{- if eq .Values.mode "extender" -}}
+{{- $_ := set $owned "extenderClientCAFile" "/etc/hamid/extender-client/ca.crt" -}}
+{{- $_ := set $owned "extenderClientCertFile" "/etc/hamid/extender-client/tls.crt" -}}
+{{- $_ := set $owned "extenderClientKeyFile" "/etc/hamid/extender-client/tls.key" -}}
+{{- $_ := set $owned "extenderServerCAFile" "/etc/hamid/webhook-tls/ca.crt" -}}
+{{- end -}}
 {{- range $k, $_ := $owned -}}
 {{- if hasKey $.Values.config $k -}}
 {{- fail (printf "config.%s is set by the chart (from mode, ports, hostPaths or the Secrets); remove it from config and set the chart value instead" $k) -}}
