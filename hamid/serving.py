@@ -7,6 +7,14 @@ it, not a traceback. With ``certfile`` and ``keyfile`` (PEM files) it serves
 HTTPS only (TLS 1.2 or later); with ``client_ca`` too, only clients that
 present a certificate signed by that CA complete the handshake. A pair that
 cannot be loaded is a :class:`HamidError` naming the files.
+
+No caller can hold a listener: headers must be complete within
+:data:`HEADER_DEADLINE_S` of the connection (or of the last answer), no read
+may stall past :data:`READ_TIMEOUT_S`, a whole request must be answered
+within its deadline (:data:`REQUEST_DEADLINE_S`; 408 otherwise), and a
+listener holds at most :data:`MAX_CONNECTIONS` connections (the rest are
+closed as they are accepted). hypercorn's own serve loop is replaced by one
+that counts connections; its per-connection server is used as it is.
 """
 
 from __future__ import annotations
@@ -15,7 +23,6 @@ import ssl
 
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
 
 from .errors import HamidError
 
@@ -47,44 +54,183 @@ class TLSError(HamidError):
     """A certificate or key file could not be loaded."""
 
 
+# Defaults every listener gets (each justified; a face may pass its own):
+REQUEST_DEADLINE_S = 30.0  # a whole request from its headers' end to the answer: every verb answers in
+                           # well under a second; the slowest (an extender bind, a Docker create waiting
+                           # on the ledger) are bounded by their own 10-25 s deadlines
+HEADER_DEADLINE_S = 5  # hypercorn's keep-alive timer runs from the connection's start (or the last
+                       # answer) until a request's headers are complete: bounds idle and slow headers
+READ_TIMEOUT_S = 10  # no byte for this long while a request is read: the connection is closed
+MAX_CONNECTIONS = 256  # per listener; more are accepted and closed at once. The callers of each
+                       # listener hold a few each (kubelet, dockerd, the API server, the leader); 256
+                       # x ~16 KB stays small, and 256 per listener x 8 listeners stays under the file
+                       # descriptor limit the daemon raises itself to (raise_fd_limit)
+
+
+def _with_deadline(app, seconds: float):
+    """The ASGI app, cancelled ``seconds`` after a request's headers arrived;
+    a request cut off before its answer started gets 408 and the connection closes."""
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        with trio.move_on_after(seconds) as deadline:
+            await app(scope, receive, tracking_send)
+        if deadline.cancelled_caught and not started:
+            await send({"type": "http.response.start", "status": 408,
+                        "headers": [(b"content-type", b"text/plain"), (b"connection", b"close")]})
+            await send({"type": "http.response.body",
+                        "body": f"request not completed within {seconds:g} s\n".encode()})
+
+    return wrapped
+
+
+class ConnectionCount:
+    """Connections open on one listener, and those refused at the cap (for /metrics)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.refused = 0
+
+
+def connection_cap(default: int, share: int = 8, reserve: int = 256) -> int:
+    """``default``, or less where the process's file-descriptor limit could
+    not hold it: each of ``share`` listeners gets an equal part of the limit
+    less ``reserve`` descriptors for files, the ledger and the driver."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return default
+    return max(8, min(default, (soft - reserve) // share))
+
+
+class _CountedStream(trio.abc.HalfCloseableStream):
+    """A connection counted open until it is closed (for :class:`CappedListener`)."""
+
+    def __init__(self, inner, counts: ConnectionCount) -> None:
+        self._inner = inner
+        self._counts = counts
+        self._open = True
+        self.socket = inner.socket  # what hypercorn and trio-websocket read addresses from
+
+    async def send_all(self, data) -> None:
+        await self._inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes=None) -> bytes:
+        return await self._inner.receive_some(max_bytes)
+
+    async def send_eof(self) -> None:
+        await self._inner.send_eof()
+
+    def setsockopt(self, *args) -> None:
+        self._inner.setsockopt(*args)
+
+    def getsockopt(self, *args):
+        return self._inner.getsockopt(*args)
+
+    async def aclose(self) -> None:
+        if self._open:
+            self._open = False
+            self._counts.open -= 1
+        await self._inner.aclose()
+
+
+class CappedListener(trio.abc.Listener):
+    """A listener that holds at most ``cap`` connections: one accepted past
+    it is closed at once (counted in ``counts.refused``), so a flood costs a
+    descriptor for an instant, never the process's last one."""
+
+    def __init__(self, inner, cap: int, counts: ConnectionCount) -> None:
+        self.inner = inner
+        self.cap = cap
+        self.counts = counts
+        self.socket = inner.socket
+
+    async def accept(self):
+        while True:
+            stream = await self.inner.accept()
+            if self.counts.open >= self.cap:
+                self.counts.refused += 1
+                await trio.aclose_forcefully(stream)
+                continue
+            self.counts.open += 1
+            return _CountedStream(stream, self.counts)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 async def serve_asgi(app, bind: str, *, what: str = "", certfile: str | None = None, keyfile: str | None = None,
-                     client_ca: str | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                     client_ca: str | None = None, deadline_s: float = REQUEST_DEADLINE_S,
+                     max_connections: int | None = None, counts: ConnectionCount | None = None,
+                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.utils import repr_socket_addr, wrap_app
+
     cfg = HyperConfig()
     cfg.bind = [bind]
     if (certfile is None) != (keyfile is None):
         raise TLSError(f"TLS needs both a certificate and a key file, got certfile={certfile!r} keyfile={keyfile!r}")
     if client_ca is not None and certfile is None:
         raise TLSError(f"client certificates ({client_ca}) need TLS: a certificate and key to serve")
+    label = f"{what}: " if what else ""
     if certfile is not None:
         cfg.certfile, cfg.keyfile = certfile, keyfile
         if client_ca is not None:  # no handshake completes without a certificate this CA signed
             cfg.ca_certs, cfg.verify_mode = client_ca, ssl.CERT_REQUIRED
-        try:
-            cfg.create_ssl_context()  # hypercorn loads them only once serving: fail here, naming the files
-        except (OSError, ssl.SSLError) as e:
-            label = f"{what}: " if what else ""
-            raise TLSError(f"{label}cannot load the TLS certificate {certfile} with key {keyfile}: "
-                           f"{getattr(e, 'strerror', None) or e}") from None
     cfg.accesslog = None
     cfg.errorlog = None
     cfg.graceful_timeout = 1.0
-    async with trio.open_nursery() as nursery:
+    cfg.keep_alive_timeout = HEADER_DEADLINE_S
+    cfg.read_timeout = READ_TIMEOUT_S
+    cfg.ssl_handshake_timeout = HEADER_DEADLINE_S
+    try:
+        ssl_context = cfg.create_ssl_context()  # loads the files now: fail here, naming them
+    except (OSError, ssl.SSLError) as e:
+        raise TLSError(f"{label}cannot load the TLS certificate {certfile} with key {keyfile}"
+                       f"{' and client CA ' + client_ca if client_ca else ''}: "
+                       f"{getattr(e, 'strerror', None) or e}") from None
+    try:
+        sockets = cfg.create_sockets()
+    except OSError as e:
+        raise ListenError(f"cannot listen on {what + ' ' if what else ''}{bind}: {e.strerror or e}") from None
+    listeners: list = []
+    binds: list[str] = []
+    counts = counts if counts is not None else ConnectionCount()
+    cap = max_connections if max_connections is not None else connection_cap(MAX_CONNECTIONS)
+    for sock in [*sockets.secure_sockets, *sockets.insecure_sockets]:
+        sock.listen(cfg.backlog)
+        inner = CappedListener(trio.SocketListener(trio.socket.from_stdlib_socket(sock)), cap, counts)
+        secure = ssl_context is not None
+        listeners.append(trio.SSLListener(inner, ssl_context, https_compatible=True) if secure else inner)
+        binds.append(f"{'https' if secure else 'http'}://{repr_socket_addr(sock.family, sock.getsockname())}")
+    served = wrap_app(_with_deadline(app, deadline_s), cfg.wsgi_max_body_size, "asgi")
+    context = WorkerContext(None)
+
+    async def handle(stream) -> None:
         try:
-            binds = await nursery.start(lambda task_status: serve(app, cfg, task_status=task_status))
-        except BaseException as e:  # hypercorn's bind error arrives inside (nested) exception groups
-            err = _first(e, OSError)
-            if err is None:
-                raise
-            label = f"{what} " if what else ""
-            raise ListenError(f"cannot listen on {label}{bind}: {err.strerror or err}") from None
+            await TCPServer(served, cfg, context, {}, stream)
+        finally:
+            await trio.aclose_forcefully(stream)  # counted closed even where TLS failed before hypercorn saw it
+
+    async with trio.open_nursery() as nursery:
         task_status.started(binds)
-
-
-def _first(e: BaseException, kind: type) -> BaseException | None:
-    if isinstance(e, kind):
-        return e
-    if isinstance(e, BaseExceptionGroup):
-        for sub in e.exceptions:
-            if (got := _first(sub, kind)) is not None:
-                return got
-    return None
+        try:
+            await trio.serve_listeners(handle, listeners, handler_nursery=nursery)
+        finally:
+            for lst in listeners:
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(lst)

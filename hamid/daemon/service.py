@@ -107,9 +107,25 @@ def _clear_stale_socket(path: Path) -> None:
         s.close()
 
 
+FD_LIMIT = 65536  # every listener's connection cap (hamid.serving) and gossip's inbound cap fit under it
+
+
+def raise_fd_limit() -> None:
+    """The soft file-descriptor limit up to :data:`FD_LIMIT` (or the hard limit,
+    if lower): the default soft limit of 1024 is below what the listeners'
+    caps add up to, and a daemon out of descriptors cannot serve kubelet."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FD_LIMIT if hard == resource.RLIM_INFINITY else min(FD_LIMIT, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
 def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
     """Everything before serving; raises HamidError with a message for the user."""
     os.umask(0o077)  # every file and socket the daemon makes is private unless chmod-ed on purpose
+    raise_fd_limit()
     state_dir = Path(config.stateDir)
     lock_fd = _take_lock(state_dir)  # first: a refused second daemon must not touch anything
     try:

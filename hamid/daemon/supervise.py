@@ -68,7 +68,9 @@ async def supervised(face, health: FaceHealth, *, task_status=trio.TASK_STATUS_I
                     task_status.started()
             return  # the face finished by itself: nothing to keep running
         except Exception as e:  # not Cancelled (a BaseException): the daemon stopping is not a failure
-            if not started:
+            if not started:  # the face's own error, not the nursery's group around it: the CLI prints it
+                if isinstance(e, ExceptionGroup) and len(e.exceptions) == 1:
+                    raise e.exceptions[0] from None
                 raise
             health.up[name] = False
             health.restarts[name] = health.restarts.get(name, 0) + 1

@@ -24,7 +24,7 @@ class Stats:
         self.bytes_received = 0
         self.frames_sent = 0
         self.frames_received = 0
-        self.dropped: Counter[str] = Counter()  # size, key, decode, version, schema, queue, fault, idle, busy
+        self.dropped: Counter[str] = Counter()  # size, key, decode, version, schema, queue, fault, idle
         self.push_pulls = 0
 
 

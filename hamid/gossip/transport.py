@@ -27,9 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, connect_websocket, serve_websocket
+from trio_websocket import (ConnectionClosed, WebSocketConnection, WebSocketRequest, WebSocketServer,
+                            connect_websocket)
 
 from ..logs import get_logger
+from ..serving import CappedListener, ConnectionCount, connection_cap
 from .codec import VERSION, Codec, FrameRejected
 from .keyring import OVERHEAD
 from .stats import Stats
@@ -46,7 +48,7 @@ FIRST_FRAME_TIMEOUTS = 2
 # A link on which nothing arrived for this long is closed (a live peer probes or gossips several
 # times a second; a closed link is dialled again on the next send).
 LINK_IDLE_S = 120.0
-# Inbound connections at once; more are refused at the handshake. Links are per peer and idle ones
+# Inbound connections at once; more are closed as they are accepted. Links are per peer and idle ones
 # close, so even a 15,000-node cluster keeps far fewer; the cap bounds what a flood can hold
 # (about 16 KB of memory and one descriptor each).
 MAX_INBOUND = 4096
@@ -103,16 +105,23 @@ class Transport:
         self._nursery: trio.Nursery | None = None
         self._ws_limit = codec.max_frame_bytes + OVERHEAD + 16
         self.port: int | None = None
-        self.inbound = 0  # inbound connections open now
+        self.connections = ConnectionCount()  # inbound connections open now, and refused at the cap
 
     async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            server = await nursery.start(lambda task_status: serve_websocket(
-                self._accept, host, port, None, handler_nursery=nursery, max_message_size=self._ws_limit,
-                connect_timeout=self.connect_timeout, disconnect_timeout=CLOSE_WAIT, task_status=task_status))
-            self.port = server.port
-            task_status.started(server.port)
+            # every connection counted from its TCP accept (a stranger that never completes the
+            # websocket handshake holds a descriptor too), at most MAX_INBOUND (less where the
+            # process's descriptor limit is lower)
+            cap = connection_cap(MAX_INBOUND, share=4)
+            listeners = [CappedListener(lst, cap, self.connections)
+                         for lst in await trio.open_tcp_listeners(port, host=host)]
+            server = WebSocketServer(self._accept, listeners, handler_nursery=nursery,
+                                     max_message_size=self._ws_limit, connect_timeout=self.connect_timeout,
+                                     disconnect_timeout=CLOSE_WAIT)
+            await nursery.start(server.run)
+            self.port = listeners[0].socket.getsockname()[1]
+            task_status.started(self.port)
 
     # --- sending -----------------------------------------------------------
 
@@ -205,22 +214,11 @@ class Transport:
     # --- receiving ---------------------------------------------------------
 
     async def _accept(self, request: WebSocketRequest) -> None:
-        if self.inbound >= MAX_INBOUND:
-            self.stats.dropped["busy"] += 1
-            try:
-                await request.reject(503)
-            except Exception:
-                pass
-            return
-        self.inbound += 1
         try:
-            try:
-                ws = await request.accept()
-            except Exception:
-                return
-            await self._reader(ws, None)
-        finally:
-            self.inbound -= 1
+            ws = await request.accept()
+        except Exception:
+            return
+        await self._reader(ws, None)
 
     async def _reader(self, ws: WebSocketConnection, link: _Link | None) -> None:
         trusted = link is not None  # an inbound connection is trusted once one frame opened with the keyring

@@ -427,7 +427,7 @@ async def test_face_without_certificate_serves_its_own_ca(nursery, tmp_path):
 def test_from_config_and_service_account(tmp_path, monkeypatch):
     from hamid.config.schema import Config
 
-    c = Config(stateDir=str(tmp_path), controlMode="extender", webhookListen="127.0.0.1:0",
+    c = Config(stateDir=str(tmp_path), controlMode="extender", extenderInsecure=True, webhookListen="127.0.0.1:0",
                webhookAllocationWriters=("system:serviceaccount:x:y",), webhookNames=("a.b.svc",))
     face = WebhookFace.from_config(c, defaults=Defaults())
     assert face.name == "webhook" and face.webhook.gate is False

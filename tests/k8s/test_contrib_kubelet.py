@@ -209,7 +209,7 @@ def test_the_readme_stands_alone():
         assert not re.match(r"[a-z]+://", target), target
         assert (README.parent / target).exists(), target
     for url in re.findall(r"https?://[^\s`'\"]+", text):  # addresses: the cluster's own, never a website
-        assert re.match(r"https?://(127\.0\.0\.1|<)", url), url
+        assert re.match(r"https?://(127\.0\.0\.1|<|hamid-webhook\.kube-system\.svc:)", url), url
     for rel in set(re.findall(r"(?<![\w/.])((?:contrib|charts)/[\w./-]*\w)", text)):  # paths it names exist
         assert (ROOT / rel).exists(), rel
     for name in ("scheduler-config.yaml", "kubeadm/kube-scheduler.yaml", "kubeadm/cluster-configuration.yaml",
@@ -222,17 +222,31 @@ def test_the_readmes_reachability_check_answers_what_the_readme_says(tmp_path, a
     from clusterenv import ClusterEnv
 
     text = README.read_text()
-    m = re.search(r"curl -s -X POST -H 'Content-Type: application/json' \\\s*-d '([^']*)' \\\s*(\S+)/filter", text)
+    m = re.search(r"curl -s --cert \$DIR/extender-client.crt --key \$DIR/extender-client.key \\\s*"
+                  r"--cacert \$DIR/extender-ca.crt --connect-to (\S+) \\\s*"
+                  r"-X POST -H 'Content-Type: application/json' \\\s*-d '([^']*)' \\\s*(\S+)/filter", text)
     assert m, "the README's curl check is gone"
-    body, url = m.group(1), m.group(2)
-    assert url == "http://127.0.0.1:31999"
+    connect_to, body, url = m.group(1), m.group(2), m.group(3)
+    assert url == "https://hamid-webhook.kube-system.svc:31999"
+    assert connect_to == "hamid-webhook.kube-system.svc:31999:127.0.0.1:31999"
     answer = re.search(r"answers `(\{.*?\})`", text, re.S)
     assert answer, "the README does not say what the check answers"
     env = ClusterEnv(tmp_path / "c", api_server, nodes=1, mode="extender").start(webhook=False)
     try:
         env.leader()
-        got = httpx.post(f"http://127.0.0.1:{env.ports[0][3]}/filter", content=body,
-                         headers={"Content-Type": "application/json"}, timeout=10)
+        import ssl
+
+        tls = env.extender_tls()  # what the README's step before copies out of the Secrets
+        ctx = ssl.create_default_context(cafile=tls["caFile"])
+        ctx.load_cert_chain(tls["certFile"], tls["keyFile"])
+        with httpx.Client(verify=ctx, trust_env=False) as c:  # --connect-to: the name checked, 127.0.0.1 dialled
+            got = c.post(f"https://127.0.0.1:{env.ports[0][3]}/filter", content=body,
+                         headers={"Content-Type": "application/json"}, timeout=10,
+                         extensions={"sni_hostname": "hamid-webhook.kube-system.svc"})
+        with httpx.Client(verify=ssl.create_default_context(cafile=tls["caFile"]), trust_env=False) as c, \
+                pytest.raises(httpx.HTTPError):  # without the client certificate: refused in the handshake
+            c.post(f"https://127.0.0.1:{env.ports[0][3]}/filter", content=body, timeout=10,
+                   extensions={"sni_hostname": "hamid-webhook.kube-system.svc"})
     finally:
         env.stop()
     assert got.status_code == 200, got.text
