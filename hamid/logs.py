@@ -33,3 +33,25 @@ def configure(fmt: str = "auto", level: str = "info", stream=None) -> None:
 
 def get_logger(name: str):
     return structlog.get_logger(component=name)
+
+
+class Throttle:
+    """At most one log line per ``interval`` seconds for one kind of event a
+    stranger can cause at will (an unauthenticated request): ``ready()`` says
+    whether to log now and how many were held back since the last line."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.interval = interval
+        self._last = float("-inf")
+        self._held = 0
+
+    def ready(self) -> tuple[bool, int]:
+        now = self._clock()
+        if now - self._last < self.interval:
+            self._held += 1
+            return False, 0
+        held, self._held, self._last = self._held, 0, now
+        return True, held

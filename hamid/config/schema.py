@@ -216,8 +216,12 @@ class Config(NodeSettings, ResourceNameSettings):
     """Prometheus port; 9394 is HAMi's monitor port, so existing scrape
     configs keep working. 0 disables the metrics endpoint."""
 
-    metricsAddress: str = "0.0.0.0"
-    """Address the metrics endpoint binds to."""
+    metricsAddress: str = "127.0.0.1"
+    """Address the metrics endpoint binds to. Loopback by default: the
+    metrics name every tenant and its use, so a host serves them to its own
+    Prometheus (or node agent) unless told otherwise; ``0.0.0.0`` to be
+    scraped from other hosts (the chart sets it: in a cluster Prometheus
+    scrapes pods by their address)."""
 
     logFormat: Literal["auto", "json", "console"] = "auto"
     """``auto``: readable on a terminal, JSON lines otherwise."""

@@ -212,7 +212,9 @@ class SimulatedBackend:
                 raise DeviceError(f"INSUFFICIENT_RESOURCES: {prof.name} needs {prof.slices} compute slices, "
                                   f"{info.compute_slices - used_slices} free")
             gi = 1 + max([i.gi_id for i in live], default=0)
-            inst = MigInstance(prof.name, placement, gi, 0, "MIG-" + str(uuid.uuid5(_NS, f"{info.uuid}/{gi}/{placement}")))
+            # a new UUID for every instance, as the driver gives: never one an earlier instance had
+            # (profiles of different sizes can share a placement start and a GPU instance id)
+            inst = MigInstance(prof.name, placement, gi, 0, "MIG-" + str(uuid.uuid4()))
             state.setdefault(info.uuid, []).append(
                 {"profile": inst.profile, "start": placement.start, "size": placement.size,
                  "gi": inst.gi_id, "ci": inst.ci_id, "uuid": inst.uuid})

@@ -22,9 +22,10 @@ class SpecError(HamidError):
 def load(bundle: str) -> dict:
     path = os.path.join(bundle, "config.json")
     try:
-        with open(path) as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
             spec = json.load(f)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise SpecError(f"cannot read {path}: {e}") from None
     if not isinstance(spec, dict):
         raise SpecError(f"{path} is not a JSON object")
@@ -43,8 +44,18 @@ def save(bundle: str, spec: dict) -> None:
     os.replace(tmp, path)
 
 
+def _process(spec: dict) -> dict:
+    proc = spec.get("process") or {}
+    if not isinstance(proc, dict):
+        raise SpecError("config.json: process must be an object")
+    return proc
+
+
 def env_list(spec: dict) -> list[str]:
-    return list((spec.get("process") or {}).get("env") or [])
+    env = _process(spec).get("env") or []
+    if not isinstance(env, list) or not all(isinstance(e, str) for e in env):
+        raise SpecError("config.json: process.env must be a list of NAME=value strings")
+    return list(env)
 
 
 def set_env(spec: dict, values: dict[str, str]) -> None:
@@ -103,5 +114,13 @@ def rootfs(spec: dict, bundle: str) -> str:
 
 
 def user(spec: dict) -> tuple[int, int]:
-    u = (spec.get("process") or {}).get("user") or {}
-    return int(u.get("uid", 0)), int(u.get("gid", 0))
+    u = _process(spec).get("user") or {}
+    if not isinstance(u, dict):
+        raise SpecError("config.json: process.user must be an object")
+    out = []
+    for k in ("uid", "gid"):
+        v = u.get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**32:
+            raise SpecError(f"config.json: process.user.{k} must be an integer from 0 to 4294967295, got {v!r}")
+        out.append(v)
+    return out[0], out[1]

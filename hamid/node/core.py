@@ -213,12 +213,16 @@ class NodeCore:
         """Tear down and forget ``key``'s reservation. Idempotent; None when
         there was none. Raises (leaving the row ``releasing``, its GPUs still
         booked) if a MIG instance cannot be destroyed; the reconciler retries."""
+        return self._release(key)[0]
+
+    def _release(self, key: str) -> tuple[Reservation | None, bool]:
+        """``release``, and whether this call is the one that finished it."""
         res, mine = self.ledger.begin_release(key, self.claimant)
         if res is None:
-            return None
+            return None, False
         if not mine:
             log.info("release already in progress elsewhere", owner=key)
-            return res
+            return res, False
         if mig.wanted(res):
             mig.destroy_instances(self.backend, res)
         kind, _, uid = key.partition(":")
@@ -233,7 +237,7 @@ class NodeCore:
         for path in res.details.get("extra_files") or ():  # a face's own files for it (CDI specs)
             self._remove_face_file(key, path)
         self.ledger.finish_release(key, self.claimant)
-        return res
+        return res, True
 
     def _remove_face_file(self, key: str, path: object) -> None:
         """Delete ``path`` if it is a plain entry of a directory a face owns
@@ -269,10 +273,10 @@ class NodeCore:
         """Finish the releases that poststop hooks left as markers."""
         done = []
         for cid in released.pending(str(self.state_dir)):
-            res = self.release(f"docker:{cid}")
+            res, here = self._release(f"docker:{cid}")
             self._remove_container_files(cid)
             released.clear(str(self.state_dir), cid)
-            if res is not None:
+            if res is not None and here:  # one line per release, whichever of racing drains finished it
                 log.info("released", owner=f"docker:{cid}", by="poststop")
             done.append(cid)
         return done

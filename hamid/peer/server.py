@@ -21,7 +21,7 @@ from starlette.routing import Route
 from ..errors import HamidError
 from ..gossip.keyring import Keyring
 from ..ledger import LedgerConflict
-from ..logs import get_logger
+from ..logs import Throttle, get_logger
 from ..serving import BodyTooLarge, read_body
 from ..node.callers import DetailsError, caller_details
 from ..node.layout import LayoutError, component
@@ -82,6 +82,7 @@ class PeerFace:
         self.max_body_bytes = max_body_bytes
         self.stats = stats or PeerStats()
         self.bound: str | None = None  # HOST:PORT actually bound (port 0 resolved), once serving
+        self._drop_log = Throttle(10.0)
 
     @classmethod
     def from_config(cls, node: Any, config: Any, keyring: Keyring | None) -> "PeerFace":
@@ -108,8 +109,10 @@ class PeerFace:
         except frames.FrameError as e:
             result = "unauthenticated" if e.reason == "key" else "bad-request"
             self.stats.note("unknown", result)
-            log.warning("peer request dropped", reason=e.reason, detail=e.detail,
-                        client=req.client.host if req.client else None)
+            now, held = self._drop_log.ready()  # a stranger must not be able to flood the log
+            if now:
+                log.warning("peer request dropped", reason=e.reason, detail=e.detail,
+                            client=req.client.host if req.client else None, similar_not_logged=held)
             return PlainTextResponse(f"{result}: {e.detail}\n", status_code=401 if e.reason == "key" else 400)
         method, rid = msg["m"], msg["id"]
         try:
