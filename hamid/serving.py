@@ -32,17 +32,28 @@ class BodyTooLarge(HamidError):
 
 
 async def read_body(req, limit: int) -> bytes:
-    """A starlette request's body, refused (:class:`BodyTooLarge`) as soon as it
-    is known to pass ``limit`` bytes: by its Content-Length before anything is
-    read, else while streaming, so an oversized body is never held."""
+    """A starlette request's body, refused (:class:`BodyTooLarge`) when it passes
+    ``limit`` bytes; an oversized body is never held: over
+    :data:`DRAIN_MAX_BYTES` (by its Content-Length, or while streaming) it is
+    cut at once, below that it is read and dropped so the answer arrives."""
     length = req.headers.get("content-length")
-    if length is not None and (not length.isascii() or not length.isdigit() or int(length) > limit):
+    if length is not None and (not length.isascii() or not length.isdigit()):
+        raise BodyTooLarge(f"request body over {limit} bytes (Content-Length {length[:20]!r})")
+    too_large = length is not None and int(length) > limit
+    if too_large and int(length) > DRAIN_MAX_BYTES:
         raise BodyTooLarge(f"request body over {limit} bytes")
     buf = bytearray()
+    seen = 0
     async for chunk in req.stream():
+        seen += len(chunk)
+        if too_large or seen > limit:  # read on and drop it (up to DRAIN_MAX_BYTES): nothing is kept
+            too_large = True
+            if seen > DRAIN_MAX_BYTES:
+                break
+            continue
         buf += chunk
-        if len(buf) > limit:
-            raise BodyTooLarge(f"request body over {limit} bytes")
+    if too_large:
+        raise BodyTooLarge(f"request body over {limit} bytes")
     return bytes(buf)
 
 
@@ -60,6 +71,8 @@ REQUEST_DEADLINE_S = 30.0  # a whole request from its headers' end to the answer
                            # on the ledger) are bounded by their own 10-25 s deadlines
 HEADER_DEADLINE_S = 5  # hypercorn's keep-alive timer runs from the connection's start (or the last
                        # answer) until a request's headers are complete: bounds idle and slow headers
+DRAIN_MAX_BYTES = 4 << 20  # a body over its limit but under this is read and dropped before the 413, so the
+                           # client reads the answer instead of a connection reset; larger ones are cut at once
 READ_TIMEOUT_S = 10  # no byte for this long while a request is read: the connection is closed
 MAX_CONNECTIONS = 256  # per listener; more are accepted and closed at once. The callers of each
                        # listener hold a few each (kubelet, dockerd, the API server, the leader); 256
@@ -89,7 +102,6 @@ def _with_deadline(app, seconds: float):
                         "headers": [(b"content-type", b"text/plain"), (b"connection", b"close")]})
             await send({"type": "http.response.body",
                         "body": f"request not completed within {seconds:g} s\n".encode()})
-
     return wrapped
 
 

@@ -216,6 +216,12 @@ class Config(NodeSettings, ResourceNameSettings):
     """Prometheus port; 9394 is HAMi's monitor port, so existing scrape
     configs keep working. 0 disables the metrics endpoint."""
 
+    regionTmpfs: bool = True
+    """Give each container's region directory (the one host directory it may
+    write) a 4 MiB tmpfs of its own, so a tenant cannot fill the node's disk
+    through it. Needs CAP_SYS_ADMIN, which the daemon has as root; false keeps
+    region directories on the state directory's file system."""
+
     metricsAddress: str = "127.0.0.1"
     """Address the metrics endpoint binds to. Loopback by default: the
     metrics name every tenant and its use, so a host serves them to its own

@@ -27,6 +27,8 @@ from .placer import ClusterView
 
 log = get_logger("control")
 
+TRACK_LEADER_S = 0.5  # how often the leader's node is re-read from the elector's last observation (cached: no API call)
+
 
 class ControlFace:
     name = "control"
@@ -95,13 +97,12 @@ class ControlFace:
                 self.leader_node = await self.elector.leader_node()
             except Exception as e:  # the API unreachable: keep the last answer
                 log.debug("leader's node unknown", error=str(e))
-            await trio.sleep(2.0)
+            await trio.sleep(TRACK_LEADER_S)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.elector.run)
-            if self.mode == "extender":
-                nursery.start_soon(self._track_leader)
+            nursery.start_soon(self._track_leader)  # followers forward to it; the peer API takes commits only from it
             if self.mode == "gate":
                 nursery.start_soon(self.elector.run_while_leading, self._lead)
             elif self.mode == "extender" and self.extender_listen:

@@ -158,7 +158,7 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
             shim_library=shim["library"], shim_preload=shim["preload"],
             defaults={"memory_mib": settings.defaultMemory, "cores": settings.defaultCores,
                       "gpu_num": settings.defaultGPUNum},
-            node_policy=settings.nodeSchedulerPolicy)
+            node_policy=settings.nodeSchedulerPolicy, region_tmpfs=config.regionTmpfs)
         write_facts(state_dir, facts)
         (state_dir / CONTAINERS_DIR).mkdir(mode=0o700, exist_ok=True)
         core = NodeCore(ledger, facts, lambda: backend)
@@ -234,11 +234,20 @@ def build_faces(d: Daemon):
     faces: list[Face] = []
     api = kube_api(c) if (c.kubernetes or c.kubeconfig) else None
     gossip = None
+    keyring = _keyring(c)  # one keyring for gossip and the peer API: a reload reaches both at once
+    identity = None
+    if c.peerListen:
+        from ..nodekey import NodeIdentity
+
+        identity = NodeIdentity.load_or_create(d.state_dir)
+    if keyring is not None:
+        from ..gossip.keyring import watch_key_file
+
+        faces.append(_Task("keys", lambda: watch_key_file(keyring, c.gossipKeyFile)))
     if c.gossipListen:
         from ..gossip.params import GossipParams
         from ..gossip.service import GossipService
 
-        keyring = _keyring(c)
         if keyring is None:
             log.warning("gossip without a key: frames are neither encrypted nor authenticated (gossipKeyFile)")
         peer_address = None
@@ -262,7 +271,8 @@ def build_faces(d: Daemon):
         gossip = GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=seeds,
                                advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
                                read_stamp=d.ledger.change_stamp, peer_address=peer_address,
-                               extender_address=extender_address)
+                               extender_address=extender_address,
+                               identity_key=identity.public_b64 if identity is not None else None)
         d.service.subscribe(lambda event, key: gossip.poke() if event != "conflict" else None)
     faces.append(LocalApiFace(d.service, str(d.state_dir / SOCKET_NAME), defaults=request_defaults(d),
                               cluster=gossip.cluster_document if gossip is not None else None))
@@ -271,14 +281,22 @@ def build_faces(d: Daemon):
                             defaults=request_defaults(d)))
     if gossip is not None:
         faces.append(gossip)
+    control: list = []
+    if (c.kubernetes or c.kubeconfig) and c.controlMode != "none" and api is not None:
+        control = control_faces(d, api, gossip, keyring, identity)
     if c.peerListen:
         from ..peer.server import PeerFace
 
-        faces.append(PeerFace.from_config(d.service, c, _keyring(c)))
+        # with gossip and a key: every request signed by its sender's gossiped identity; in a cluster with
+        # a control plane, commits only from the node the current leader runs on
+        leading = next((f for f in control if hasattr(f, "leader_node")), None)
+        faces.append(PeerFace.from_config(
+            d.service, c, keyring,
+            identities=gossip.identity_of if gossip is not None and keyring is not None else None,
+            leader=(lambda: leading.leader_node) if leading is not None else None))
     if c.kubernetes or c.kubeconfig:
         faces.append(kubelet_face(d, api))
-        if c.controlMode != "none" and api is not None:
-            faces.extend(control_faces(d, api, gossip))
+        faces.extend(control)
     registry.register(d.face_health.collector())
     for f in faces:
         col = collector_of(f)
@@ -311,7 +329,19 @@ def kubelet_face(d: Daemon, api):
                        api=api, health_interval=c.healthCheckInterval)
 
 
-def control_faces(d: Daemon, api, gossip) -> list:
+class _Task:
+    """A background task of the daemon's, run and supervised like a face."""
+
+    def __init__(self, name: str, work) -> None:
+        self.name = name
+        self._work = work
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await self._work()
+
+
+def control_faces(d: Daemon, api, gossip, keyring=None, identity=None) -> list:
     """The webhook (every daemon) and the control face (the leader's work, the extender)."""
     from ..control.face import ControlFace
     from ..control.leader import LeaderElector
@@ -328,7 +358,7 @@ def control_faces(d: Daemon, api, gossip) -> list:
     ignored = {names.count, names.memory, names.memory_percentage, names.cores, names.priority}
     elector = LeaderElector.from_config(c, api, d.node)
     cluster = ClusterView(read=gossip.membership.live_docs, to_view=view_from_doc)
-    peer = PeerClient.from_config(c, _keyring(c), name=d.node)
+    peer = PeerClient.from_config(c, keyring, name=d.node, identity=identity)
     def extender_of(node: str) -> str | None:
         """A node's extender URL, from its gossiped document."""
         return (gossip.membership.live_docs().get(node) or {}).get("extender")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..nodekey import valid_public_key
 from ..placement.view import MODE_MIG, MigSlot, NodeView, gpu_view_from_dict, gpu_view_to_dict
 from ..devices.types import MigPlacement
 
@@ -73,6 +74,9 @@ def doc_problem(doc: Any) -> str | None:
     peer = doc.get("peer")  # the node's peer API address (hamid/peer), when it serves one
     if peer is not None and (type(peer) is not str or not 0 < len(peer) <= 256):
         return "peer address malformed"
+    pk = doc.get("pk")  # the node's peer identity (hamid/nodekey.py), when it serves the peer API
+    if pk is not None and not valid_public_key(pk):
+        return "identity key malformed"
     ext = doc.get("extender")  # the node's extender URL (hamid/control), when it serves one
     if ext is not None and (type(ext) is not str or not ext.startswith(("http://", "https://")) or len(ext) > 256):
         return "extender address malformed"

@@ -43,6 +43,17 @@ class Keyring:
                 raise KeyringError(f"AES keys are 16, 24 or 32 bytes, got {len(k)}")
         self.keys = list(keys)
         self._aes = [AESGCM(k) for k in keys]
+        self.generation = 0  # bumped by each replace(): users that cache per-key state rebuild it
+
+    def replace(self, other: "Keyring") -> bool:
+        """Take ``other``'s keys in place (a rotated key file), so every holder of
+        this keyring (gossip, the peer API's server and client) uses them at once.
+        False when they are the same keys."""
+        if other.keys == self.keys:
+            return False
+        self.keys, self._aes = list(other.keys), list(other._aes)
+        self.generation += 1
+        return True
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Keyring":
@@ -82,3 +93,33 @@ class Keyring:
             except InvalidTag:
                 continue
         return None
+
+
+async def watch_key_file(keyring: Keyring, path: str | os.PathLike, *, interval: float = 5.0) -> None:
+    """Reload ``path`` into ``keyring`` whenever its content changes (a Secret
+    volume swaps its files atomically; polled, since inotify on a swapped
+    symbolic link sees nothing). A file that no longer loads is logged and
+    the keys in use are kept."""
+    import trio
+
+    from ..logs import get_logger
+
+    log = get_logger("gossip")
+    last: bytes | None = None
+    while True:
+        await trio.sleep(interval)
+        try:
+            raw = await trio.to_thread.run_sync(Path(path).read_bytes)
+        except OSError as e:
+            log.error("cannot read the gossip key file; keeping the keys in use", path=str(path), error=e.strerror)
+            continue
+        if raw == last:
+            continue
+        last = raw
+        try:
+            new = Keyring.load(path)
+        except KeyringError as e:
+            log.error("the gossip key file no longer loads; keeping the keys in use", error=str(e))
+            continue
+        if keyring.replace(new):
+            log.info("gossip keyring reloaded", path=str(path), keys=len(new.keys))

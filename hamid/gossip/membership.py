@@ -336,6 +336,14 @@ class Membership:
         have = self.docs.get(name)
         if have is not None and have["version"] >= doc["version"]:
             return
+        m = self.members.get(name)
+        if (have is not None and have.get("pk") and doc.get("pk") != have["pk"]
+                and m is not None and m.state in (ALIVE, SUSPECT)):
+            # another identity under a live member's name: a key holder posing as that node. Kept out
+            # until the member it names has died or left (a node whose state directory was wiped
+            # comes back with a new key once the group has seen it go)
+            self.stats.dropped["identity"] += 1
+            return
         self.docs[name] = doc
         self._doc_asked.pop(name, None)
         self.broadcasts.add((name, "cap"), {"t": "cap", "n": name, "v": doc["version"]})

@@ -39,9 +39,12 @@ class GossipService:
                  advertise: str | None = None, keyring: Keyring | None = None,
                  read_view: Callable[[], NodeView] | None = None, faults: Faults | None = None,
                  view_in_thread: bool = True, read_stamp: Callable[[], object] | None = None,
-                 peer_address: str | None = None, extender_address: str | None = None) -> None:
+                 peer_address: str | None = None, extender_address: str | None = None,
+                 identity_key: str | None = None) -> None:
         """``peer_address``: this node's peer API (``peerAdvertise``), carried in
-        its capacity document as ``peer`` so a leader knows where to commit."""
+        its capacity document as ``peer`` so a leader knows where to commit;
+        ``identity_key``: the public half of its peer identity
+        (:mod:`hamid.nodekey`), carried as ``pk``."""
         try:
             self.host, self.port = split_addr(listen)
             for s in seeds:
@@ -59,6 +62,7 @@ class GossipService:
         self.read_view = read_view
         self.peer_address = peer_address
         self.extender_address = extender_address  # the control face's extender (hamid/control), when served
+        self.identity_key = identity_key
         self.read_stamp = read_stamp
         self.view_in_thread = view_in_thread
         self.stats = Stats()
@@ -118,6 +122,11 @@ class GossipService:
             for m in random.sample(peers, min(3, len(peers))):
                 n.start_soon(self.transport.send_now, m.addr, dict(msg))
 
+    def identity_of(self, node: str) -> str | None:
+        """The peer identity key ``node`` gossips while it is a live member, else None."""
+        doc = self.membership.live_docs().get(node)
+        return doc.get("pk") if doc is not None else None
+
     async def publish(self) -> None:
         """Read this node's view now and spread a new document if it changed
         (with ``read_stamp``: only if the stamp moved since the last read)."""
@@ -133,6 +142,8 @@ class GossipService:
             doc["peer"] = self.peer_address
         if self.extender_address:
             doc["extender"] = self.extender_address
+        if self.identity_key:
+            doc["pk"] = self.identity_key
         self._stamp = stamp  # taken before the read: a commit during it moves the stamp again
         if self._doc is not None and same_content(doc, self._doc):
             return

@@ -32,7 +32,7 @@ from ..ledger import Ledger, Reservation, claimant_id
 from ..ledger.report import status_document
 from ..logs import get_logger
 from ..request.model import Request
-from . import layout, mig, released
+from . import layout, mig, regionfs, released
 from .edits import ContainerEdits
 from .facts import NodeFacts
 from .identity import Owner
@@ -158,6 +158,8 @@ class NodeCore:
             _safe_dir(str(self.state_dir / d), 0o700)
         rdir = layout.region_dir(self.state_dir, slot)
         _safe_dir(rdir, 0o700)
+        if self.facts.region_tmpfs:
+            regionfs.mount(rdir)  # a tenant writes here: its own small tmpfs, not the node's disk
         fd = os.open(rdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             if user is not None:
@@ -263,7 +265,9 @@ class NodeCore:
             os.close(dfd)
 
     def _remove_container_files(self, slot: str) -> None:
-        shutil.rmtree(layout.region_dir(self.state_dir, slot), ignore_errors=True)
+        rdir = layout.region_dir(self.state_dir, slot)
+        regionfs.unmount(rdir)  # first: rmtree must not descend into a tmpfs a container still maps
+        shutil.rmtree(rdir, ignore_errors=True)
         try:
             os.unlink(layout.limits_file(self.state_dir, slot))
         except FileNotFoundError:

@@ -35,6 +35,7 @@ class NodeFacts:
     shim_preload: str | None = None
     defaults: dict[str, int] = field(default_factory=dict)  # Defaults' fields
     node_policy: str = "binpack"
+    region_tmpfs: bool = True  # region directories on a tmpfs of their own (node/regionfs.py)
 
     @property
     def real(self) -> bool:
@@ -48,7 +49,7 @@ class NodeFacts:
                 "control_nodes": [n.to_cdi() for n in self.control_nodes],
                 "dev_root": self.dev_root, "caps_root": self.caps_root,
                 "shim": {"library": self.shim_library, "preload": self.shim_preload},
-                "defaults": self.defaults, "node_policy": self.node_policy}
+                "defaults": self.defaults, "node_policy": self.node_policy, "region_tmpfs": self.region_tmpfs}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NodeFacts":
@@ -60,7 +61,8 @@ class NodeFacts:
                    dev_root=d.get("dev_root", "/dev"),
                    caps_root=d.get("caps_root", "/proc/driver/nvidia/capabilities"),
                    shim_library=shim.get("library"), shim_preload=shim.get("preload"),
-                   defaults=dict(d.get("defaults") or {}), node_policy=d.get("node_policy", "binpack"))
+                   defaults=dict(d.get("defaults") or {}), node_policy=d.get("node_policy", "binpack"),
+                   region_tmpfs=bool(d.get("region_tmpfs", True)))
 
 
 def write_facts(state_dir: str | Path, facts: NodeFacts) -> None:

@@ -32,18 +32,22 @@ class PeerClient:
     read; ``max_answer_bytes`` bounds what a peer can make us buffer."""
 
     def __init__(self, keyring: Keyring | None, *, insecure: bool = False, name: str = "",
-                 timeout_s: float = 5.0, max_answer_bytes: int = 16 * 1024 * 1024) -> None:
+                 timeout_s: float = 5.0, max_answer_bytes: int = 16 * 1024 * 1024, identity=None) -> None:
+        """``identity``: this node's :class:`~hamid.nodekey.NodeIdentity`; every
+        request is then signed with it (what a daemon's peers require)."""
         if keyring is None and not insecure:
             raise ValueError("PeerClient needs the gossip keyring, or insecure=True to send plain frames")
         self.sealer = frames.Sealer(keyring)
         self.name = name
+        self.identity = identity
         self.max_answer_bytes = max_answer_bytes
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), trust_env=False)
 
     @classmethod
-    def from_config(cls, config: Any, keyring: Keyring | None, *, name: str = "") -> "PeerClient":
+    def from_config(cls, config: Any, keyring: Keyring | None, *, name: str = "", identity=None) -> "PeerClient":
         """A client as the ``peer*`` keys of ``config`` say (timeout, insecure mode)."""
-        return cls(keyring, insecure=config.peerInsecure, name=name, timeout_s=config.peerTimeout)
+        return cls(keyring, insecure=config.peerInsecure, name=name, timeout_s=config.peerTimeout,
+                   identity=identity)
 
     async def __aenter__(self) -> "PeerClient":
         return self
@@ -64,23 +68,23 @@ class PeerClient:
         args = {"owner": owner.to_dict(), "decision": decision.to_dict(), "request": request, "details": details}
         return await self.call(address, "commit", args, to=decision.node)
 
-    async def release(self, address: str, key: str, *, node: str | None = None) -> dict:
-        """Release the reservation ``key`` (``Owner.key``); ``{"released": bool,
-        "reservation": dict | None}``. Idempotent. ``node``: refuse unless the
-        peer at ``address`` is that node."""
+    async def release(self, address: str, key: str, *, node: str) -> dict:
+        """Release the reservation ``key`` (``Owner.key``) on ``node`` (the peer at
+        ``address`` refuses unless it is that node); ``{"released": bool,
+        "reservation": dict | None}``. Idempotent."""
         return await self.call(address, "release", {"key": key}, to=node)
 
-    async def status(self, address: str, *, node: str | None = None) -> dict:
+    async def status(self, address: str, *, node: str) -> dict:
         """The node's status document (as ``hamid status -o json`` prints it)."""
         return await self.call(address, "status", {}, to=node)
 
     # --- one round trip ----------------------------------------------------
 
-    async def call(self, address: str, method: str, args: dict, *, to: str | None = None) -> Any:
+    async def call(self, address: str, method: str, args: dict, *, to: str) -> Any:
         host, port = parse_address(address, "peer address")
         url = f"http://[{host}]:{port}{PATH}" if ":" in host else f"http://{host}:{port}{PATH}"
         msg = frames.new_request(method, args, sender=self.name, to=to)
-        body = frames.encode_request(self.sealer, msg)
+        body = frames.encode_request(self.sealer, msg, self.identity)
         status, ctype, answer = await self._post(address, url, body)
         if ctype != FRAME_TYPE:
             # plain text, not a frame: the server's own claim, which nobody can verify

@@ -15,7 +15,11 @@ answer cannot be passed off as the answer to a new request, and only a key
 holder can make an answer at all (the client's half of mutual authentication).
 
 Request plaintext: ``{"v": 1, "id": 16 bytes, "ts": unix seconds, "m":
-method, "from": caller name, "to": expected node name or None, "args": map}``.
+method, "from": caller name, "to": the node it is for, "args": map, "sig":
+64 bytes}``. ``sig`` is the sender's Ed25519 signature over the rest
+(:func:`signed_bytes`), with the key whose public half the sender gossips
+(:mod:`hamid.nodekey`): the keyring proves membership, the signature which
+member.
 Answer plaintext: ``{"v": 1, "re": request id, "ok": true, "result": ...}`` or
 ``{"v": 1, "re": id, "ok": false, "error": kind, "message": text, "reasons":
 [text]}``. This module does no I/O.
@@ -42,9 +46,9 @@ AAD_REQUEST = b"hamid-peer/1 request"
 AAD_ANSWER = b"hamid-peer/1 answer"
 METHODS = ("commit", "release", "status")
 # error kinds an answer may carry
-REFUSED, BAD_REQUEST, STALE, REPLAY, WRONG_NODE, BUSY, INTERNAL = (
-    "refused", "bad-request", "stale", "replay", "wrong-node", "busy", "internal")
-ERROR_KINDS = (REFUSED, BAD_REQUEST, STALE, REPLAY, WRONG_NODE, BUSY, INTERNAL)
+REFUSED, BAD_REQUEST, STALE, REPLAY, WRONG_NODE, BUSY, INTERNAL, FORBIDDEN = (
+    "refused", "bad-request", "stale", "replay", "wrong-node", "busy", "internal", "forbidden")
+ERROR_KINDS = (REFUSED, BAD_REQUEST, STALE, REPLAY, WRONG_NODE, BUSY, INTERNAL, FORBIDDEN)
 
 
 class FrameError(Exception):
@@ -64,7 +68,18 @@ class Sealer:
 
     def __init__(self, keyring: Keyring | None) -> None:
         self.keyring = keyring
-        self._aes = [AESGCM(k) for k in keyring.keys] if keyring is not None else []
+        self._generation = -1
+        self._aes_cache: list[AESGCM] = []
+
+    @property
+    def _aes(self) -> list[AESGCM]:
+        """The keyring's keys as ciphers, rebuilt when the keyring was reloaded."""
+        if self.keyring is None:
+            return []
+        if self._generation != self.keyring.generation:
+            self._aes_cache = [AESGCM(k) for k in self.keyring.keys]
+            self._generation = self.keyring.generation
+        return self._aes_cache
 
     @property
     def secure(self) -> bool:
@@ -115,7 +130,16 @@ def new_request(method: str, args: dict, *, sender: str = "", to: str | None = N
             "m": method, "from": sender, "to": to, "args": args}
 
 
-def encode_request(sealer: Sealer, msg: dict) -> bytes:
+def signed_bytes(msg: dict) -> bytes:
+    """What a request's signature covers: the request without its ``sig``, in canonical CBOR."""
+    return cbor2.dumps({k: v for k, v in msg.items() if k != "sig"}, canonical=True)
+
+
+def encode_request(sealer: Sealer, msg: dict, identity=None) -> bytes:
+    """The sealed frame; with ``identity`` (a :class:`hamid.nodekey.NodeIdentity`)
+    the request carries the sender's signature in ``sig``."""
+    if identity is not None:
+        msg = {**msg, "sig": identity.sign(signed_bytes(msg))}
     return sealer.seal(cbor2.dumps(msg), AAD_REQUEST)
 
 
@@ -136,8 +160,10 @@ def decode_request(sealer: Sealer, frame: bytes) -> dict:
         raise FrameError("schema", f"method {msg.get('m')!r}; accepted: {', '.join(METHODS)}")
     if type(msg.get("from")) is not str or len(msg["from"]) > 256:
         raise FrameError("schema", "'from' must be a string of at most 256 characters")
-    if msg.get("to") is not None and not _text(msg.get("to")):
-        raise FrameError("schema", "'to' must be a node name or null")
+    if not _text(msg.get("to")):
+        raise FrameError("schema", "'to' must name the node the request is for")
+    if "sig" in msg and (type(msg["sig"]) is not bytes or len(msg["sig"]) != 64):
+        raise FrameError("schema", "'sig' must be a 64-byte Ed25519 signature")
     if type(msg.get("args")) is not dict:
         raise FrameError("schema", "'args' must be a map")
     return msg

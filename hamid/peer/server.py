@@ -10,6 +10,7 @@ nothing else: a caller without a key learns nothing about the node.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -28,6 +29,7 @@ from ..node.layout import LayoutError, component
 from ..node.identity import Owner
 from ..placement import Decision
 from . import frames
+from ..nodekey import verify
 from .address import format_address, is_loopback, is_wildcard, parse_address
 from .replay import ReplayGuard, Refused
 from .stats import PeerCollector, PeerStats
@@ -37,7 +39,7 @@ log = get_logger("peer")
 PATH = "/v1/peer"
 FRAME_TYPE = "application/x-hamid-peer"
 _STATUS = {frames.REFUSED: 409, frames.BAD_REQUEST: 400, frames.STALE: 400, frames.REPLAY: 400,
-           frames.WRONG_NODE: 400, frames.BUSY: 503, frames.INTERNAL: 500}
+           frames.WRONG_NODE: 400, frames.BUSY: 503, frames.INTERNAL: 500, frames.FORBIDDEN: 403}
 
 
 class PeerConfigError(HamidError):
@@ -63,7 +65,14 @@ class PeerFace:
 
     def __init__(self, node: Any, keyring: Keyring | None, listen: str, *, insecure: bool = False,
                  window_s: float = 30.0, max_body_bytes: int = 256 * 1024, max_ids: int = 65536,
-                 stats: PeerStats | None = None) -> None:
+                 stats: PeerStats | None = None, identities: Callable[[str], str | None] | None = None,
+                 leader: Callable[[], str | None] | None = None) -> None:
+        """``identities(node)``: the public key ``node`` gossips (None: unknown);
+        set, every request must carry its sender's signature, a commit records
+        its sender as the reservation's placer and a release is accepted only
+        from that placer. ``leader()``: the node the current leader runs on; set,
+        only that node may commit. Both unset (tests, no gossip): any key holder
+        may call."""
         from ..gossip.codec import check_cbor2
 
         check_cbor2()  # frames are CBOR with a depth limit: an old cbor2 would drop every one silently
@@ -81,16 +90,20 @@ class PeerFace:
         self.guard = ReplayGuard(window_s, max_ids)
         self.max_body_bytes = max_body_bytes
         self.stats = stats or PeerStats()
+        self.identities = identities
+        self.leader = leader
         self.bound: str | None = None  # HOST:PORT actually bound (port 0 resolved), once serving
         self._drop_log = Throttle(10.0)
 
     @classmethod
-    def from_config(cls, node: Any, config: Any, keyring: Keyring | None) -> "PeerFace":
+    def from_config(cls, node: Any, config: Any, keyring: Keyring | None, *,
+                    identities: Callable[[str], str | None] | None = None,
+                    leader: Callable[[], str | None] | None = None) -> "PeerFace":
         """The face as the ``peer*`` keys of ``config`` say (``peerListen`` must be set);
         ``keyring`` is the one loaded from ``gossipKeyFile``."""
         return cls(node, keyring, config.peerListen, insecure=config.peerInsecure,
                    window_s=config.peerReplayWindow, max_body_bytes=config.peerMaxBodyBytes,
-                   max_ids=config.peerReplayCacheSize)
+                   max_ids=config.peerReplayCacheSize, identities=identities, leader=leader)
 
     def collector(self) -> PeerCollector:
         return PeerCollector(self.stats)
@@ -115,12 +128,20 @@ class PeerFace:
                             client=req.client.host if req.client else None, similar_not_logged=held)
             return PlainTextResponse(f"{result}: {e.detail}\n", status_code=401 if e.reason == "key" else 400)
         method, rid = msg["m"], msg["id"]
+        if self.identities is not None:
+            why = self._unsigned(msg)
+            if why is not None:
+                self.stats.note(method, "unauthenticated")
+                now, held = self._drop_log.ready()
+                if now:
+                    log.warning("peer request dropped", reason="identity", detail=why, similar_not_logged=held)
+                return PlainTextResponse(f"unauthenticated: {why}\n", status_code=401)
         try:
             self.guard.admit(rid, msg["ts"])
-            if msg["to"] is not None and msg["to"] != self.node.name:
+            if msg["to"] != self.node.name:
                 raise Refused(frames.WRONG_NODE, f"this is node {self.node.name!r}, the request is for "
                                                  f"{msg['to']!r}")
-            result = await self._dispatch(method, msg["args"])
+            result = await self._dispatch(method, msg["args"], msg["from"])
         except Refused as e:
             return self._error(msg, e.kind, str(e))
         except LedgerConflict as e:
@@ -142,13 +163,31 @@ class PeerFace:
                                              reasons=tuple(reasons)),
                         status_code=_STATUS[kind], media_type=FRAME_TYPE)
 
-    async def _dispatch(self, method: str, args: dict) -> Any:
+    def _unsigned(self, msg: dict) -> str | None:
+        """Why ``msg`` is not signed by the node it names as sender, or None."""
+        sender = msg["from"]
+        pk = self.identities(sender) if sender else None
+        if pk is None:
+            return f"no gossiped identity for sender {sender!r}: not a live member of this cluster"
+        sig = msg.get("sig")
+        if sig is None:
+            return f"request from {sender!r} is not signed"
+        if not verify(pk, sig, frames.signed_bytes(msg)):
+            return f"signature does not match the identity {sender!r} gossips"
+        return None
+
+    async def _dispatch(self, method: str, args: dict, sender: str) -> Any:
         if method == "status":
             return await self.node.status()
         if method == "release":
             key = args.get("key")
             if type(key) is not str or not 0 < len(key) <= 512:
                 raise frames.FrameError("schema", "release: 'key' must be a non-empty string")
+            if self.identities is not None:
+                held = await self.node.get(key)
+                if held is not None and (held.kind != "pod" or held.details.get("placer") != sender):
+                    raise Refused(frames.FORBIDDEN, f"{key} was not placed by node {sender!r}; only its placer "
+                                                    "may release it through the peer API")
             res = await self.node.release(key)
             if res is not None:
                 log.info("released for a peer", key=key)
@@ -170,6 +209,13 @@ class PeerFace:
                 component(c.name, "container name")
         except (DetailsError, LayoutError) as e:
             raise frames.FrameError("schema", f"commit: {e}") from None
+        if self.leader is not None:
+            lead = self.leader()
+            if lead != sender:
+                raise Refused(frames.FORBIDDEN, f"node {sender!r} is not the leader (this node sees "
+                                                f"{lead or 'no leader'}); only the leader commits placements")
+        if self.identities is not None:
+            details["placer"] = sender  # the node's own record of who placed it: only it may release it
         res = await self.node.commit(owner, decision, request=_optional_map(args, "request"), details=details)
         log.info("committed for a peer", owner=owner.key, node=decision.node)
         return res.to_dict()

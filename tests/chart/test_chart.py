@@ -99,6 +99,8 @@ def test_every_manifest_validates_strictly_against_every_supported_kubernetes(va
         for doc in docs:
             if doc["kind"].startswith("MutatingAdmissionPolicy") and version < "1.36.0":
                 continue  # the option says 1.36 and newer; the next test shows older ones refuse it
+            if doc["kind"].startswith("ValidatingAdmissionPolicy") and version < "1.30.0":
+                continue  # rendered only where the API server serves it (1.30+): see the node-restriction test
             try:
                 kv.validate(doc, version, strict=True)
             except (kv.ValidationError, kv.SchemaNotFoundError) as e:
@@ -333,3 +335,50 @@ def test_the_admission_policy_gates_exactly_the_gpu_pods_its_cel_selects():
     assert mutation["patchType"] == "ApplyConfiguration"
     env.compile(mutation["applyConfiguration"]["expression"])  # parses as CEL
     assert '"hamid.io/placement"' in mutation["applyConfiguration"]["expression"]
+
+
+def test_each_daemon_may_change_only_its_own_nodes_status():
+    """RBAC grants patch nodes/status for every node; the ValidatingAdmissionPolicy narrows it to the
+    node in the daemon's pod-bound token (its CEL evaluated with cel-python, as the API server would)."""
+    celpy = pytest.importorskip("celpy", reason="cel-python is in the test extra")
+    docs = render()
+    policy = one(docs, "ValidatingAdmissionPolicy", "hamid-own-node-status")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "hamid-own-node-status")
+    assert binding["spec"] == {"policyName": "hamid-own-node-status", "validationActions": ["Deny"]}
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rules == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes/status"]}]
+    env = celpy.Environment()
+    (match,) = [env.program(env.compile(c["expression"])) for c in policy["spec"]["matchConditions"]]
+    (rule,) = [env.program(env.compile(v["expression"])) for v in policy["spec"]["validations"]]
+
+    def request(user: str, node: str | None) -> dict:
+        extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
+        return {"request": celpy.json_to_cel({"userInfo": {"username": user, "extra": extra}}),
+                "object": celpy.json_to_cel({"metadata": {"name": "gpu-1"}})}
+
+    daemon = f"system:serviceaccount:{NAMESPACE}:hamid"
+    assert bool(match.evaluate(request(daemon, "gpu-1")))
+    assert not bool(match.evaluate(request("system:node:gpu-1", "gpu-1")))  # kubelet is NodeRestriction's
+    assert bool(rule.evaluate(request(daemon, "gpu-1")))
+    assert not bool(rule.evaluate(request(daemon, "gpu-2")))  # another node's daemon
+    assert not bool(rule.evaluate(request(daemon, None)))  # a token not bound to a pod
+    assert not by_kind(render({"nodeRestriction": {"enabled": False}}), "ValidatingAdmissionPolicy")
+    for version in ("1.30.0", _versions()[-1]):
+        kv.validate(policy, version, strict=True)
+
+
+def test_the_network_policy_admits_daemons_to_gossip_and_the_peer_api_only():
+    docs = render({"networkPolicy": {"controlPlaneCIDRs": ["10.0.0.0/24"]}})
+    np = one(docs, "NetworkPolicy", "hamid")
+    ds = one(docs, "DaemonSet")
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels[k] == v for k, v in np["spec"]["podSelector"]["matchLabels"].items())
+    peers, control, metrics = np["spec"]["ingress"]
+    assert {p["port"] for p in peers["ports"]} == {7947, 7948}
+    (sel,) = peers["from"]
+    assert all(pod_labels[k] == v for k, v in sel["podSelector"]["matchLabels"].items())
+    assert {p["port"] for p in control["ports"]} == {10250} and control["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    assert {p["port"] for p in metrics["ports"]} == {9394} and "from" not in metrics
+    ext = one(render({"mode": "extender"}), "NetworkPolicy")
+    assert {p["port"] for p in ext["spec"]["ingress"][1]["ports"]} == {10250, 9998}
+    assert ds["spec"]["template"]["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}

@@ -1360,6 +1360,15 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
     ResourceType("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration",
                  "validatingwebhookconfigurations", False, (), ("api-extensions",), (), {}, WEBHOOK_MERGE_KEYS,
                  generation=True, prepare_create=_webhook_config_prepare, validate=_webhook_config_validate),
+    # stored and served as the chart applies them; neither enforced (no CNI, no CEL here: the chart's
+    # tests evaluate the policy's CEL with cel-python)
+    ResourceType("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True, ("netpol",), (), (), {},
+                 META_MERGE_KEYS, generation=True),
+    ResourceType("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicy", "validatingadmissionpolicies",
+                 False, (), ("api-extensions",), ("status",), {}, META_MERGE_KEYS, generation=True),
+    ResourceType("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicyBinding",
+                 "validatingadmissionpolicybindings", False, (), ("api-extensions",), (), {}, META_MERGE_KEYS,
+                 generation=True),
 )
 
 # ---------------------------------------------------------------------------

@@ -52,13 +52,13 @@ async def test_two_peers_commit_and_release_on_each_other(tmp_path):
             await from_b.commit(addr_a, owner2, decision2)
             assert a.owners() == [owner2.key] and b.owners() == [owner.key]
 
-            doc = await from_b.status(addr_a)
+            doc = await from_b.status(addr_a, node="node-a")
             assert doc["node"] == "node-a" and [r["owner"] for r in doc["reservations"]] == [owner2.key]
 
             assert (await from_a.commit(addr_b, owner, decision))["owner"] == owner.key  # idempotent
-            got = await from_a.release(addr_b, owner.key)
+            got = await from_a.release(addr_b, owner.key, node="node-b")
             assert got["released"] is True and got["reservation"]["owner"] == owner.key
-            assert (await from_a.release(addr_b, owner.key)) == {"released": False, "reservation": None}
+            assert (await from_a.release(addr_b, owner.key, node="node-b")) == {"released": False, "reservation": None}
             await from_b.release(addr_a, owner2.key, node="node-a")
             assert a.owners() == [] and b.owners() == []
             assert all(g.mem_used == 0 for g in b.ledger.view().gpus)
@@ -75,7 +75,7 @@ async def test_a_client_without_the_key_gets_nothing(tmp_path):
                 with pytest.raises(PeerUnauthenticated, match="could not authenticate"):
                     await client.commit(addr, owner, decision)
                 with pytest.raises(PeerUnauthenticated):
-                    await client.status(addr)
+                    await client.status(addr, node="node-b")
         assert b.owners() == []
         # what such a client sees: a 401 that names no node, GPU or reservation
         raw = await post(addr, frames.Sealer(new_keyring(tmp_path, "third")).seal(b"x" * 40, frames.AAD_REQUEST))
@@ -102,7 +102,7 @@ async def test_a_server_without_the_key_cannot_fake_an_answer(tmp_path):
             with pytest.raises(PeerUnauthenticated):
                 await client.commit(addr_imp, owner, decision)
             # record a genuine, sealed answer to one request...
-            msg = frames.new_request("status", {}, sender="t")
+            msg = frames.new_request("status", {}, sender="t", to="node-b")
             raw = await post(addr_gen, frames.encode_request(frames.Sealer(keys), msg))
             assert frames.decode_answer(frames.Sealer(keys), raw.content, msg["id"])["ok"] is True
             recorded.append(raw.content)
@@ -116,7 +116,7 @@ async def test_a_server_without_the_key_cannot_fake_an_answer(tmp_path):
                 binds = await nursery.start(lambda task_status: serve(fake, cfg, task_status=task_status))
                 addr_fake = binds[0].split("://")[1]
                 with pytest.raises(PeerUnauthenticated, match="not sealed for this request"):
-                    await client.status(addr_fake)
+                    await client.status(addr_fake, node="node-b")
                 with pytest.raises(PeerUnauthenticated, match="not sealed for this request"):
                     await client.commit(addr_fake, owner, decision)
                 # forged "yes" answers: sealed with another key, and plain
@@ -142,7 +142,7 @@ async def test_a_replayed_request_is_rejected_and_changes_nothing(tmp_path):
         first = await post(addr, frame)
         assert first.status_code == 200 and b.owners() == ["pod:replayed"]
         async with PeerClient(keys) as client:
-            await client.release(addr, "pod:replayed")
+            await client.release(addr, "pod:replayed", node="node-b")
         assert b.owners() == []
         again = await post(addr, frame)  # the recorded frame, sent again after the release
         assert again.status_code == 400
@@ -245,10 +245,10 @@ async def test_malformed_arguments_are_refused_with_the_reason(tmp_path):
         _, decision = b.propose("x")
         bad_owner = {"owner": {"kind": "vm", "uid": "x"}, "decision": decision.to_dict()}
         with pytest.raises(PeerProtocolError, match="owner kind: bad value 'vm'") as e:
-            await client.call(addr, "commit", bad_owner)
+            await client.call(addr, "commit", bad_owner, to="node-b")
         assert e.value.kind == "bad-request"
         with pytest.raises(PeerProtocolError, match="'key' must be a non-empty string"):
-            await client.call(addr, "release", {"key": 7})
+            await client.call(addr, "release", {"key": 7}, to="node-b")
     assert b.owners() == []
 
 
@@ -259,7 +259,7 @@ async def test_unreachable_peer_and_unauthenticated_insecure_mode(tmp_path, free
         PeerClient(None)
     async with PeerClient(new_keyring(tmp_path), timeout_s=2) as client:
         with pytest.raises(PeerUnreachable, match=f"cannot reach peer 127.0.0.1:{free_port}") as e:
-            await client.status(f"127.0.0.1:{free_port}")
+            await client.status(f"127.0.0.1:{free_port}", node="node-b")
         assert e.value.maybe_applied is False
     # insecure mode, explicitly: plain frames both ways, replays still refused
     b = LedgerNode(tmp_path, "node-b")
@@ -269,7 +269,7 @@ async def test_unreachable_peer_and_unauthenticated_insecure_mode(tmp_path, free
         assert b.owners() == ["pod:plain"]
         with pytest.raises(PeerUnauthenticated, match="sealed frame, but this side has no key"):
             async with PeerClient(new_keyring(tmp_path, "k2")) as sealed:
-                await sealed.status(addr)
+                await sealed.status(addr, node="node-b")
 
 
 async def test_metrics_count_requests_by_method_and_result(tmp_path):
@@ -281,7 +281,7 @@ async def test_metrics_count_requests_by_method_and_result(tmp_path):
         await client.commit(addr, *first)
         with pytest.raises(PeerRefused):
             await client.commit(addr, *second)
-        await client.status(addr)
+        await client.status(addr, node="node-b")
     samples = {(s.labels["method"], s.labels["result"]): s.value
                for m in PeerCollector(face.stats).collect() for s in m.samples}
     assert samples[("commit", "ok")] == 1 and samples[("commit", "refused")] == 1

@@ -105,7 +105,7 @@ async def test_two_daemons_commit_and_release_on_each_other_through_the_peer_api
             # a peer without the key is refused and changes nothing
             async with PeerClient(Keyring([os.urandom(32)])) as stranger:
                 with pytest.raises(PeerUnauthenticated):
-                    await stranger.release(b.peer, "pod:uid-on-b")
+                    await stranger.release(b.peer, "pod:uid-on-b", node="node-b")
             assert await trio.to_thread.run_sync(b.owners) == ["pod:uid-on-b"]
 
             # a recorded release frame, replayed after a new commit, is refused
@@ -122,8 +122,8 @@ async def test_two_daemons_commit_and_release_on_each_other_through_the_peer_api
             assert answer["error"] == "replay"
             assert await trio.to_thread.run_sync(b.owners) == ["pod:uid-on-b"]
 
-            assert (await leader_b.release(a.peer, "pod:uid-on-a"))["released"] is True
-            assert (await leader_a.release(b.peer, "pod:uid-on-b"))["released"] is True
+            assert (await leader_b.release(a.peer, "pod:uid-on-a", node="node-a"))["released"] is True
+            assert (await leader_a.release(b.peer, "pod:uid-on-b", node="node-b"))["released"] is True
             assert await trio.to_thread.run_sync(a.owners) == [] and await trio.to_thread.run_sync(b.owners) == []
     finally:
         a.stop()

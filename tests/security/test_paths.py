@@ -60,7 +60,7 @@ async def test_a_peer_cannot_make_the_node_delete_a_path(tmp_path, details):
         assert e.value.kind == "bad-request" and b.owners() == []
         # what a leader really sends is still accepted, and its release touches nothing outside
         await client.commit(addr, owner, decision, details={"placed_by": "gate", "attempt": "a" * 32})
-        await client.release(addr, owner.key)
+        await client.release(addr, owner.key, node="node-b")
     _intact(victim_file, victim_dir)
     assert b.owners() == []
 

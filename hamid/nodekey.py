@@ -1,0 +1,99 @@
+"""Each node's own identity on the peer API: an Ed25519 key pair.
+
+A shared library: the gossip service carries the public half, the peer API
+checks signatures against it.
+
+The gossip keyring is shared by every daemon, so it proves only that a
+request comes from *some* member. Each daemon therefore also holds a key
+pair of its own, made on its first start and kept in the state directory
+(``peer-identity.key``, 0600, root's), and gossips the public half in its
+capacity document (``pk``), where the keyring protects it. Every peer
+request is signed with the sender's private key; the receiver checks the
+signature against the key the sender's node gossips. Why this and not a
+per-node certificate issued at install: a DaemonSet cannot hand each pod its
+own Secret, and no component of hamid may sign certificates for nodes;
+gossip already carries each node's document, so the public key rides along
+at no cost, and a key never leaves the node that made it.
+
+A member's key is taken the first time it is seen and kept while that
+member lives (:mod:`hamid.gossip.membership`): a key holder advertising
+another node's name with another key is ignored. The state directory is on
+the host, so a restarted or upgraded daemon keeps its key.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from .errors import HamidError
+
+FILE_NAME = "peer-identity.key"
+
+
+class IdentityError(HamidError):
+    """The node's identity key cannot be read or made."""
+
+
+class NodeIdentity:
+    def __init__(self, key: Ed25519PrivateKey) -> None:
+        self._key = key
+        raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        self.public_b64 = base64.b64encode(raw).decode()
+
+    @classmethod
+    def generate(cls) -> "NodeIdentity":
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def load_or_create(cls, state_dir: str | os.PathLike) -> "NodeIdentity":
+        """The key in ``state_dir`` (made there, 0600, on first use; never through a link)."""
+        path = os.path.join(state_dir, FILE_NAME)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            key = Ed25519PrivateKey.generate()
+            raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                    serialization.NoEncryption())
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(raw)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                raise IdentityError(f"cannot write the node's identity key {path}: {e.strerror}") from None
+            return cls(key)
+        except OSError as e:
+            raise IdentityError(f"cannot read the node's identity key {path}: {e.strerror}") from None
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(64)
+        if len(raw) != 32:
+            raise IdentityError(f"{path} is not a 32-byte Ed25519 private key; remove it and restart "
+                                "(the node then gossips a new identity)")
+        return cls(Ed25519PrivateKey.from_private_bytes(raw))
+
+    def sign(self, data: bytes) -> bytes:
+        return self._key.sign(data)
+
+
+def valid_public_key(pk: object) -> bool:
+    """Whether ``pk`` is a base64 Ed25519 public key (as gossiped in ``pk``)."""
+    if type(pk) is not str or len(pk) != 44:
+        return False
+    try:
+        return len(base64.b64decode(pk, validate=True)) == 32
+    except ValueError:
+        return False
+
+
+def verify(pk_b64: str, signature: bytes, data: bytes) -> bool:
+    try:
+        Ed25519PublicKey.from_public_bytes(base64.b64decode(pk_b64)).verify(signature, data)
+        return True
+    except (InvalidSignature, ValueError):
+        return False

@@ -1,0 +1,148 @@
+"""A peer key is not a master key.
+
+The gossip keyring is shared by every daemon pod, so holding it proved only
+membership: one holder could commit on any node, release any reservation
+(Docker ones too), omit the target node (any node accepted the request) and
+advertise another node's name. Now each node signs its peer requests with
+its own Ed25519 key, whose public half it gossips; a node accepts commits
+only from the node the current leader runs on, releases only reservations
+that node placed (pods only), requires the target node, and keeps the first
+identity it saw for a live member's name. The keyring itself is reloaded
+from its file while the daemon runs (a rotated Secret).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+
+import pytest
+import trio
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "peer"))
+
+from peerharness import LedgerNode, new_keyring, serving  # noqa: E402
+
+from hamid.gossip.keyring import Keyring, watch_key_file  # noqa: E402
+from hamid.gossip.membership import Member, Membership  # noqa: E402
+from hamid.gossip.params import GossipParams  # noqa: E402
+from hamid.gossip.stats import Stats  # noqa: E402
+from hamid.node.identity import Owner  # noqa: E402
+from hamid.nodekey import NodeIdentity  # noqa: E402
+from hamid.peer import PeerClient, PeerProtocolError, PeerUnauthenticated, frames  # noqa: E402
+from hamid.peer.server import PeerFace  # noqa: E402
+
+
+class Cluster:
+    """The identities node-b's peer API knows from gossip, and who leads."""
+
+    def __init__(self) -> None:
+        self.ids = {n: NodeIdentity.generate() for n in ("node-a", "node-c")}
+        self.leader = "node-a"
+
+    def identity_of(self, node: str):
+        i = self.ids.get(node)
+        return i.public_b64 if i is not None else None
+
+
+async def test_requests_must_be_signed_by_the_sender_the_cluster_knows(tmp_path):
+    keys = new_keyring(tmp_path)
+    cl = Cluster()
+    b = LedgerNode(tmp_path, "node-b")
+    face = PeerFace(b, keys, "127.0.0.1:0", identities=cl.identity_of, leader=lambda: cl.leader)
+    async with serving(face) as (addr,):
+        owner, decision = b.propose("p1")
+        for client in (PeerClient(keys, name="node-a"),  # unsigned
+                       PeerClient(keys, name="node-a", identity=NodeIdentity.generate()),  # another key
+                       PeerClient(keys, name="node-z", identity=NodeIdentity.generate())):  # not a member
+            async with client:
+                with pytest.raises(PeerUnauthenticated, match="could not authenticate"):
+                    await client.commit(addr, owner, decision)
+        assert b.owners() == []
+        # the target node is required: a request that names none is refused before anything else
+        msg = frames.new_request("status", {}, sender="node-a", to=None)
+        with pytest.raises(frames.FrameError, match="'to' must name the node"):
+            frames.decode_request(frames.Sealer(keys), frames.encode_request(frames.Sealer(keys), msg,
+                                                                              cl.ids["node-a"]))
+        async with PeerClient(keys, name="node-a", identity=cl.ids["node-a"]) as a:
+            res = await a.commit(addr, owner, decision, details={"placed_by": "gate", "attempt": "b" * 32})
+            assert res["details"]["placer"] == "node-a"  # recorded by the node, not sent by the caller
+
+
+async def test_only_the_leader_commits_and_only_the_placer_releases(tmp_path):
+    keys = new_keyring(tmp_path)
+    cl = Cluster()
+    b = LedgerNode(tmp_path, "node-b")
+    face = PeerFace(b, keys, "127.0.0.1:0", identities=cl.identity_of, leader=lambda: cl.leader)
+    async with serving(face) as (addr,), \
+            PeerClient(keys, name="node-a", identity=cl.ids["node-a"]) as a, \
+            PeerClient(keys, name="node-c", identity=cl.ids["node-c"]) as c:
+        owner, decision = b.propose("p1")
+        with pytest.raises(PeerProtocolError, match="'node-c' is not the leader") as e:
+            await c.commit(addr, owner, decision)
+        assert e.value.kind == "forbidden" and b.owners() == []
+        await a.commit(addr, owner, decision)
+        with pytest.raises(PeerProtocolError, match="was not placed by node 'node-c'"):
+            await c.release(addr, owner.key, node="node-b")
+        assert b.owners() == [owner.key]
+
+        # a Docker container's reservation is never the peers' to release
+        _, dec = b.propose("c0ffee", "mem=1g")
+        b.ledger.commit(Owner("docker", "c0ffee"), dec)
+        with pytest.raises(PeerProtocolError, match="only its placer may release it"):
+            await a.release(addr, "docker:c0ffee", node="node-b")
+        assert sorted(b.owners()) == sorted([owner.key, "docker:c0ffee"])
+
+        # leadership moves: the new leader commits, the old placer still undoes only its own
+        cl.leader = "node-c"
+        owner2, decision2 = b.propose("p2")
+        with pytest.raises(PeerProtocolError, match="not the leader"):
+            await a.commit(addr, owner2, decision2)
+        await c.commit(addr, owner2, decision2)
+        assert (await a.release(addr, owner.key, node="node-b"))["released"] is True
+        assert sorted(b.owners()) == sorted([owner2.key, "docker:c0ffee"])
+
+
+def test_a_live_members_identity_is_not_replaced_by_a_document_under_its_name():
+    m = Membership("a", "a:1", GossipParams(), Stats(), lambda addr, msg: None)
+    m.members["b"] = Member("b", "b:1", 1)
+    real, fake = NodeIdentity.generate().public_b64, NodeIdentity.generate().public_b64
+    doc = {"node": "b", "version": 5, "policy": "spread", "gpus": [], "profiles": {}, "pk": real}
+    m.on_message({"t": "caps", "f": "b", "a": "b:1", "docs": [doc]})
+    assert m.docs["b"]["pk"] == real
+    m.on_message({"t": "caps", "f": "x", "a": "x:1", "docs": [{**doc, "version": 9, "pk": fake}]})
+    assert m.docs["b"]["pk"] == real and m.stats.dropped["identity"] == 1
+    m.on_message({"t": "caps", "f": "b", "a": "b:1", "docs": [{**doc, "version": 10}]})
+    assert m.docs["b"]["version"] == 10  # the real node's next document is taken as ever
+
+
+def test_the_identity_key_is_kept_in_the_state_directory(tmp_path):
+    first = NodeIdentity.load_or_create(tmp_path)
+    assert NodeIdentity.load_or_create(tmp_path).public_b64 == first.public_b64
+    assert oct(os.stat(tmp_path / "peer-identity.key").st_mode & 0o777) == "0o600"
+    os.unlink(tmp_path / "peer-identity.key")
+    os.symlink("/etc/hostname", tmp_path / "peer-identity.key")
+    with pytest.raises(Exception, match="cannot read"):
+        NodeIdentity.load_or_create(tmp_path)
+
+
+async def test_a_rotated_key_file_takes_effect_without_a_restart(tmp_path):
+    old, new = os.urandom(32), os.urandom(32)
+    path = tmp_path / "gossip.keys"
+    path.write_text(base64.b64encode(old).decode() + "\n")
+    keyring = Keyring.load(path)
+    b = LedgerNode(tmp_path, "node-b")
+    async with serving(PeerFace(b, keyring, "127.0.0.1:0")) as (addr,), trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: watch_key_file(keyring, path, interval=0.05))
+        async with PeerClient(Keyring([new]), name="x") as rotated:
+            with pytest.raises(PeerUnauthenticated):
+                await rotated.status(addr, node="node-b")
+            # the Secret gains the new key first (both accepted), then drops the old one
+            path.write_text(base64.b64encode(new).decode() + "\n" + base64.b64encode(old).decode() + "\n")
+            await trio.sleep(0.3)
+            assert (await rotated.status(addr, node="node-b"))["node"] == "node-b"
+            path.write_text("not base64 at all\n")  # a broken file: the keys in use are kept
+            await trio.sleep(0.3)
+            assert keyring.keys == [new, old]
+        nursery.cancel_scope.cancel()
