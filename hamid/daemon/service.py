@@ -268,7 +268,8 @@ def build_faces(d: Daemon):
                               cluster=gossip.cluster_document if gossip is not None else None))
     faces.append(DockerFace(d.service, poll_interval=c.releasePollInterval, net_interval=c.reconcileInterval,
                             start_grace=c.dockerStartGrace, socket_path=str(d.state_dir / DOCKER_SOCKET_NAME),
-                            defaults=request_defaults(d)))
+                            defaults=request_defaults(d),
+                            elsewhere=elsewhere_hint(d.node, gossip) if gossip is not None else None))
     if gossip is not None:
         faces.append(gossip)
     if c.peerListen:
@@ -287,6 +288,18 @@ def build_faces(d: Daemon):
     if c.metricsPort:
         faces.append(MetricsFace(registry, f"{c.metricsAddress}:{c.metricsPort}"))
     return faces
+
+
+def elsewhere_hint(node: str, gossip):
+    """For a refusal (called in a worker thread): where else in the gossiped view
+    the same request fits now, in one line (:mod:`hamid.placement.elsewhere`)."""
+    from ..gossip.capacity import view_from_doc
+    from ..placement.elsewhere import hint
+
+    def elsewhere(request) -> str:
+        docs = trio.from_thread.run_sync(gossip.membership.live_docs)  # the membership lives in trio's thread
+        return hint(request, [view_from_doc(doc) for doc in docs.values()], exclude=[node])
+    return elsewhere
 
 
 def kube_api(c: Config):
