@@ -46,3 +46,9 @@ def test_top_three_only_and_nothing_when_nothing_fits():
         "it fits on none of the 4 other node(s) of the gossiped view now"
     assert hint(_req("mem=1g"), [views[0]], exclude=["n0"]) == \
         "no other node is in this node's gossiped view to suggest"
+
+
+def test_without_exclusion_the_nodes_are_not_called_other():
+    views = [node_view(f"n{i}", "T4") for i in range(3)]
+    assert hint(_req("mem=40g"), views) == "it fits on none of the 3 node(s) of the gossiped view now"
+    assert hint(_req("mem=1g"), views).startswith("it fits now on: n0 (15 GiB, 100% cores free), n1 (")

@@ -71,19 +71,21 @@ def _gib(mib: int) -> str:
     return f"{mib / 1024:.1f} GiB" if mib % 1024 else f"{mib // 1024} GiB"
 
 
-def describe(fits: Sequence[Fit], looked_at: int) -> str:
+def describe(fits: Sequence[Fit], looked_at: int, *, others: bool = True) -> str:
     """One line: ``it fits now on: b (70 GiB, 180% cores free), c (...)``, or
-    that it fits on none of the ``looked_at`` other nodes."""
+    that it fits on none of the ``looked_at`` (other, with ``others``) nodes."""
     if not fits:
+        other = "other " if others else ""
         if looked_at == 0:
-            return "no other node is in this node's gossiped view to suggest"
-        return f"it fits on none of the {looked_at} other node(s) of the gossiped view now"
+            return f"no {other}node is in this node's gossiped view to suggest"
+        return f"it fits on none of the {looked_at} {other}node(s) of the gossiped view now"
     return "it fits now on: " + ", ".join(f"{f.node} ({_gib(f.free_mib)}, {f.free_cores}% cores free)"
                                           for f in fits)
 
 
 def hint(request: Request, views: Sequence[NodeView], *, exclude: Iterable[str] = (), top: int = TOP) -> str:
-    """:func:`fits_elsewhere` said in one line (:func:`describe`)."""
+    """:func:`fits_elsewhere` said in one line (:func:`describe`); with
+    ``exclude`` (the refusing node) the others are called other nodes."""
     skip = set(exclude)
-    others = [v for v in views if v.name not in skip]
-    return describe(fits_elsewhere(request, others, top=top), len(others))
+    rest = [v for v in views if v.name not in skip]
+    return describe(fits_elsewhere(request, rest, top=top), len(rest), others=bool(skip))
