@@ -34,7 +34,9 @@ function slices(g) {
       i += 1;
     }
   }
-  return `<div class="slices" data-slices="${n}" aria-label="MIG slices: ${g.mig_instances.length} instance(s) of ${n} slices">${out}</div>`;
+  const list = g.mig_instances.map((m) => `${esc(m.profile)} at slice ${m.start}` + (m.size > 1 ? `-${m.start + m.size - 1}` : "")).join(", ");
+  return `<div class="slices" data-slices="${n}" aria-hidden="true">${out}</div>` +
+    `<div class="row"><span></span><span class="mig-list">${list || "no MIG instance"}</span></div>`;
 }
 
 function gpuCard(node, g) {
@@ -44,12 +46,14 @@ function gpuCard(node, g) {
   if (g.filtered) chips.push('<span class="chip warn">filtered</span>');
   if (g.exclusive) chips.push('<span class="chip info">exclusive</span>');
   if (g.mode === "mig") chips.push('<span class="chip info">MIG</span>');
-  const memText = `${g.memory_used_mib}/${g.memory_total_mib} MiB`;
+  const usedSlices = (g.mig_instances || []).reduce((a, m) => a + m.size, 0);
+  const mig = g.mode === "mig" && g.mig_slices;
+  const memText = mig ? `${usedSlices}/${g.mig_slices} memory slices` : `${g.memory_used_mib}/${g.memory_total_mib} MiB`;
   const coreText = `${g.cores_used}/${g.cores_total}%`;
   return `<div class="gpu" data-gpu="${esc(g.uuid)}" data-node="${esc(node)}" data-index="${g.index}" ` +
     `data-mem-used="${g.memory_used_mib}" data-mem-total="${g.memory_total_mib}" data-cores-used="${g.cores_used}">` +
     `<div class="head"><strong>GPU ${g.index} <span class="model">${esc(g.name)}</span></strong><span>${chips.join(" ")}</span></div>` +
-    bar("mem", g.memory_used_mib, g.memory_total_mib, "memory") + `<div class="row"><span></span><span class="mem">${memText} booked</span></div>` +
+    (mig ? bar("mem", usedSlices, g.mig_slices, "memory") : bar("mem", g.memory_used_mib, g.memory_total_mib, "memory")) + `<div class="row"><span></span><span class="mem">${memText} booked</span></div>` +
     bar("core", g.cores_used, g.cores_total, "compute") + `<div class="row"><span></span><span class="cores">${coreText} booked, ${g.shares_used}/${g.shares_total} tenants</span></div>` +
     slices(g) + `</div>`;
 }
