@@ -93,7 +93,6 @@ class Hub:
             self._changed = trio.Event()
 
     async def _watch(self) -> None:
-        self._running = True
         try:
             last_marks: object = object()
             last_full = -1e9
@@ -117,9 +116,10 @@ class Hub:
         self.watchers += 1
         try:
             if not self._running and self._nursery is not None:
+                self._running = True  # now: a second stream arriving before it runs must not start another
                 self._nursery.start_soon(self._watch)
-            if not self.data:
-                await self.refresh()
+            if not self.data:  # the watcher just started builds the first document
+                await self._changed.wait()
             sent = 0
             while True:
                 if self.version != sent:
@@ -161,6 +161,7 @@ class WebFace:
             from ..shimregion.collector import ShimRegionCollector
 
             self.regions = ShimRegionCollector(containers_root, budget_s=0.5)
+        self._rows: dict = {}  # per member and capacity version: its rows (snapshot.build's cache)
         self.hub = Hub(self._gather, marks or (lambda: None))
         node.subscribe(lambda event, key: self.hub.poke())
         self.bound: list[str] = []
@@ -181,7 +182,7 @@ class WebFace:
         cluster = self.cluster() if self.cluster is not None else None
         return snapshot.build(node=self.node.name, cluster=cluster, status=status, view_gpus=gpus,
                               tenants=tenants, leader=self.leader() if self.leader else None,
-                              backend=self.node.backend_label)
+                              backend=self.node.backend_label, cache=self._rows)
 
     def _views(self) -> list[NodeView]:
         if self.live_views is not None:
@@ -320,6 +321,7 @@ class WebFace:
                 self.app(), self.listen, what="the web view (webListen)", task_status=task_status))
             log.info("web view serving", listen=self.listen, bound=self.bound,
                      token=not self.guard.open)
+            await self._gather()  # once, thrown away: the first visitor does not pay for imports and caches
             task_status.started(self.bound)
 
 
