@@ -317,7 +317,20 @@ def web_face(d: Daemon, gossip, faces: list):
                    containers_root=str(d.state_dir / CONTAINERS_DIR),
                    token=load_token(c.webTokenFile) if c.webTokenFile else None,
                    max_connections=c.webMaxConnections, request_timeout=c.webRequestTimeout,
-                   live_views=(lambda: live_views(gossip.cluster_document())) if gossip is not None else None)
+                   live_views=(lambda: live_views(gossip.cluster_document())) if gossip is not None else None,
+                   remote_status=_peer_status(c, d.node) if gossip is not None else None)
+
+
+def _peer_status(c: Config, node: str):
+    """Another node's status through the peer API (for the web view's tenants), or
+    None where this daemon cannot ask (no keyring and not ``peerInsecure``)."""
+    keyring = _keyring(c)
+    if keyring is None and not c.peerInsecure:
+        return None
+    from ..peer.client import PeerClient
+
+    client = PeerClient.from_config(c, keyring, name=node)
+    return lambda peer_node, address: client.status(address, node=peer_node)
 
 
 def elsewhere_hint(node: str, gossip):

@@ -18,7 +18,9 @@ marks (the ledger's change stamp, the gossip members' states and capacity
 versions, the leader) and, when one moved or every ``USAGE_INTERVAL_S`` for
 the tenants' live use, rebuilds the document in a worker thread; a new
 document goes to every stream at once. A commit on this node wakes it at
-once (the node service's change events).
+once (the node service's change events). Other nodes' tenants are asked of
+them (``remote_status``) only while someone looks, and again only when
+their capacity document changed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ log = get_logger("web")
 
 WATCH_INTERVAL_S = 0.5  # how often the marks are looked at: updates reach the page well within 2 s
 USAGE_INTERVAL_S = 2.0  # live use (shim regions) changes without a commit: re-read this often while watched
+REMOTE_FETCHES = 8  # other nodes' statuses asked at once: a 100-node view fills in a few round trips
+REMOTE_TIMEOUT_S = 5.0  # one node's status; a silent node is shown without tenants, asked again on change
 HEARTBEAT_S = 15.0  # a comment line on a quiet stream, so proxies and the browser keep it
 ASSETS = ("index.html", "login.html", "app.js", "app.css")
 _TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8",
@@ -141,11 +145,14 @@ class WebFace:
     def __init__(self, node: NodeService, listen: str, *, settings, cluster: Callable[[], dict] | None = None,
                  marks: Callable[[], object] | None = None, leader: Callable[[], dict | None] | None = None,
                  containers_root: str | None = None, token: str | None = None, max_connections: int = 32,
-                 request_timeout: float = 10.0, live_views: Callable[[], list[NodeView]] | None = None) -> None:
+                 request_timeout: float = 10.0, live_views: Callable[[], list[NodeView]] | None = None,
+                 remote_status: Callable[[str, str], Any] | None = None) -> None:
         """``cluster``: the gossiped cluster document (None without gossip);
         ``marks``: cheap change marks (see the module); ``live_views``: the
         node views ``hamid plan --live`` plans on; ``settings``: this node's
-        settings (the what-if's defaults and policies)."""
+        settings (the what-if's defaults and policies); ``remote_status(node,
+        peer address)``: another node's status document (async; the daemon
+        asks it through the peer API), for the other nodes' tenants."""
         self.node = node
         self.listen = listen
         self.settings = settings
@@ -162,6 +169,10 @@ class WebFace:
 
             self.regions = ShimRegionCollector(containers_root, budget_s=0.5)
         self._rows: dict = {}  # per member and capacity version: its rows (snapshot.build's cache)
+        self.remote_status = remote_status
+        self._remote: dict[str, tuple[int, list[dict]]] = {}  # node -> (capacity version, its tenants)
+        self._fetching: set[str] = set()
+        self._fetch_limit = trio.CapacityLimiter(REMOTE_FETCHES)
         self.hub = Hub(self._gather, marks or (lambda: None))
         node.subscribe(lambda event, key: self.hub.poke())
         self.bound: list[str] = []
@@ -177,12 +188,58 @@ class WebFace:
         status = None if self.cluster is not None else core.status(self.node.backend_label)
         return {g.uuid: g for g in view.gpus}, tenants, status
 
-    async def _gather(self) -> dict:
+    def _remote_tenants(self, cluster: dict, fetch: bool) -> tuple[list[dict], list[str]]:
+        """Other nodes' tenants as last fetched, and the nodes whose tenants
+        cannot be had (no peer API). With ``fetch``, a node whose capacity
+        document is newer than its fetched tenants is asked again in the
+        background (the watcher is poked when the answer is in)."""
+        out: list[dict] = []
+        unknown: list[str] = []
+        live = set()
+        for m in cluster["members"]:
+            cap = m.get("capacity")
+            if m.get("self") or not cap or m["state"] not in ("alive", "suspect"):
+                continue
+            live.add(m["name"])
+            got = self._remote.get(m["name"])
+            if got is not None:
+                out.extend(got[1])
+            peer = cap.get("peer")
+            if self.remote_status is None or not peer:
+                unknown.append(m["name"])
+                continue
+            if fetch and (got is None or got[0] != cap["version"]) and m["name"] not in self._fetching \
+                    and self.hub._nursery is not None:
+                self._fetching.add(m["name"])
+                self.hub._nursery.start_soon(self._fetch, m["name"], peer, cap["version"])
+        for gone in set(self._remote) - live:
+            del self._remote[gone]
+        return out, unknown
+
+    async def _fetch(self, node: str, peer: str, version: int) -> None:
+        try:
+            async with self._fetch_limit:
+                with trio.move_on_after(REMOTE_TIMEOUT_S):
+                    status = await self.remote_status(node, peer)
+                    from .tenants import tenants_from_status
+
+                    self._remote[node] = (version, tenants_from_status(node, status))
+                    self.hub.poke()
+        except Exception as e:  # unreachable, refused: its tenants stay as last seen; asked again on change
+            log.info("web view: could not read a node's tenants", node=node, error=str(e))
+        finally:
+            self._fetching.discard(node)
+
+    async def _gather(self, fetch: bool = True) -> dict:
         gpus, tenants, status = await self.node.run_blocking(self._read_node)
         cluster = self.cluster() if self.cluster is not None else None
+        unknown: list[str] = []
+        if cluster is not None:
+            remote, unknown = self._remote_tenants(cluster, fetch)
+            tenants = tenants + sorted(remote, key=lambda t: (t["node"], t["namespace"], t["name"], t["owner"]))
         return snapshot.build(node=self.node.name, cluster=cluster, status=status, view_gpus=gpus,
                               tenants=tenants, leader=self.leader() if self.leader else None,
-                              backend=self.node.backend_label, cache=self._rows)
+                              backend=self.node.backend_label, cache=self._rows, tenants_unknown=unknown)
 
     def _views(self) -> list[NodeView]:
         if self.live_views is not None:
@@ -321,7 +378,7 @@ class WebFace:
                 self.app(), self.listen, what="the web view (webListen)", task_status=task_status))
             log.info("web view serving", listen=self.listen, bound=self.bound,
                      token=not self.guard.open)
-            await self._gather()  # once, thrown away: the first visitor does not pay for imports and caches
+            await self._gather(fetch=False)  # once, thrown away: the first visitor does not pay for imports and caches
             task_status.started(self.bound)
 
 

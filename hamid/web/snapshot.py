@@ -76,16 +76,18 @@ def _member_from_status(status: dict, view_gpus: dict[str, GpuView]) -> dict:
 
 
 def build(*, node: str, cluster: dict | None, status: dict | None, view_gpus: dict[str, GpuView],
-          tenants: list[dict], leader: dict | None, backend: str, cache: dict | None = None) -> dict[str, Any]:
+          tenants: list[dict], leader: dict | None, backend: str, cache: dict | None = None,
+          tenants_unknown: list[str] = ()) -> dict[str, Any]:
     """The page's document. ``cluster``: the gossiped view (None without gossip);
     ``status``: this node's status document (used when there is no gossip);
     ``view_gpus``: this node's GPU views by UUID (for cordon and MIG slices);
     ``leader``: ``{"mode", "holder"}`` (None outside Kubernetes); ``cache``:
-    kept by the caller between calls (see :func:`_members_from_cluster`)."""
+    kept by the caller between calls (see :func:`_members_from_cluster`);
+    ``tenants_unknown``: nodes whose tenants cannot be asked (no peer API)."""
     if cluster is not None:
         gossip, members = _members_from_cluster(cluster, {} if cache is None else cache)
     else:
         gossip = {"enabled": False}
         members = [_member_from_status(status, view_gpus)] if status is not None else []
     return {"node": node, "backend": backend, "gossip": gossip, "leader": leader, "members": members,
-            "tenants": tenants}
+            "tenants": tenants, "tenants_unknown": sorted(tenants_unknown)}

@@ -7,6 +7,9 @@ rules as a metrics scrape (no links followed, owner and size checked, a time
 budget), matched to reservations by their slot directory
 (:func:`hamid.node.realize.slot_name`). Counters (GPU time, throttled time)
 are totals since the region was made; the page turns two readings into rates.
+Other nodes' tenants come from their status documents (the peer API's
+``status``, which the daemon fetches for the face): asked and given, without
+live use, which only the node that runs them reads.
 """
 
 from __future__ import annotations
@@ -72,3 +75,15 @@ def local_tenants(node: str, reservations: list[Reservation], regions: ShimRegio
                     "state": r.state, "created": r.created, "containers": conts})
     out.sort(key=lambda t: (t["namespace"], t["name"], t["owner"]))
     return out
+
+
+def tenants_from_status(node: str, status: dict) -> list[dict]:
+    """Another node's tenants from its status document (``reservations``); a
+    malformed row is left out rather than trusted."""
+    rows = []
+    for d in status.get("reservations") or ():
+        try:
+            rows.append(Reservation.from_dict(d))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return local_tenants(node, rows, None)

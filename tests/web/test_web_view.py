@@ -45,9 +45,12 @@ def _cli(*args: str) -> dict | list:
 def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("web")
     web_port = free_port()
-    a = Node(root, "a", simulate="H100-80GB-HBM3:2", config={**FAST, "webListen": f"127.0.0.1:{web_port}"})
-    b = Node(root, "b", simulate="T4", join=(a.addr,))
-    c = Node(root, "c", simulate="A100-SXM4-40GB", join=(a.addr,), config={**FAST, "operatingMode": "mig"})
+
+    def peer() -> dict:  # the peer API, through which a's page asks b and c for their tenants
+        return {"peerListen": f"127.0.0.1:{free_port()}", "peerInsecure": True}
+    a = Node(root, "a", simulate="H100-80GB-HBM3:2", config={**FAST, **peer(), "webListen": f"127.0.0.1:{web_port}"})
+    b = Node(root, "b", simulate="T4", join=(a.addr,), config={**FAST, **peer()})
+    c = Node(root, "c", simulate="A100-SXM4-40GB", join=(a.addr,), config={**FAST, **peer(), "operatingMode": "mig"})
     nodes = start_all([a, b, c])
     try:
         everyone = {"a", "b", "c"}
@@ -106,9 +109,15 @@ def test_the_page_lists_what_status_cluster_lists_and_follows_changes(cluster, b
     inst = a.members()["c"]["capacity"]["gpus"][0]["use"][4][0]  # [profile, start, size]
     assert page.locator("details[data-node='c'] .mig-list").inner_text() == f"1g.5gb at slice {inst[1]}"
     assert "1/8 memory slices" in page.locator("details[data-node='c'] .gpu").inner_text()
-    # this node's tenant: asked and given
+    # tenants: this node's and, through the peer API, b's and c's: node, asked and given
     row = page.locator("#tenants tr[data-name='trainer']")
     assert "20480 MiB" in row.inner_text() and "40% cores" in row.inner_text()
+    page.wait_for_selector("#tenants tr[data-name='mig-job']", timeout=5000)
+    cells = page.locator("#tenants tr[data-name='infer'] td").all_inner_texts()
+    assert cells[0] == "b" and cells[2] == "infer" and "4096 MiB, 30% cores" in cells[5]
+    cells = page.locator("#tenants tr[data-name='mig-job'] td").all_inner_texts()
+    assert cells[0] == "c" and "MIG 1g.5gb" in cells[5] and "MIG 1g.5gb at" in cells[6]
+    assert page.locator("#tenants-unknown").count() == 0
     # health: gossip members and the leader (none outside Kubernetes)
     assert page.locator("#members-by-state").inner_text() == "3 alive"
     assert "outside Kubernetes" in page.locator("#leader-card").inner_text()

@@ -108,7 +108,7 @@ function given(d) {
 function live(t, c, now) {
   const cells = c.given.map((d) => {
     const u = c.live[d.uuid];
-    if (!u) return '<span class="muted">no region yet</span>';
+    if (!u) return t.node === doc.node ? '<span class="muted">no region yet</span>' : '<span class="muted">on its node\'s page</span>';
     const key = `${t.owner}|${c.name}|${d.uuid}`;
     const prev = prevUse.get(key);
     let thr = `${u.throttle_s.toFixed(1)} s throttled`;
@@ -135,13 +135,20 @@ function renderTenants() {
         `<td>${live(t, c, now)}</td></tr>`);
     }
   }
-  $("tenants-count").textContent = `(${doc.tenants.length} on ${esc(doc.node)})`;
-  $("tenants-body").innerHTML = rows.length
-    ? `<table><caption class="muted">Tenants of this node (${esc(doc.node)}); each node's own view lists its tenants.</caption>` +
+  const unknown = doc.tenants_unknown || [];
+  const nodes = new Set(doc.tenants.map((t) => t.node)).size;
+  $("tenants-count").textContent = `(${doc.tenants.length} on ${nodes} node${nodes === 1 ? "" : "s"})`;
+  const note = unknown.length
+    ? `<p class="muted" id="tenants-unknown">Not listed: the tenants of ${unknown.length} node(s) this daemon cannot ask ` +
+      `(no peer API address in their gossip, or no key): ${unknown.slice(0, 10).map(esc).join(", ")}${unknown.length > 10 ? ", …" : ""}. ` +
+      "Their own pages list them.</p>"
+    : "";
+  $("tenants-body").innerHTML = note + (rows.length
+    ? `<table><caption class="muted">Live use and throttling are read by the node that runs the tenant: shown for ${esc(doc.node)}'s own.</caption>` +
       `<thead><tr><th scope="col">Node</th><th scope="col">Namespace</th><th scope="col">Name</th><th scope="col">Kind</th>` +
       `<th scope="col">State</th><th scope="col">Asked</th><th scope="col">Given</th><th scope="col">Live use, throttling</th></tr></thead>` +
       `<tbody>${rows.join("")}</tbody></table>`
-    : `<p class="muted" id="no-tenants">No tenant on ${esc(doc.node)}.</p>`;
+    : `<p class="muted" id="no-tenants">No tenant.</p>`);
 }
 
 function renderHealth() {
