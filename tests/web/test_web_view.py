@@ -130,6 +130,7 @@ def test_the_page_lists_what_status_cluster_lists_and_follows_changes(cluster, b
                            f"'{before + 2048}'", timeout=5000)
     took = time.monotonic() - t0
     assert took < 2.0, f"the page showed b's new tenant after {took:.2f} s"
+    page.wait_for_selector("#tenants tr[data-name='infer-2']", timeout=5000)  # asked of b once its document moved
 
     assert axe_violations(page, axe) == []
     screenshot(page, "overview-light.png")
