@@ -281,15 +281,12 @@ class WebFace:
             return wrapped
 
         async def body(req: Request) -> bytes:
-            length = req.headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-                raise _TooLarge()
-            buf = bytearray()
-            async for chunk in req.stream():
-                buf += chunk
-                if len(buf) > MAX_BODY:
-                    raise _TooLarge()
-            return bytes(buf)
+            from ..serving import BodyTooLarge, read_body
+
+            try:
+                return await read_body(req, MAX_BODY)
+            except BodyTooLarge:
+                raise _TooLarge() from None
 
         async def index(req: Request):
             return page("index.html")
