@@ -47,6 +47,7 @@ WATCH_INTERVAL_S = 0.5  # how often the marks are looked at: updates reach the p
 USAGE_INTERVAL_S = 2.0  # live use (shim regions) changes without a commit: re-read this often while watched
 REMOTE_FETCHES = 8  # other nodes' statuses asked at once: a 100-node view fills in a few round trips
 REMOTE_TIMEOUT_S = 5.0  # one node's status; a silent node is shown without tenants, asked again on change
+WHATIF_THREADS = 2  # what-ifs planned at once (CPU): a crowd clicking cannot take the daemon's cores
 HEARTBEAT_S = 15.0  # a comment line on a quiet stream, so proxies and the browser keep it
 ASSETS = ("index.html", "login.html", "app.js", "app.css")
 _TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8",
@@ -173,6 +174,8 @@ class WebFace:
         self._remote: dict[str, tuple[int, list[dict]]] = {}  # node -> (capacity version, its tenants)
         self._fetching: set[str] = set()
         self._fetch_limit = trio.CapacityLimiter(REMOTE_FETCHES)
+        self._read_limit = trio.CapacityLimiter(1)  # ledger and region reads: one at a time
+        self._plan_limit = trio.CapacityLimiter(WHATIF_THREADS)
         self.hub = Hub(self._gather, marks or (lambda: None))
         node.subscribe(lambda event, key: self.hub.poke())
         self.bound: list[str] = []
@@ -231,7 +234,8 @@ class WebFace:
             self._fetching.discard(node)
 
     async def _gather(self, fetch: bool = True) -> dict:
-        gpus, tenants, status = await self.node.run_blocking(self._read_node)
+        # a thread of the face's own: the node service's threads stay free for creates and commits
+        gpus, tenants, status = await trio.to_thread.run_sync(self._read_node, limiter=self._read_limit)
         cluster = self.cluster() if self.cluster is not None else None
         unknown: list[str] = []
         if cluster is not None:
@@ -349,7 +353,9 @@ class WebFace:
                 return JSONResponse({"error": 'expected JSON {"text": "<what to place>"}'}, 400, headers=_HEADERS)
             views = self._views()
             try:
-                result = await trio.to_thread.run_sync(answer, text, views, self.settings)
+                # pure CPU: abandoned (left to finish) if the request's deadline passes first
+                result = await trio.to_thread.run_sync(answer, text, views, self.settings,
+                                                       limiter=self._plan_limit, abandon_on_cancel=True)
             except WhatIfError as e:
                 return JSONResponse({"error": str(e)}, 400, headers=_HEADERS)
             return JSONResponse({"results": result, "nodes": len(views)}, headers={**_HEADERS,
