@@ -95,7 +95,7 @@ def _event_message(api, pod: str, timeout: float = 15.0) -> str:
 
 @pytest.fixture
 def cluster(tmp_path, api_server):
-    env = ClusterEnv(tmp_path / "c", api_server, nodes=3, split=100).start()
+    env = ClusterEnv(tmp_path / "c", api_server, nodes=3, split=100, web=True).start()
     yield env
     env.stop()
 
@@ -113,6 +113,22 @@ def test_gate_mode_places_commits_and_the_pod_starts_with_its_limits(cluster):
         assert (got["mem"], got["cores"]) == (mem, cores)
     owners = [r["owner"] for n in cluster.nodes for r in n.reservations()]
     assert sorted(owners) == sorted(f"pod:{placed[f'g{i}']['metadata']['uid']}" for i in range(3))
+
+    # the web view of any daemon: the leader, and every pod as a tenant of the node it runs on
+    import httpx
+
+    leader = cluster.nodes[cluster.leader()].node
+    want = {(placed_node(placed[f"g{i}"]), "default", f"g{i}") for i in range(3)}
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        state = httpx.get(f"http://127.0.0.1:{cluster.web_ports[2]}/api/state", timeout=5).json()
+        got = {(t["node"], t["namespace"], t["name"]) for t in state["tenants"] if t["kind"] == "pod"}
+        if got == want:
+            break
+        time.sleep(0.2)
+    assert got == want, state["tenants"]
+    assert state["leader"] == {"mode": "gate", "holder": leader}
+    assert {m["name"] for m in state["members"]} == {n.node for n in cluster.nodes}
 
 
 def test_a_pod_that_fits_nowhere_stays_gated_with_reasons_and_starts_once_room_frees(cluster):
