@@ -76,7 +76,7 @@ class Hub:
         self._changed = trio.Event()
         self._poke = trio.Event()
         self._running = False
-        self._nursery: trio.Nursery | None = None
+        self.nursery: trio.Nursery | None = None
 
     def poke(self) -> None:
         """Something changed on this node: look now (a no-op while nobody looks)."""
@@ -120,9 +120,9 @@ class Hub:
         """Yield each new document (the current one first) until cancelled."""
         self.watchers += 1
         try:
-            if not self._running and self._nursery is not None:
+            if not self._running and self.nursery is not None:
                 self._running = True  # now: a second stream arriving before it runs must not start another
-                self._nursery.start_soon(self._watch)
+                self.nursery.start_soon(self._watch)
             if not self.data:  # the watcher just started builds the first document
                 await self._changed.wait()
             sent = 0
@@ -173,6 +173,7 @@ class WebFace:
         self.remote_status = remote_status
         self._remote: dict[str, tuple[int, list[dict]]] = {}  # node -> (capacity version, its tenants)
         self._fetching: set[str] = set()
+        self._failed: dict[str, int] = {}  # node -> capacity version whose ask failed (not asked again until it moves)
         self._fetch_limit = trio.CapacityLimiter(REMOTE_FETCHES)
         self._read_limit = trio.CapacityLimiter(1)  # ledger and region reads: one at a time
         self._plan_limit = trio.CapacityLimiter(WHATIF_THREADS)
@@ -208,15 +209,17 @@ class WebFace:
             if got is not None:
                 out.extend(got[1])
             peer = cap.get("peer")
-            if self.remote_status is None or not peer:
+            if self.remote_status is None or not peer or m["name"] in self._failed:
                 unknown.append(m["name"])
+            if self.remote_status is None or not peer:
                 continue
             if fetch and (got is None or got[0] != cap["version"]) and m["name"] not in self._fetching \
-                    and self.hub._nursery is not None:
+                    and self._failed.get(m["name"]) != cap["version"] and self.hub.nursery is not None:
                 self._fetching.add(m["name"])
-                self.hub._nursery.start_soon(self._fetch, m["name"], peer, cap["version"])
+                self.hub.nursery.start_soon(self._fetch, m["name"], peer, cap["version"])
         for gone in set(self._remote) - live:
             del self._remote[gone]
+        self._failed = {k: v for k, v in self._failed.items() if k in live}
         return out, unknown
 
     async def _fetch(self, node: str, peer: str, version: int) -> None:
@@ -227,9 +230,15 @@ class WebFace:
                     from .tenants import tenants_from_status
 
                     self._remote[node] = (version, tenants_from_status(node, status))
+                    self._failed.pop(node, None)
                     self.hub.poke()
+                    return
+            raise TimeoutError(f"no answer in {REMOTE_TIMEOUT_S} s")
         except Exception as e:  # unreachable, refused: its tenants stay as last seen; asked again on change
             log.info("web view: could not read a node's tenants", node=node, error=str(e))
+            if node not in self._failed:
+                self.hub.poke()
+            self._failed[node] = version
         finally:
             self._fetching.discard(node)
 
@@ -376,7 +385,7 @@ class WebFace:
         from ..serving import serve_asgi
 
         async with trio.open_nursery() as nursery:
-            self.hub._nursery = nursery
+            self.hub.nursery = nursery
             self.bound = await nursery.start(lambda task_status: serve_asgi(
                 self.app(), self.listen, what="the web view (webListen)", task_status=task_status))
             log.info("web view serving", listen=self.listen, bound=self.bound,

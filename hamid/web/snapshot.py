@@ -83,7 +83,7 @@ def build(*, node: str, cluster: dict | None, status: dict | None, view_gpus: di
     ``view_gpus``: this node's GPU views by UUID (for cordon and MIG slices);
     ``leader``: ``{"mode", "holder"}`` (None outside Kubernetes); ``cache``:
     kept by the caller between calls (see :func:`_members_from_cluster`);
-    ``tenants_unknown``: nodes whose tenants cannot be asked (no peer API)."""
+    ``tenants_unknown``: nodes whose tenants cannot be had (no peer API, no answer)."""
     if cluster is not None:
         gossip, members = _members_from_cluster(cluster, {} if cache is None else cache)
     else:

@@ -140,7 +140,7 @@ function renderTenants() {
   $("tenants-count").textContent = `(${doc.tenants.length} on ${nodes} node${nodes === 1 ? "" : "s"})`;
   const note = unknown.length
     ? `<p class="muted" id="tenants-unknown">Not listed: the tenants of ${unknown.length} node(s) this daemon cannot ask ` +
-      `(no peer API address in their gossip, or no key): ${unknown.slice(0, 10).map(esc).join(", ")}${unknown.length > 10 ? ", …" : ""}. ` +
+      `(no peer API address in their gossip, no key, or no answer): ${unknown.slice(0, 10).map(esc).join(", ")}${unknown.length > 10 ? ", …" : ""}. ` +
       "Their own pages list them.</p>"
     : "";
   $("tenants-body").innerHTML = note + (rows.length
