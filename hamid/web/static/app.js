@@ -129,10 +129,12 @@ function renderTenants() {
   const rows = [];
   for (const t of doc.tenants) {
     for (const c of t.containers) {
-      rows.push(`<tr data-owner="${esc(t.owner)}" data-name="${esc(t.name)}"><td>${esc(t.node)}</td><td>${esc(t.namespace)}</td>` +
-        `<td class="name">${esc(t.name)}</td><td>${esc(t.kind === "pod" ? "pod" : "container")}${t.kind === "pod" ? ` / ${esc(c.name)}` : ""}</td>` +
-        `<td>${esc(t.state)}</td><td>${esc(asked(c.asked))}</td><td>${c.given.map(given).join("<br>") || "-"}</td>` +
-        `<td>${live(t, c, now)}</td></tr>`);
+      rows.push(`<tr data-owner="${esc(t.owner)}" data-name="${esc(t.name)}"><td data-label="Node">${esc(t.node)}</td>` +
+        `<td data-label="Namespace">${esc(t.namespace)}</td><td class="name" data-label="Name">${esc(t.name)}</td>` +
+        `<td data-label="Kind">${esc(t.kind === "pod" ? "pod" : "container")}${t.kind === "pod" ? ` / ${esc(c.name)}` : ""}</td>` +
+        `<td data-label="State">${esc(t.state)}</td><td data-label="Asked">${esc(asked(c.asked))}</td>` +
+        `<td data-label="Given">${c.given.map(given).join("<br>") || "-"}</td>` +
+        `<td data-label="Live use">${live(t, c, now)}</td></tr>`);
     }
   }
   const unknown = doc.tenants_unknown || [];
