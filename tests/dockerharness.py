@@ -44,8 +44,9 @@ def _mknod(path: Path, major: int, minor: int) -> None:
 
 class Env:
     def __init__(self, root: Path, simulate: str = "H100-80GB-HBM3:1,T4:1", mode: str = "mig",
-                 storage_driver: str = "vfs") -> None:
+                 storage_driver: str = "vfs", extra_config: dict | None = None) -> None:
         self.root = root
+        self.extra_config = extra_config or {}  # more hamid config keys (gossip, the web view)
         self.storage_driver = storage_driver  # vfs works on any filesystem; overlay2 is faster where it works
         self.state = root / "hamid"
         self.devroot = root / "dev"
@@ -142,7 +143,8 @@ class Env:
         cfg.write_text(
             f"simulate: {self.simulate}\noperatingMode: {self.mode}\nstateDir: {self.state}\n"
             f"devRoot: {self.devroot}\nmigCapsRoot: {self.caps}\nmetricsPort: 0\nnodeName: docker-node\n"
-            "dockerStartGrace: 2\nreconcileInterval: 1\nlogFormat: json\n")
+            "dockerStartGrace: 2\nreconcileInterval: 1\nlogFormat: json\n"
+            + "".join(f"{k}: {json.dumps(v)}\n" for k, v in self.extra_config.items()))
         log = open(self.root / "hamid.log", "a")
         self.hamid = subprocess.Popen([str(BIN / "hamid"), "run", "--config", str(cfg)], stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True)

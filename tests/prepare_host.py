@@ -29,6 +29,8 @@ NEEDED = {
     "iptables": "iptables",  # packet loss inside a namespace
     "kubectl": "kubernetes-client",  # kubectl 1.20 against the API-server stand-in (tests/k8s)
     "debootstrap": "debootstrap",  # the image test's base image (tests/image)
+    "chromium": "chromium",  # the web view's browser tests (tests/web), driven by Playwright
+    "npm": "npm",  # axe-core, the web view's accessibility check (tests/web), from the npm registry
 }
 
 

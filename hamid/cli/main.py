@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--peer-advertise", metavar="HOST:PORT",
                      help="the address other nodes dial for the peer API (default: --peer-listen; peerAdvertise)")
 
+    run.add_argument("--web-listen", metavar="HOST:PORT",
+                     help="serve the web view here, e.g. 127.0.0.1:7949 (webListen; off by default)")
+    run.add_argument("--web-token-file", metavar="FILE", help="the web view's token, one line (webTokenFile)")
+
     st = sub.add_parser("status", help="this node's GPUs and what is reserved on them")
     st.add_argument("--state-dir", help=f"the daemon's state dir (default {DEFAULT_STATE_DIR})")
     st.add_argument("--config", help="read stateDir from this config file")
@@ -83,6 +87,7 @@ def _cmd_run(args) -> int:
                  "gossipKeyFile": args.gossip_key_file,
                  "gossipInsecure": args.gossip_insecure,
                  "peerListen": args.peer_listen, "peerAdvertise": args.peer_advertise,
+                 "webListen": args.web_listen, "webTokenFile": args.web_token_file,
                  "gossipJoin": tuple(a.strip() for a in args.join.split(",") if a.strip()) if args.join else None}
     config = load_config(args.config, overrides)
     logs.configure(config.logFormat, config.logLevel)

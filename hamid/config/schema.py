@@ -597,6 +597,37 @@ class Config(NodeSettings, ResourceNameSettings):
     ``gossipListen``'s port. Unset: not used. Give the Service
     ``publishNotReadyAddresses: true`` so starting pods find each other."""
 
+    # --- the web view (hamid/web) ---
+
+    webListen: str | None = None
+    """``HOST:PORT`` of the web view (the cluster's nodes, GPUs and tenants in a
+    browser, live). Unset: off, the default outside Kubernetes, where a port
+    nobody asked for should not appear; the chart turns it on. On an address
+    other than loopback it needs ``webTokenFile`` (or ``webInsecure``). We
+    suggest 127.0.0.1:7949 on a Docker host (an SSH tunnel reaches it), next
+    to gossip's 7947 and the peer API's 7948."""
+
+    webTokenFile: str | None = None
+    """A file holding the web view's token (one line, at least 16 characters,
+    mode 0600). Browsers log in with it once (an HttpOnly, SameSite=Strict
+    session cookie follows); scripts send ``Authorization: Bearer``. Unset:
+    no token, allowed only on loopback unless ``webInsecure``."""
+
+    webInsecure: bool = False
+    """Serve the web view without a token on an address other than loopback.
+    Off: such a config is refused, since the page shows every node's address
+    and every tenant's name to whoever reaches the port."""
+
+    webMaxConnections: int = Field(32, ge=1, le=4096)
+    """Requests in flight at once on the web view, live streams included; past
+    it new ones get 503. 32 is a room of people watching plus their what-ifs,
+    while bounding the sockets and tasks a crowd (or a script) can hold."""
+
+    webRequestTimeout: float = Field(10.0, gt=0, le=300)
+    """Seconds any web request but the live stream may take (reading its
+    body included) before it gets 503. A what-if over 1000 nodes plans in well
+    under a second; 10 s cuts off slow senders without hurting real use."""
+
     @model_validator(mode="after")
     def _webhook_tls_pair(self):
         if (self.webhookCertFile is None) != (self.webhookKeyFile is None):
@@ -648,7 +679,24 @@ class Config(NodeSettings, ResourceNameSettings):
                     "(--gossip-insecure)", {"listen": self.gossipListen})
         return self
 
-    @field_validator("peerListen", "peerAdvertise")
+    @model_validator(mode="after")
+    def _web_token_off_loopback(self):
+        if self.webListen and not self.webTokenFile and not self.webInsecure:
+            from ..peer.address import AddressError, is_loopback, parse_address
+
+            try:
+                host, _ = parse_address(self.webListen, "webListen")
+            except AddressError as e:
+                raise PydanticCustomError("web_listen", "{msg}", {"msg": str(e)}) from None
+            if not is_loopback(host):
+                raise PydanticCustomError(
+                    "web_insecure",
+                    "the web view on {listen} without a token would show the cluster to anyone who reaches it; "
+                    "set webTokenFile (--web-token-file), listen on loopback (127.0.0.1:7949), or accept that "
+                    "with webInsecure: true", {"listen": self.webListen})
+        return self
+
+    @field_validator("peerListen", "peerAdvertise", "webListen")
     @classmethod
     def _peer_address(cls, v, info):
         if v is not None:

@@ -137,9 +137,13 @@ class GateController:
             choice = choose(request, pod, members, nodes, self._pods_by_node(), node_policy=self.node_policy,
                             ignored=self.ignored, exclude=excluded)
             if choice.decision is None:
+                from ..placement.elsewhere import hint
                 from .nodefit import summarize
 
-                await self._unschedulable(pod, summarize(choice.reasons, len(nodes)))
+                # kube-scheduler's summary, then where the same GPU request has room now (the
+                # nodes the pod may not use included: its selector or a taint may be what to change)
+                room = hint(request, [m.view for m in members.values()])
+                await self._unschedulable(pod, f"{summarize(choice.reasons, len(nodes))} GPU room: {room}.")
                 return False
             attempt = uuid.uuid4().hex
             self.cluster.committed(choice.decision)  # at once: the other workers choose around it

@@ -5,7 +5,7 @@ written, so a second daemon on the same directory changes nothing), read the
 devices (the first log line says NVML or simulated), open the ledger and
 record the inventory, install the shim, write the node's facts, finish
 pending releases and reconcile once; then start every face (local API,
-Docker, metrics, gossip, peer API as configured) and reconcile periodically
+Docker, metrics, gossip, peer API, web view as configured) and reconcile periodically
 until SIGINT or SIGTERM. Faces are built by :func:`build_faces`: a new face
 is one more entry there, and the loop that runs them does not change.
 """
@@ -278,7 +278,8 @@ def build_faces(d: Daemon):
                               cluster=gossip.cluster_document if gossip is not None else None))
     faces.append(DockerFace(d.service, poll_interval=c.releasePollInterval, net_interval=c.reconcileInterval,
                             start_grace=c.dockerStartGrace, socket_path=str(d.state_dir / DOCKER_SOCKET_NAME),
-                            defaults=request_defaults(d)))
+                            defaults=request_defaults(d),
+                            elsewhere=elsewhere_hint(d.node, gossip) if gossip is not None else None))
     if gossip is not None:
         faces.append(gossip)
     control: list = []
@@ -298,6 +299,8 @@ def build_faces(d: Daemon):
         faces.append(kubelet_face(d, api))
         faces.extend(control)
     registry.register(d.face_health.collector())
+    if c.webListen:
+        faces.append(web_face(d, gossip, faces))
     for f in faces:
         col = collector_of(f)
         if col is not None:
@@ -305,6 +308,59 @@ def build_faces(d: Daemon):
     if c.metricsPort:
         faces.append(MetricsFace(registry, f"{c.metricsAddress}:{c.metricsPort}"))
     return faces
+
+
+def web_face(d: Daemon, gossip, faces: list):
+    """The web view (``webListen``): this node's service, the gossiped view, and
+    the leader as the control face's elector last saw it (Kubernetes only)."""
+    from ..gossip.report import live_views
+    from ..web.face import WebFace
+    from ..web.guard import load_token
+
+    c = d.config
+    elector = next((f.elector for f in faces if getattr(f, "elector", None) is not None), None)
+    leader = (lambda: {"mode": c.controlMode, "holder": elector.leader_identity}) if elector is not None else None
+
+    def marks():
+        """Cheap marks that move when the page's document may have changed."""
+        members = ()
+        if gossip is not None:
+            m = gossip.membership
+            members = tuple((x.name, x.state, x.inc, (m.docs.get(x.name) or {}).get("version"))
+                            for x in m.members.values())
+        return d.ledger.change_stamp(), members, leader() if leader is not None else None
+
+    return WebFace(d.service, c.webListen, settings=d.settings,
+                   cluster=gossip.cluster_document if gossip is not None else None, marks=marks, leader=leader,
+                   containers_root=str(d.state_dir / CONTAINERS_DIR),
+                   token=load_token(c.webTokenFile) if c.webTokenFile else None,
+                   max_connections=c.webMaxConnections, request_timeout=c.webRequestTimeout,
+                   live_views=(lambda: live_views(gossip.cluster_document())) if gossip is not None else None,
+                   remote_status=_peer_status(c, d.node) if gossip is not None else None)
+
+
+def _peer_status(c: Config, node: str):
+    """Another node's status through the peer API (for the web view's tenants), or
+    None where this daemon cannot ask (no keyring and not ``peerInsecure``)."""
+    keyring = _keyring(c)
+    if keyring is None and not c.peerInsecure:
+        return None
+    from ..peer.client import PeerClient
+
+    client = PeerClient.from_config(c, keyring, name=node)
+    return lambda peer_node, address: client.status(address, node=peer_node)
+
+
+def elsewhere_hint(node: str, gossip):
+    """For a refusal (called in a worker thread): where else in the gossiped view
+    the same request fits now, in one line (:mod:`hamid.placement.elsewhere`)."""
+    from ..gossip.capacity import view_from_doc
+    from ..placement.elsewhere import hint
+
+    def elsewhere(request) -> str:
+        docs = trio.from_thread.run_sync(gossip.membership.live_docs)  # the membership lives in trio's thread
+        return hint(request, [view_from_doc(doc) for doc in docs.values()], exclude=[node])
+    return elsewhere
 
 
 def kube_api(c: Config):

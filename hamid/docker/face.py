@@ -5,7 +5,9 @@ from the compiled ``hamid-runtime-client`` that the runtime launcher runs for
 a container asking for GPUs: ``{"bundle", "id", "runc_root", "hook",
 "deadline"}``. The daemon itself reads and edits the bundle's ``config.json``
 (:func:`hamid.docker.bundle.prepare_bundle`), so a container start costs no
-Python start-up. 200 ``{"ours": bool}``; 409 (no room) or 400 with
+Python start-up. 200 ``{"ours": bool}``; 409 (no room: with ``elsewhere``,
+the message starts with where in the gossiped view the same request fits
+now) or 400 with
 ``{"error"}``, which the client shows in ``docker run``'s output; 410 when the
 request's deadline passed before the daemon got to it (nothing committed: the
 client then runs the Python runtime, which works without the daemon).
@@ -20,6 +22,7 @@ wake at all); where no watch can be had, it polls every
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import trio
 
@@ -31,7 +34,7 @@ from ..node import released
 from ..node.identity import Owner
 from ..node.layout import RELEASED_DIR
 from ..node.service import NodeService
-from ..request.model import Defaults
+from ..request.model import Defaults, Request
 from .liveness import docker_alive
 
 log = get_logger("docker")
@@ -43,8 +46,13 @@ class DockerFace:
     name = "docker"
 
     def __init__(self, node: NodeService, *, poll_interval: float, net_interval: float,
-                 start_grace: float, socket_path: str | None = None, defaults: Defaults = Defaults()) -> None:
+                 start_grace: float, socket_path: str | None = None, defaults: Defaults = Defaults(),
+                 elsewhere: Callable[[Request], str] | None = None) -> None:
+        """``elsewhere(request)``: where else the request fits now, in one line (the
+        daemon's gossiped view, :mod:`hamid.placement.elsewhere`); called in a
+        worker thread when a create is refused for lack of room."""
         self.node = node
+        self.elsewhere = elsewhere
         self.socket_path = socket_path
         self.defaults = defaults
         self.poll_interval = poll_interval
@@ -71,8 +79,14 @@ class DockerFace:
             request = parse_docker_env(env, cid, self.defaults)
             if request is None:
                 return {"ours": False}
-            got = core.admit(Owner("docker", cid, name=cid[:12]), request, user=user, details=details,
-                             deadline=deadline)
+            try:
+                got = core.admit(Owner("docker", cid, name=cid[:12]), request, user=user, details=details,
+                                 deadline=deadline)
+            except LedgerConflict as e:
+                if self.elsewhere is None:
+                    raise
+                # the hint first: runc's log line (how docker run shows it) is cut at 4 KiB
+                raise LedgerConflict(f"{self.elsewhere(request)}; on this node: {e}", e.reasons) from None
             return {"ours": True, **got.to_dict()}
 
         return prepare_bundle(body["bundle"], body["id"], runc_root=body["runc_root"], hook=body["hook"],

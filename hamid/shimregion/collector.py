@@ -83,6 +83,11 @@ class ShimRegionCollector(Collector):
             self._logged.add((path, reason))
             log.warning("region skipped", path=path, reason=reason, detail=detail)
 
+    def snapshots(self) -> Iterator[tuple[str, RegionSnapshot]]:
+        """(container directory, region) of every readable region, within the
+        budget: what a scrape reads (the web view reads it too)."""
+        return self._snapshots()
+
     def _snapshots(self) -> Iterator[tuple[str, RegionSnapshot]]:
         """Every readable region under the root, within the time budget."""
         deadline = time.monotonic() + self.budget_s

@@ -156,6 +156,11 @@ def test_the_configmap_is_a_config_hamid_run_accepts(variant, tmp_path):
     gossip = volumes[mounts["/etc/hamid/gossip"]["name"]]["secret"]
     assert {"key": "gossip.keys", "path": "gossip.keys"} in gossip["items"]
     assert gossip["secretName"] == values.get("gossip", {}).get("existingSecret", "hamid-gossip")
+    # the web view: on, behind the token the chart mounts where the config says
+    assert c.webListen == "0.0.0.0:7949" and c.webTokenFile == "/etc/hamid/web/token"
+    web = volumes[mounts["/etc/hamid/web"]["name"]]["secret"]
+    assert {"key": "token", "path": "token"} in web["items"] and web["defaultMode"] == 0o400
+    assert {"name": "web", "containerPort": 7949, "protocol": "TCP"} in pod["containers"][0]["ports"]
     if c.controlMode != "none":
         tls = volumes[mounts["/etc/hamid/webhook-tls"]["name"]]["secret"]
         assert {i["path"] for i in tls["items"]} == {"tls.crt", "tls.key"} | (
@@ -201,6 +206,15 @@ def test_generated_secrets_are_usable_by_the_daemon(tmp_path):
     # two installs never share a key
     again = render()
     assert one(again, "Secret", "hamid-gossip")["data"] != one(docs, "Secret", "hamid-gossip")["data"]
+
+    token = base64.b64decode(one(docs, "Secret", "hamid-web")["data"]["token"]).decode()
+    f = tmp_path / "token"
+    f.write_text(token)
+    f.chmod(0o400)  # the DaemonSet's defaultMode
+    from hamid.web.guard import load_token
+
+    assert load_token(str(f)) == token and len(token) == 40
+    assert one(again, "Secret", "hamid-web")["data"] != one(docs, "Secret", "hamid-web")["data"]
 
     tls = one(docs, "Secret", "hamid-webhook-tls")
     cert = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["tls.crt"]))

@@ -48,7 +48,8 @@ spec:
 
 class ClusterEnv:
     def __init__(self, root: Path, api, *, nodes: int = 3, simulate: str = "H100:2", split: int = 10,
-                 mode: str = "gate", extra_config: str = "") -> None:
+                 mode: str = "gate", extra_config: str = "", web: bool = False) -> None:
+        """``web``: every daemon serves the web view on loopback, at ``web_ports[i]``."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.api = api
@@ -74,16 +75,18 @@ class ClusterEnv:
         os.chmod(key, 0o600)
         self.ports = [(free_port(), free_port(), free_port(), free_port()) for _ in range(nodes)]
         first_gossip = f"127.0.0.1:{self.ports[0][0]}"
+        self.web_ports = [free_port() for _ in range(nodes)] if web else []
         self.nodes: list[NodeEnv] = []
         for i in range(nodes):
             gossip, peer, webhook, extender = self.ports[i]
+            web_line = f"webListen: 127.0.0.1:{self.web_ports[i]}\n" if web else ""
             cfg = (f"gossipListen: 127.0.0.1:{gossip}\ngossipKeyFile: {key}\n"
                    f"gossipJoin: [{first_gossip}]\ngossipProbeInterval: 0.5\ngossipInterval: 0.05\n"
                    f"peerListen: 127.0.0.1:{peer}\n"
                    f"controlMode: {mode}\nwebhookListen: 127.0.0.1:{webhook}\nextenderListen: 127.0.0.1:{extender}\n"
                    f"webhookCertFile: {self.tls.cert}\nwebhookKeyFile: {self.tls.key}\n"
                    f"leaderElectionLeaseDuration: 3\nleaderElectionRenewDeadline: 2\n"
-                   f"leaderElectionRetryPeriod: 0.5\n{extra_config}")
+                   f"leaderElectionRetryPeriod: 0.5\n{web_line}{extra_config}")
             self.nodes.append(NodeEnv(root / f"n{i}", api, node=f"node-{i}", simulate=simulate, split=split,
                                       extra_config=cfg))
 

@@ -81,9 +81,21 @@ def bind_and_start(env: ClusterEnv, pod: dict) -> dict:
     return {"node": node, "mem": d.memory_bytes >> 20, "cores": d.sm_percent}
 
 
+def _event_message(api, pod: str, timeout: float = 15.0) -> str:
+    """The message of the pod's latest FailedScheduling Event (waits for one)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        events = [e for e in api.list("Event", "default")
+                  if e["involvedObject"]["name"] == pod and e["reason"] == "FailedScheduling"]
+        if events:
+            return events[-1]["message"]
+        time.sleep(0.1)
+    raise AssertionError(f"no FailedScheduling event for {pod} in {timeout} s")
+
+
 @pytest.fixture
 def cluster(tmp_path, api_server):
-    env = ClusterEnv(tmp_path / "c", api_server, nodes=3, split=100).start()
+    env = ClusterEnv(tmp_path / "c", api_server, nodes=3, split=100, web=True).start()
     yield env
     env.stop()
 
@@ -102,10 +114,35 @@ def test_gate_mode_places_commits_and_the_pod_starts_with_its_limits(cluster):
     owners = [r["owner"] for n in cluster.nodes for r in n.reservations()]
     assert sorted(owners) == sorted(f"pod:{placed[f'g{i}']['metadata']['uid']}" for i in range(3))
 
+    # the web view of any daemon: the leader, and every pod as a tenant of the node it runs on
+    import httpx
+
+    leader = cluster.nodes[cluster.leader()].node
+    want = {(placed_node(placed[f"g{i}"]), "default", f"g{i}") for i in range(3)}
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        state = httpx.get(f"http://127.0.0.1:{cluster.web_ports[2]}/api/state", timeout=5).json()
+        got = {(t["node"], t["namespace"], t["name"]) for t in state["tenants"] if t["kind"] == "pod"}
+        if got == want:
+            break
+        time.sleep(0.2)
+    assert got == want, state["tenants"]
+    assert state["leader"] == {"mode": "gate", "holder": leader}
+    assert {m["name"] for m in state["members"]} == {n.node for n in cluster.nodes}
+
 
 def test_a_pod_that_fits_nowhere_stays_gated_with_reasons_and_starts_once_room_frees(cluster):
     api = cluster.api
     cluster.leader()
+    # kube-scheduler would take it nowhere (no node has the label), though every node has GPU room:
+    # its event names the nodes with room, most free first, so the user knows the selector is the problem
+    pinned = gpu_pod("pinned", 1000)
+    pinned["spec"]["nodeSelector"] = {"hamid.test/nowhere": "yes"}
+    api.create(pinned)
+    msg = _event_message(api, "pinned")
+    assert msg.startswith("0/3 nodes are available"), msg
+    names = sorted(n.node for n in cluster.nodes)
+    assert "GPU room: it fits now on: " + ", ".join(f"{n} (159.3 GiB, 200% cores free)" for n in names) in msg, msg
     big = [gpu_pod(f"big{i}", 80000) for i in range(6)]  # 3 nodes x 2 H100: six whole-card pods fill them
     for p in big:
         api.create(p)
@@ -122,6 +159,7 @@ def test_a_pod_that_fits_nowhere_stays_gated_with_reasons_and_starts_once_room_f
     assert api.get("Pod", "default", "late")["spec"].get("schedulingGates")
     events = [e for e in api.list("Event", "default") if e["involvedObject"]["name"] == "late"]
     assert events and events[0]["reason"] == "FailedScheduling"
+    assert "GPU room: it fits on none of the 3 node(s) of the gossiped view now." in _event_message(api, "late")
     victim = placed["big0"]
     bind_and_start(cluster, victim)
     node = next(n for n in cluster.nodes if n.node == placed_node(victim))

@@ -42,6 +42,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default (printf "%s-gossip" (include "hamid.fullname" .)) .Values.gossip.existingSecret -}}
 {{- end -}}
 
+{{- define "hamid.webSecret" -}}
+{{- default (printf "%s-web" (include "hamid.fullname" .)) .Values.web.existingSecret -}}
+{{- end -}}
+
 {{- define "hamid.webhookSecret" -}}
 {{- default (printf "%s-webhook-tls" (include "hamid.fullname" .)) .Values.webhook.certificate.existingSecret -}}
 {{- end -}}
@@ -73,6 +77,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
       "extenderListen" (printf "0.0.0.0:%d" (int .Values.ports.extender))
       "daemonPodSelector" (printf "app.kubernetes.io/name=%s,app.kubernetes.io/instance=%s" (include "hamid.name" .) .Release.Name)
       "leaderElectionLeaseName" (printf "%s-leader" (include "hamid.fullname" .)) -}}
+{{- if .Values.web.enabled -}}
+{{- $_ := set $owned "webListen" (printf "0.0.0.0:%d" (int .Values.ports.web)) -}}
+{{- $_ := set $owned "webTokenFile" "/etc/hamid/web/token" -}}
+{{- end -}}
 {{- if ne .Values.mode "none" -}}
 {{- $_ := set $owned "webhookListen" (printf "0.0.0.0:%d" (int .Values.ports.webhook)) -}}
 {{- $_ := set $owned "webhookCertFile" "/etc/hamid/webhook-tls/tls.crt" -}}
