@@ -300,7 +300,7 @@ def build_faces(d: Daemon):
         faces.extend(control)
     registry.register(d.face_health.collector())
     if c.webListen:
-        faces.append(web_face(d, gossip, faces))
+        faces.append(web_face(d, gossip, faces, keyring, identity))
     for f in faces:
         col = collector_of(f)
         if col is not None:
@@ -310,7 +310,7 @@ def build_faces(d: Daemon):
     return faces
 
 
-def web_face(d: Daemon, gossip, faces: list):
+def web_face(d: Daemon, gossip, faces: list, keyring=None, identity=None):
     """The web view (``webListen``): this node's service, the gossiped view, and
     the leader as the control face's elector last saw it (Kubernetes only)."""
     from ..gossip.report import live_views
@@ -336,18 +336,18 @@ def web_face(d: Daemon, gossip, faces: list):
                    token=load_token(c.webTokenFile) if c.webTokenFile else None,
                    max_connections=c.webMaxConnections, request_timeout=c.webRequestTimeout,
                    live_views=(lambda: live_views(gossip.cluster_document())) if gossip is not None else None,
-                   remote_status=_peer_status(c, d.node) if gossip is not None else None)
+                   remote_status=_peer_status(c, d.node, keyring, identity) if gossip is not None else None)
 
 
-def _peer_status(c: Config, node: str):
+def _peer_status(c: Config, node: str, keyring=None, identity=None):
     """Another node's status through the peer API (for the web view's tenants), or
-    None where this daemon cannot ask (no keyring and not ``peerInsecure``)."""
-    keyring = _keyring(c)
+    None where this daemon cannot ask (no keyring and not ``peerInsecure``). Signed
+    with this node's identity: peers answer only members they can tell apart."""
     if keyring is None and not c.peerInsecure:
         return None
     from ..peer.client import PeerClient
 
-    client = PeerClient.from_config(c, keyring, name=node)
+    client = PeerClient.from_config(c, keyring, name=node, identity=identity)
     return lambda peer_node, address: client.status(address, node=peer_node)
 
 
