@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv shim clean proto
+.PHONY: run test test-fast venv shim clean proto
 
 $(STAMP): pyproject.toml contrib/docker/hamid-runtime
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ run: venv shim
 test: venv shim
 	$(PY) tests/prepare_host.py
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The fast tier for a developer's loop: everything not marked slow or docker, on every core
+# (pytest-xdist). Under 90 s on 2 cores. `make test` stays the whole suite, and what CI runs.
+test-fast: venv shim
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not docker" -n auto $(PYTEST_ARGS)
 
 # The kubelet APIs' Python modules, generated from hamid/kubelet/api/*.proto
 # with the grpcio-tools pinned in the test extra (tests/k8s/test_protos.py

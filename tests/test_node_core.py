@@ -44,6 +44,7 @@ def _env(spec: str, devices: str | None = None) -> list[str]:
     return env
 
 
+@pytest.mark.slow  # several seconds of real time: whole suite only (make test-fast skips it)
 def test_a_request_the_runtime_gave_up_on_is_never_committed_later(tmp_path, free_port):
     state = tmp_path / "s"
     daemon = start(state, free_port, "--simulate", "T4")

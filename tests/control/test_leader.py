@@ -93,6 +93,7 @@ def spawn(kubeconfig: str, identity: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
+@pytest.mark.slow  # several seconds of real time: whole suite only (make test-fast skips it)
 async def test_sigkilled_leader_is_replaced_within_the_lease_duration_not_before(api_server, kubeconfig):
     proc = spawn(kubeconfig, "victim")
     try:
@@ -151,6 +152,7 @@ async def _run_in(scope: trio.CancelScope, e: LeaderElector) -> None:
         await e.run()
 
 
+@pytest.mark.slow  # several seconds of real time: whole suite only (make test-fast skips it)
 async def test_cut_off_leader_stops_within_the_renew_deadline_and_before_anyone_else_leads(api_server, tmp_path):
     proxy = TcpProxy(("127.0.0.1", int(api_server.url.rsplit(":", 1)[1])))
     direct = api_server.write_kubeconfig(tmp_path / "direct")
@@ -197,6 +199,7 @@ async def test_cut_off_leader_stops_within_the_renew_deadline_and_before_anyone_
     assert holder == "other"
 
 
+@pytest.mark.slow  # several seconds of real time: whole suite only (make test-fast skips it)
 async def test_a_conflicting_write_is_read_not_overwritten(api_server, kubeconfig):
     """Someone else writes the Lease behind the leader's back: the leader's next
     update carries the stale resourceVersion, gets 409, reads the new record

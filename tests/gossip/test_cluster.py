@@ -7,6 +7,8 @@ unix socket and the CLI, the way a user would.
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 
@@ -23,6 +25,7 @@ def _gpu_used(node: Node, member: str) -> int | None:
     return sum(g["use"][0] for g in cap["gpus"])
 
 
+@pytest.mark.slow  # several seconds of real time: whole suite only (make test-fast skips it)
 def test_join_converge_kill_and_rejoin(tmp_path):
     key = new_key()
     a = Node(tmp_path, "a", keys=[key], simulate="H100:2")

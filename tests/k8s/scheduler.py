@@ -335,7 +335,7 @@ def parse_config(config: Mapping | None) -> tuple[list[str], list[Extender]]:
             prioritize_verb=e.get("prioritizeVerb") or "", bind_verb=e.get("bindVerb") or "", weight=weight,
             node_cache_capable=bool(e.get("nodeCacheCapable", False)), ignorable=bool(e.get("ignorable", False)),
             managed=managed, http_timeout=timeout or DEFAULT_EXTENDER_TIMEOUT,
-            tls=dict(tls) if tls is not None or e.get("enableHTTPS") else None))
+            tls=dict(tls or {}) if tls is not None or e.get("enableHTTPS") else None))
     binders = sum(1 for x in extenders if x.bind_verb)
     if binders > 1:
         raise ValueError(f"config.extenders: only one extender can implement bind, found {binders}")

@@ -604,6 +604,7 @@ print(json.dumps({{"peer": urllib.request.urlopen("http://{ip_b}:8080/", timeout
 
 
 @pytest.mark.root
+@pytest.mark.slow  # several seconds of real time: whole suite only (make test-fast skips it)
 def test_readiness_probe_flips_ready_in_the_pods_status(cluster):
     ds = cluster.apply_demo()
     pod_a, pod_b = cluster.runner.pods_for(ds, ["node-a", "node-b"])

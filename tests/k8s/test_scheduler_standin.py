@@ -338,8 +338,14 @@ def test_config_is_checked():
                                                                                  "bindVerb": "b"}]})
     with pytest.raises(ValueError, match="no preemption"):
         parse_config({"extenders": [{"urlPrefix": "http://a", "preemptVerb": "p"}]})
-    with pytest.raises(ValueError, match="plain HTTP only"):
-        parse_config({"extenders": [{"urlPrefix": "https://a", "enableHTTPS": True}]})
+    with pytest.raises(ValueError, match=r"\['certData'\] not implemented"):
+        parse_config({"extenders": [{"urlPrefix": "https://a", "enableHTTPS": True, "tlsConfig": {"certData": "x"}}]})
+    with pytest.raises(ValueError, match="certFile and keyFile go together"):
+        parse_config({"extenders": [{"urlPrefix": "https://a", "tlsConfig": {"certFile": "/c"}}]})
+    with pytest.raises(ValueError, match="urlPrefix that is not https://"):
+        parse_config({"extenders": [{"urlPrefix": "http://a", "enableHTTPS": True}]})
+    _, (https,) = parse_config({"extenders": [{"urlPrefix": "https://a", "enableHTTPS": True}]})
+    assert https.tls == {}  # no CA given: kube-scheduler's transport then skips verification
     with pytest.raises(ValueError, match="must have a positive weight"):
         parse_config({"extenders": [{"urlPrefix": "http://a", "prioritizeVerb": "p", "weight": 0}]})
     with pytest.raises(ValueError, match=r"\['percentageOfNodesToScore'\] not implemented"):
