@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from hamid.cli import plan as planmod
+from hamid.cluster import plan as planmod
 from hamid.devices.simulated import SimulatedBackend, gpu_uuid, parse_simulate_spec
 from hamid.placement import Decision, check
 from hamid.request import RequestError, parse_docker_env, parse_pod

@@ -19,6 +19,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from hamid.errors import HamidError
+from hamid import cborcheck
 from hamid.gossip import codec
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -56,7 +57,7 @@ def _probe_generated() -> None:
 NEEDED = {
     "grpcio": (_generated_grpc(), _probe_generated),  # the generated gRPC stubs of hamid/kubelet/api
     "protobuf": (_generated_protobuf(), _probe_generated),  # the generated messages
-    "cbor2": (codec.CBOR2_MIN, codec.check_cbor2),  # loads(max_depth=): the gossip codec
+    "cbor2": (cborcheck.CBOR2_MIN, cborcheck.check_cbor2),  # loads(max_depth=): the gossip codec and the peer API
     "anyio": ("4.1.0", _anyio_abandon_on_cancel),  # to_thread.run_sync(abandon_on_cancel=): metrics scrapes
 }
 

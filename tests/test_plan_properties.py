@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hamid.cli import plan as planmod
+from hamid.cluster import plan as planmod
 from hamid.devices.simulated import gpu_uuid
 
 MODELS = ["T4", "H100-80GB-HBM3", "A100-SXM4-40GB", "A30", "H200-141GB"]
@@ -181,6 +181,8 @@ def check_item(doc: dict, item: dict, cluster: dict) -> None:
                 b[3] += d["mem_mib"]
                 b[4] += d["cores"]
                 b[5] += 1
+    exclusive = {d["uuid"] for c in item["containers"] for d in c["devices"]
+                 if not d.get("mig_profile") and d["cores"] >= 100}
     for uuid, b in booked.items():
         g = gpus[uuid]
         mem, cores, n = max(b[0], b[3]), max(b[1], b[4]), max(b[2], b[5])
@@ -188,6 +190,8 @@ def check_item(doc: dict, item: dict, cluster: dict) -> None:
         assert g["cores_used"] + cores <= g["cores"], (g, b)
         assert g["shares_used"] + n <= g["split_count"], (g, b)
         if cores >= 100 and g["cores"] == 100:
+            assert g["shares_used"] == 0, "exclusive use needs an idle GPU"
+        if uuid in exclusive and g["cores"] == 100:  # one container asked the whole GPU: it is alone there
             assert g["shares_used"] == 0 and n == 1, "exclusive use needs an idle GPU and is alone on it"
 
 

@@ -178,7 +178,8 @@ def _offline_backend(state: Path) -> str:
 
 
 def _cluster_status(state: Path, output: str) -> int:
-    from ..gossip.report import cluster_status, cluster_table
+    from ..cluster.report import cluster_status
+    from .render import cluster_table
     from ..localapi.client import DaemonUnavailable, LocalClient
 
     try:
@@ -193,7 +194,7 @@ def _cluster_status(state: Path, output: str) -> int:
 
 def _live_nodes(args) -> list:
     from ..config import NodeSettings, load_config
-    from ..gossip.report import LiveNode, live_views
+    from ..cluster.report import LiveNode, live_views
     from ..localapi.client import LocalClient
 
     settings = NodeSettings()
@@ -208,7 +209,7 @@ def _live_nodes(args) -> list:
 
 
 def _cmd_plan(args) -> int:
-    from . import plan
+    from ..cluster import plan
 
     nodes = _live_nodes(args) if args.live else plan.load_cluster(args.cluster)
     results = plan.plan(nodes, plan.load_workload(args.workload),

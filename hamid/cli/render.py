@@ -50,3 +50,29 @@ def status_table(doc: dict) -> str:
                     rrows.append([r["owner"], c["name"], str(d["index"]), what, r["state"]])
         lines.append(table(rrows, ["OWNER", "CONTAINER", "GPU", "SHARE", "STATE"]))
     return "\n".join(lines)
+
+
+def cluster_table(st: dict) -> str:
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(st["members_by_state"].items()))
+    lines = [f"cluster seen from {st['node']} ({st['addr']}, incarnation {st['incarnation']}, "
+             f"health {st['health']}, {'encrypted' if st['encrypted'] else 'NOT encrypted'}): {counts}", ""]
+    rows = []
+    for m in st["members"]:
+        name = m["name"] + (" (this node)" if m["self"] else "")
+        if not m["gpus"]:
+            rows.append([name, m["state"], str(m["incarnation"]), m["addr"], "-", "-", "-", "-"])
+            continue
+        first = True
+        for g in m["gpus"]:
+            mem = f"{bar(g['memory_used_mib'], g['memory_total_mib'], 10)} {g['memory_used_mib']}/{g['memory_total_mib']} MiB"
+            cores = f"{g['cores_used']}/{g['cores_total']}%"
+            flags = "" if g["healthy"] else " UNHEALTHY"
+            flags += " filtered" if g["filtered"] else ""
+            flags += " exclusive" if g["exclusive"] else ""
+            mig = f" mig:{len(g['mig_instances'])}" if g["mode"] == "mig" else ""
+            rows.append([name if first else "", m["state"] if first else "", str(m["incarnation"]) if first else "",
+                         m["addr"] if first else "", f"{g['index']} {g['name']}{flags}", mem, cores,
+                         f"{g['shares_used']}/{g['shares_total']}{mig}"])
+            first = False
+    lines.append(table(rows, ["MEMBER", "STATE", "INC", "ADDRESS", "GPU", "MEMORY", "CORES", "SHARES"]))
+    return "\n".join(lines)

@@ -653,7 +653,7 @@ class Config(NodeSettings, ResourceNameSettings):
 
     @model_validator(mode="after")
     def _leader_election_timing(self):
-        from ..control.leasetiming import ElectionConfigError, validate_timing
+        from ..config.leasetiming import ElectionConfigError, validate_timing
 
         try:
             validate_timing(self.leaderElectionLeaseDuration, self.leaderElectionRenewDeadline,
@@ -665,7 +665,7 @@ class Config(NodeSettings, ResourceNameSettings):
     @model_validator(mode="after")
     def _gossip_key_off_loopback(self):
         if self.gossipListen and not self.gossipKeyFile and not self.gossipInsecure:
-            from ..peer.address import AddressError, is_loopback, parse_address
+            from ..netaddr import AddressError, is_loopback, parse_address
 
             try:
                 host, _ = parse_address(self.gossipListen, "gossipListen")
@@ -682,7 +682,7 @@ class Config(NodeSettings, ResourceNameSettings):
     @model_validator(mode="after")
     def _web_token_off_loopback(self):
         if self.webListen and not self.webTokenFile and not self.webInsecure:
-            from ..peer.address import AddressError, is_loopback, parse_address
+            from ..netaddr import AddressError, is_loopback, parse_address
 
             try:
                 host, _ = parse_address(self.webListen, "webListen")
@@ -700,7 +700,7 @@ class Config(NodeSettings, ResourceNameSettings):
     @classmethod
     def _peer_address(cls, v, info):
         if v is not None:
-            from ..peer.address import AddressError, parse_address
+            from ..netaddr import AddressError, parse_address
 
             try:
                 parse_address(v, info.field_name)

@@ -73,7 +73,7 @@ import trio
 
 from ..errors import HamidError
 from ..logs import get_logger
-from .leasetiming import JITTER_FACTOR, ElectionConfigError, validate_timing
+from ..config.leasetiming import JITTER_FACTOR, ElectionConfigError, validate_timing
 
 log = get_logger("leader")
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 
 from ..errors import HamidError
 from ..logs import get_logger
-from ..peer.address import AddressError, format_address, parse_address
+from ..netaddr import AddressError, format_address, parse_address
 from .leader import ApiError, KubeRest, daemon_namespace
 
 log = get_logger("seeds")

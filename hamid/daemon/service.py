@@ -201,7 +201,7 @@ def install_shim_for(config: Config, state_dir: Path) -> dict:
 def _keyring(c: Config):
     if not c.gossipKeyFile:
         return None
-    from ..gossip.keyring import Keyring
+    from ..keyring import Keyring
 
     return Keyring.load(c.gossipKeyFile)
 
@@ -241,7 +241,7 @@ def build_faces(d: Daemon):
 
         identity = NodeIdentity.load_or_create(d.state_dir)
     if keyring is not None:
-        from ..gossip.keyring import watch_key_file
+        from ..keyring import watch_key_file
 
         faces.append(_Task("keys", lambda: watch_key_file(keyring, c.gossipKeyFile)))
     if c.gossipListen:
@@ -313,7 +313,7 @@ def build_faces(d: Daemon):
 def web_face(d: Daemon, gossip, faces: list, keyring=None, identity=None):
     """The web view (``webListen``): this node's service, the gossiped view, and
     the leader as the control face's elector last saw it (Kubernetes only)."""
-    from ..gossip.report import live_views
+    from ..cluster.report import live_views
     from ..web.face import WebFace
     from ..web.guard import load_token
 
@@ -354,7 +354,7 @@ def _peer_status(c: Config, node: str, keyring=None, identity=None):
 def elsewhere_hint(node: str, gossip):
     """For a refusal (called in a worker thread): where else in the gossiped view
     the same request fits now, in one line (:mod:`hamid.placement.elsewhere`)."""
-    from ..gossip.capacity import view_from_doc
+    from ..cluster.capacity import view_from_doc
     from ..placement.elsewhere import hint
 
     def elsewhere(request) -> str:
@@ -402,7 +402,7 @@ def control_faces(d: Daemon, api, gossip, keyring=None, identity=None) -> list:
     from ..control.face import ControlFace
     from ..control.leader import LeaderElector
     from ..control.placer import ClusterView
-    from ..gossip.capacity import view_from_doc
+    from ..cluster.capacity import view_from_doc
     from ..peer.client import PeerClient
 
     c = d.config

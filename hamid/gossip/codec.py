@@ -23,9 +23,9 @@ from typing import Any
 
 import cbor2
 
-from ..errors import HamidError
-from .capacity import doc_problem
-from .keyring import PLAIN, Keyring
+from ..cluster.capacity import doc_problem
+from ..cborcheck import check_cbor2
+from ..keyring import PLAIN, Keyring
 
 VERSION = 1
 MAX_DEPTH = 12
@@ -36,28 +36,6 @@ ALIVE, SUSPECT, DEAD, LEFT = 0, 1, 2, 3
 STATE_NAMES = {ALIVE: "alive", SUSPECT: "suspect", DEAD: "dead", LEFT: "left"}
 
 
-CBOR2_MIN = "5.9.0"  # the first cbor2 with loads(..., max_depth=); pyproject.toml pins the same
-
-
-def check_cbor2() -> None:
-    """Raise HamidError unless the installed cbor2 enforces ``max_depth``."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        installed = version("cbor2")
-    except PackageNotFoundError:
-        installed = "unknown"
-    fix = f"install cbor2>={CBOR2_MIN} (pip install 'cbor2>={CBOR2_MIN}')"
-    try:
-        cbor2.loads(b"\x80", max_depth=2)
-    except TypeError:
-        raise HamidError(f"cbor2 {installed} has no max_depth for loads, which gossip needs to decode "
-                         f"frames safely; {fix}") from None
-    try:
-        cbor2.loads(b"\x81" * 39 + b"\x80", max_depth=2)
-    except cbor2.CBORDecodeError:
-        return
-    raise HamidError(f"cbor2 {installed} accepts 40 nested arrays with max_depth=2 (no depth limit); {fix}")
 
 
 class FrameRejected(Exception):

@@ -21,9 +21,9 @@ import trio
 from ..errors import HamidError
 from ..logs import get_logger
 from ..placement.view import NodeView
-from .capacity import doc_from_view, new_version, same_content
+from ..cluster.capacity import doc_from_view, new_version, same_content
 from .codec import Codec
-from .keyring import Keyring
+from ..keyring import Keyring
 from .membership import Membership
 from .params import GossipParams
 from .stats import GossipCollector, Stats

@@ -33,7 +33,7 @@ from trio_websocket import (ConnectionClosed, WebSocketConnection, WebSocketRequ
 from ..logs import get_logger
 from ..serving import CappedListener, ConnectionCount, connection_cap
 from .codec import VERSION, Codec, FrameRejected
-from .keyring import OVERHEAD
+from ..keyring import OVERHEAD
 from .stats import Stats
 
 log = get_logger("gossip.transport")

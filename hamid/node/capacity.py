@@ -1,20 +1,23 @@
-"""Device readings + node settings -> the capacity views the ledger keeps."""
+"""Device readings + node settings -> the capacity views the ledger keeps.
+
+``settings`` is the node's resolved settings (``hamid.config.NodeSettings``),
+read by attribute: the core does not import the config schema."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
-from ..config import NodeSettings
 from ..devices.types import GpuInfo
 from ..placement.view import GpuView, gpu_view_from_info, restrict_mig_profiles
 
 
-def is_filtered(info: GpuInfo, settings: NodeSettings) -> bool:
+def is_filtered(info: GpuInfo, settings: Any) -> bool:
     f = settings.filterDevices
     return info.uuid in f.uuid or info.index in f.index
 
 
-def capacity_views(gpus: Iterable[GpuInfo], settings: NodeSettings) -> list[GpuView]:
+def capacity_views(gpus: Iterable[GpuInfo], settings: Any) -> list[GpuView]:
     """Each GPU as the node books it: split count, scaling, filterDevices and
     the MIG profiles ``migProfileAllowlist`` leaves it."""
     return [restrict_mig_profiles(gpu_view_from_info(g, split_count=settings.deviceSplitCount,

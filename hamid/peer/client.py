@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
-from ..gossip.keyring import Keyring
+from ..keyring import Keyring
 from ..logs import get_logger
 from . import frames
-from .address import parse_address
+from ..netaddr import parse_address
 from .errors import PeerProtocolError, PeerRefused, PeerUnauthenticated, PeerUnreachable
 from .server import FRAME_TYPE, PATH
 

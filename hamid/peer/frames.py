@@ -35,7 +35,7 @@ import cbor2
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..gossip.keyring import Keyring
+from ..keyring import Keyring
 
 VERSION = 1
 SEALED, PLAIN = 1, 0

@@ -20,7 +20,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from ..errors import HamidError
-from ..gossip.keyring import Keyring
+from ..keyring import Keyring
 from ..ledger import LedgerConflict
 from ..logs import Throttle, get_logger
 from ..serving import BodyTooLarge, read_body
@@ -30,7 +30,7 @@ from ..node.identity import Owner
 from ..placement import Decision
 from . import frames
 from ..nodekey import verify
-from .address import format_address, is_loopback, is_wildcard, parse_address
+from ..netaddr import format_address, is_loopback, is_wildcard, parse_address
 from .replay import ReplayGuard, Refused
 from .stats import PeerCollector, PeerStats
 
@@ -73,7 +73,7 @@ class PeerFace:
         from that placer. ``leader()``: the node the current leader runs on; set,
         only that node may commit. Both unset (tests, no gossip): any key holder
         may call."""
-        from ..gossip.codec import check_cbor2
+        from ..cborcheck import check_cbor2
 
         check_cbor2()  # frames are CBOR with a depth limit: an old cbor2 would drop every one silently
         self.node = node

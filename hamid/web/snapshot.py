@@ -2,8 +2,8 @@
 
 Pure functions over what the face gathered: the gossiped cluster document
 (``/v1/cluster``'s, the same one ``hamid status --cluster`` prints, each
-member's rows made by the same functions, :func:`hamid.gossip.capacity.summary`
-and :func:`~hamid.gossip.capacity.gpu_rows`, so the page lists exactly what
+member's rows made by the same functions, :func:`hamid.cluster.capacity.summary`
+and :func:`~hamid.cluster.capacity.gpu_rows`, so the page lists exactly what
 the CLI lists), or, without gossip, this node's status document; plus this node's
 tenants (:mod:`.tenants`). Per GPU it adds what the CLI table leaves out and
 the page draws: cordon, MIG slices and the profiles' placements.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..gossip.capacity import gpu_rows, summary, view_from_doc
+from ..cluster.capacity import gpu_rows, summary, view_from_doc
 from ..placement.view import MODE_MIG, GpuView
 
 

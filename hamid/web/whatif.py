@@ -9,7 +9,7 @@ Accepted text (what a user has at hand):
   (``HAMI_VGPU_SPEC=mem=4g,cores=30``, ``HAMI_VISIBLE_DEVICES=0``);
 - a bare ``HAMI_VGPU_SPEC`` value (``mem=20g,cores=30``).
 
-It is placed with :func:`hamid.cli.plan.plan` on the same nodes
+It is placed with :func:`hamid.cluster.plan.plan` on the same nodes
 ``hamid plan --live`` uses (every alive or suspect member of the gossiped
 view, with this daemon's node settings), so the two agree by construction;
 the answer is plan's JSON (per item: the node and GPUs, or every node's
@@ -69,8 +69,8 @@ def workload(text: str) -> list[dict]:
 def answer(text: str, views: list, settings) -> list[dict[str, Any]]:
     """Plan the pasted items on ``views`` (NodeViews of the live members) with
     this node's ``settings``, as ``hamid plan --live`` does. Blocking (CPU)."""
-    from ..cli.plan import plan
-    from ..gossip.report import LiveNode
+    from ..cluster.plan import plan
+    from ..cluster.report import LiveNode
 
     items = workload(text)
     if not views:

@@ -195,7 +195,7 @@ def test_values_outside_what_is_accepted_are_refused_by_the_schema():
 def test_generated_secrets_are_usable_by_the_daemon(tmp_path):
     from cryptography import x509
 
-    from hamid.gossip.keyring import Keyring
+    from hamid.keyring import Keyring
 
     docs = render()
     keys = base64.b64decode(one(docs, "Secret", "hamid-gossip")["data"]["gossip.keys"])

@@ -12,7 +12,7 @@ import os
 import pytest
 import trio
 
-from hamid.gossip.keyring import Keyring
+from hamid.keyring import Keyring
 from hamid.gossip.params import GossipParams
 from hamid.gossip.service import GossipService
 from hamid.gossip.transport import Faults

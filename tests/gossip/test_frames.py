@@ -14,7 +14,7 @@ from trio_websocket import ConnectionClosed, open_websocket
 from gossipharness import Node, new_key
 from hamid.gossip.broadcast import Broadcasts
 from hamid.gossip.codec import VERSION, Codec, FrameRejected
-from hamid.gossip.keyring import Keyring, KeyringError
+from hamid.keyring import Keyring, KeyringError
 from hamid.gossip.params import GossipParams, suspicion_timeout
 from hamid.gossip.transport import RESOURCE
 

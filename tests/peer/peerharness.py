@@ -16,7 +16,7 @@ import trio
 from simnodes import node_view
 
 from hamid.devices.simulated import SimulatedBackend, parse_simulate_spec
-from hamid.gossip.keyring import Keyring
+from hamid.keyring import Keyring
 from hamid.ledger import Ledger
 from hamid.node.core import NodeCore
 from hamid.node.facts import NodeFacts

@@ -19,7 +19,7 @@ import trio
 
 from simnodes import node_view
 
-from hamid.gossip.keyring import Keyring
+from hamid.keyring import Keyring
 from hamid.localapi.client import LocalClient
 from hamid.node.identity import Owner
 from hamid.peer import PeerClient, PeerUnauthenticated, frames

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from peerharness import LedgerNode, new_keyring
-from hamid.gossip.capacity import doc_problem, view_from_doc
+from hamid.cluster.capacity import doc_problem, view_from_doc
 from hamid.gossip.params import GossipParams
 from hamid.gossip.service import GossipService
 from hamid.node.identity import Owner

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "peer"))
 
 from peerharness import LedgerNode, new_keyring, serving  # noqa: E402
 
-from hamid.gossip.keyring import Keyring, watch_key_file  # noqa: E402
+from hamid.keyring import Keyring, watch_key_file  # noqa: E402
 from hamid.gossip.membership import Member, Membership  # noqa: E402
 from hamid.gossip.params import GossipParams  # noqa: E402
 from hamid.gossip.stats import Stats  # noqa: E402

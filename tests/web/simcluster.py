@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nodeharness import make_node  # noqa: E402
 from simnodes import node_view  # noqa: E402
 
-from hamid.gossip.capacity import doc_from_view  # noqa: E402
-from hamid.gossip.report import live_views  # noqa: E402
+from hamid.cluster.capacity import doc_from_view  # noqa: E402
+from hamid.cluster.report import live_views  # noqa: E402
 from hamid.placement import place  # noqa: E402
 from hamid.placement.usage import with_usage  # noqa: E402
 from hamid.request import parse_docker_env  # noqa: E402

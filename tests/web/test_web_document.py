@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nodeharness import make_node  # noqa: E402
 from simnodes import node_view  # noqa: E402
 
-from hamid.gossip.capacity import doc_from_view  # noqa: E402
+from hamid.cluster.capacity import doc_from_view  # noqa: E402
 from hamid.web.face import WebFace  # noqa: E402
 
 

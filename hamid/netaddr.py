@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from ..errors import HamidError
+from .errors import HamidError
 
 
 class AddressError(HamidError):

@@ -21,7 +21,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..errors import HamidError
+from .errors import HamidError
 
 SEALED = 1
 PLAIN = 0
@@ -102,7 +102,7 @@ async def watch_key_file(keyring: Keyring, path: str | os.PathLike, *, interval:
     the keys in use are kept."""
     import trio
 
-    from ..logs import get_logger
+    from .logs import get_logger
 
     log = get_logger("gossip")
     last: bytes | None = None
