@@ -215,3 +215,34 @@ def test_the_local_api_refuses_an_oversized_body(tmp_path, free_port):
             assert ok.status_code == 200 and ok.json()["ours"] is True
     finally:
         stop(daemon)
+
+
+def test_a_mig_instance_is_destroyed_while_its_row_still_books_the_placement(tmp_path):
+    """The rule: destroy the instance while the row is still there in `releasing` (so no newcomer can
+    be given that placement and lose its instance to this release), and delete the row only after.
+    A backend that checks the ledger at the moment of destruction fails this deterministically if the
+    order is ever reversed."""
+    d = make_node(tmp_path / "s", simulate="H100", mode="mig")
+    try:
+        real = d.core.backend
+        seen = []
+
+        class OrderCheckingBackend:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def destroy_mig_instance(self, gpu, gi_id):
+                row = d.ledger.get("docker:m1")
+                seen.append(row.state if row is not None else None)
+                assert row is not None and row.state == "releasing", \
+                    f"MIG instance destroyed with its row {'gone' if row is None else row.state}"
+                return real.destroy_mig_instance(gpu, gi_id)
+
+        d.core._backend = OrderCheckingBackend()
+        d.core.admit(Owner("docker", "m1"), parse_docker_env(_env("1g.10gb"), "m1"))
+        assert d.ledger.get("docker:m1").mig, "a MIG instance was made and recorded"
+        d.core.release("docker:m1")
+        assert seen == ["releasing"] and d.ledger.get("docker:m1") is None
+        assert not [i for g in real.gpus() for i in g.mig_instances]
+    finally:
+        d.close()

@@ -30,7 +30,7 @@ HAMID = [sys.executable, "-m", "hamid.cli.main"]
 class NodeEnv:
     def __init__(self, root: Path, api, *, node: str = "node-a", simulate: str = "H100:2", split: int = 10,
                  strategy: str = "envvar", pick: str = "first", seed: int = 0, mode: str = "hami-core",
-                 extra_config: str = "") -> None:
+                 extra_config: str = "", reconcile_interval: float = 1.0) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.api = api
@@ -46,7 +46,7 @@ class NodeEnv:
         self.config.write_text(
             f"simulate: {simulate}\ndeviceSplitCount: {split}\noperatingMode: {mode}\n"
             f"deviceListStrategy: {strategy}\ncdiSpecDir: {self.cdi}\nhealthCheckInterval: 0.2\n"
-            f"reconcileInterval: 1\nmetricsPort: 0\n{extra_config}")
+            f"reconcileInterval: {reconcile_interval:g}\nmetricsPort: 0\n{extra_config}")
         if "controlMode" not in extra_config:  # one node alone: no cluster placement
             self.config.write_text(self.config.read_text() + "controlMode: none\n")
         self.kubelet = KubeletStandIn(self.kubelet_dir, node_name=node, cdi_dirs=[self.cdi], pick=pick, seed=seed)

@@ -126,7 +126,19 @@ def decode_limits(env, cfg) -> tuple[int, int]:
     return d.memory_bytes >> 20, d.sm_percent
 
 
-def test_a_deleted_pods_share_is_free_within_a_second_of_the_watch_event(node, api_server):
+def test_a_deleted_pods_share_is_free_within_a_second_of_the_watch_event(tmp_path, api_server):
+    """With the reconciler at its default interval (30 s), so only the pod watch's delete event can
+    free the share this fast (with the event ignored, the reconciler would, 30 s later)."""
+    from hamid.config.schema import Config
+
+    node = NodeEnv(tmp_path / "n", api_server, reconcile_interval=Config().reconcileInterval).start()
+    try:
+        _deleted_pod_is_freed_by_its_event(node)
+    finally:
+        node.stop()
+
+
+def _deleted_pod_is_freed_by_its_event(node):
     pod = _gpu_pod(node, "short", 70000)
     assert node.kubelet.admit(pod).admitted
     node.kubelet.start_container(pod, "main")
