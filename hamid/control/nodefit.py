@@ -37,12 +37,13 @@ itself after the gate opens), preemption, and the scheduler's own
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
+
+from ..placement.reasons import Reason
 
 __all__ = ["quantity", "pod_requests", "fit_node", "summarize", "narrow_to_node", "REASON_UNSCHEDULABLE",
            "REASON_NODE_NAME", "REASON_AFFINITY", "REASON_AFFINITY_PREFILTER", "REASON_AFFINITY_CONFLICT",
@@ -424,37 +425,6 @@ def fit_node(pod: dict, node: dict, pods_on_node: list[dict], *, ignored_resourc
 # The placement engine's per-GPU reasons (hamid/placement), folded into one reason per kind and node.
 # Each pattern gives a kind, the requested amount where there is one (the key: a pod's containers may
 # ask different amounts) and the amount free (its largest over the nodes is shown).
-_CONTAINER = re.compile(r"container [^:]+: ")
-_GPU_PATTERNS: list[tuple[re.Pattern, str]] = [
-    (re.compile(r"GPU \d+ has (?P<free>\d+) MiB free, (?P<req>\d+) requested"), "mem"),
-    (re.compile(r"needs \d+ GPU\(s\) with (?P<req>\d+) MiB free and a free share slot, \d+ have it "
-                r"\(most free: (?P<free>-?\d+) MiB\)"), "mem"),
-    (re.compile(r"GPU \d+ has (?P<free>-?\d+)% cores free, (?P<req>\d+) requested"), "cores"),
-    (re.compile(r"GPU \d+ has no cores left \(all \d+% reserved\)"), "nocores"),
-    (re.compile(r"GPU \d+ has all \d+ share slots in use"), "slots"),
-    (re.compile(r"needs \d+ GPU\(s\) with a free share slot, \d+ have one"), "slots"),
-    (re.compile(r"GPU \d+ is held exclusively \(cores=100\)"), "exclusive"),
-    (re.compile(r"GPU \d+ has \d+ tenant\(s\); (?:exclusive use \(cores=100\) needs an idle GPU|"
-                r"the mutex policy takes idle GPUs only)"), "idle"),
-    (re.compile(r"GPU \d+ is unhealthy"), "unhealthy"),
-    (re.compile(r"GPU \d+ is cordoned \(hami\.io/device-cordon\).*"), "cordoned"),
-    (re.compile(r"GPU \d+ is excluded by this node's filterDevices"), "filtered"),
-    (re.compile(r"GPU \d+ is not among the requested devices (?P<req>.+)"), "devices"),
-    (re.compile(r"GPU \d+ type .* does not match use-gputype (?P<req>.+)"), "usetype"),
-    (re.compile(r"GPU \d+ type .* matches nouse-gputype (?P<req>.+)"), "nousetype"),
-    (re.compile(r"GPU \d+ \(.*\) is not in use-gpuuuid"), "useuuid"),
-    (re.compile(r"GPU \d+ \(.*\) is in nouse-gpuuuid"), "nouseuuid"),
-    (re.compile(r"GPU \d+ is not in MIG mode .*"), "notmig"),
-    (re.compile(r"GPU \d+ is in MIG mode; hami-core was requested"), "mig"),
-    (re.compile(r"needs (?P<req>\d+) MIG GPU\(s\) that can still create (?P<what>.+), (?P<free>\d+) can"), "migcreate"),
-    (re.compile(r"GPU \d+ \(.*\) has no MIG profile (?P<what>[^;]+)(?:;.*)?"), "migprofile"),
-    (re.compile(r"GPU \d+: no MIG profile holds (?P<req>\d+) MiB \(largest \d+ MiB\)"), "migsize"),
-    (re.compile(r"GPU \d+: (?:no free placement for .*|.* is not a placement of .*|"
-                r".* overlaps a live instance or exceeds the profile's limit)"), "migplace"),
-    (re.compile(r"needs (?P<req>\d+) GPU\(s\), (?P<free>\d+) fit"), "count"),
-]
-
-
 def _gpu_reason(kind: str, req: str | None, free: int | None, what: str | None) -> str:
     if kind == "mem":
         return f"GPU memory ({req} MiB requested, at most {max(free, 0)} free on any GPU)"
@@ -485,30 +455,33 @@ def _gpu_reason(kind: str, req: str | None, free: int | None, what: str | None) 
 
 def _node_reasons(reasons: Iterable[str]) -> dict[tuple, int | None]:
     """One node's reasons as keys (a plain reason, or a GPU kind with its request) and the amount free
-    where the kind has one (the largest on the node). A plain reason is any string no GPU pattern
-    matches: kube-scheduler's own, and the placer's ("no hamid daemon publishes this node's GPUs")."""
+    where the kind has one (the largest on the node). The placement engine's reasons are values
+    (:class:`hamid.placement.reasons.Reason`): their kind and numbers are read, never their words. A
+    plain string is kube-scheduler's own reason or the placer's ("no hamid daemon publishes this
+    node's GPUs"), counted as it is."""
     out: dict[tuple, int | None] = {}
     gpu_kinds: set[str] = set()
     for r in reasons:
-        bare = r[_CONTAINER.match(r).end():] if _CONTAINER.match(r) else r
-        for pat, kind in _GPU_PATTERNS:
-            m = pat.fullmatch(bare)
-            if m is None:
-                continue
-            g = m.groupdict()
-            free = int(g["free"]) if g.get("free") is not None else None
-            key = ("gpu", kind, g.get("req"), g.get("what"))
-            if key in out and free is not None:
-                free = max(free, out[key])  # type: ignore[arg-type]
-            out[key] = free
-            gpu_kinds.add(kind)
-            break
-        else:
+        if not isinstance(r, Reason):
             out[("plain", r)] = None
+            continue
+        asked = None if r.asked is None else str(r.asked)
+        free = r.free if r.kind in _HAS_FREE else None
+        key = ("gpu", r.kind, asked if r.kind in _HAS_ASKED else None, r.what if r.kind in _HAS_WHAT else None)
+        if key in out and free is not None:
+            free = max(free, out[key])  # type: ignore[arg-type]
+        out[key] = free
+        gpu_kinds.add(r.kind)
     if gpu_kinds - {"count"}:  # "needs 1 GPU(s), 0 fit" only repeats what the per-GPU reasons say
         for key in [k for k in out if k[0] == "gpu" and k[1] == "count" and k[2] == "1"]:
             del out[key]
     return out
+
+
+# which fields of a kind the summary shows (and so tells reasons apart by)
+_HAS_ASKED = {"mem", "cores", "devices", "usetype", "nousetype", "migcreate", "migsize", "count"}
+_HAS_FREE = {"mem", "cores", "migcreate", "count"}
+_HAS_WHAT = {"migcreate", "migprofile"}
 
 
 def summarize(reasons_by_node: dict[str, list[str]], total: int) -> str:

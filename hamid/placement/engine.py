@@ -31,6 +31,7 @@ from . import mig
 from .fit import Use, book, eligible, room, score, try_gpu
 from .result import ContainerAssignment, Decision, DeviceAssignment, NoFit
 from .view import MODE_MIG, GpuView, NodeView
+from .reasons import Reason, in_container
 
 
 class _NodeUse:
@@ -120,7 +121,8 @@ def _fit_container(req: GpuRequest, node: NodeView, use: _NodeUse, init: bool, p
             continue
         statically_ok += 1
         if primary == "mutex" and u.slots > 0:
-            reasons.append(f"GPU {g.index} has {u.slots} tenant(s); the mutex policy takes idle GPUs only")
+            reasons.append(Reason("idle", f"GPU {g.index} has {u.slots} tenant(s); the mutex policy takes idle GPUs only",
+                                  gpu=g.index))
             continue
         mem, cores, _, _ = got
         cands.append((score(g, u, mem, cores, weights), g, u, got))
@@ -129,7 +131,7 @@ def _fit_container(req: GpuRequest, node: NodeView, use: _NodeUse, init: bool, p
         return reasons or ["no GPUs"], None
     if len(cands) < need:
         reasons.extend(_selector_misses(req, node))
-        reasons.append(f"needs {need} GPU(s), {len(cands)} fit")
+        reasons.append(Reason("count", f"needs {need} GPU(s), {len(cands)} fit", asked=need, free=len(cands)))
         return reasons, None
     cands.sort(key=_rank_key(primary))
     if req.numa_bind:
@@ -193,18 +195,20 @@ def _quick_reject(req: GpuRequest, node: NodeView) -> str | None:
     if req.wants_mig:
         if mig_ok < need:
             what = req.mig_profile or (f"{req.mem_mib} MiB" if req.mem_mib else "any profile")
-            return f"needs {need} MIG GPU(s) that can still create {what}, {mig_ok} can"
+            return Reason("migcreate", f"needs {need} MIG GPU(s) that can still create {what}, {mig_ok} can",
+                          asked=need, free=mig_ok, what=what)
         return None
     free = node.open_shim_free_mem  # most free first
     short = need - mig_ok
     if short <= 0:
         return None
     if len(free) < short:
-        return f"needs {need} GPU(s) with a free share slot, {len(free) + mig_ok} have one"
+        return Reason("slots", f"needs {need} GPU(s) with a free share slot, {len(free) + mig_ok} have one",
+                      asked=need, free=len(free) + mig_ok)
     if req.mem_mib is not None and free[short - 1] < req.mem_mib:
         n = sum(1 for f in free if f >= req.mem_mib)
-        return (f"needs {need} GPU(s) with {req.mem_mib} MiB free and a free share slot, {n + mig_ok} have it "
-                f"(most free: {free[0]} MiB)")
+        return Reason("mem", f"needs {need} GPU(s) with {req.mem_mib} MiB free and a free share slot, {n + mig_ok} "
+                      f"have it (most free: {free[0]} MiB)", asked=req.mem_mib, free=free[0])
     return None
 
 
@@ -219,7 +223,7 @@ def fit_node(request: Request, node: NodeView, quick: bool = True) -> Decision |
         if quick and c.gpu is not None:
             why = _quick_reject(c.gpu, node)
             if why:
-                return [f"container {c.name}: {why}" if multi else why]
+                return [in_container(why, c.name) if multi else why]
     policy = request.gpu_policy or node.gpu_policy
     use = _NodeUse(node)
     out = []
@@ -229,11 +233,10 @@ def fit_node(request: Request, node: NodeView, quick: bool = True) -> Decision |
             continue
         reasons, devs = _fit_container(c.gpu, node, use, c.init, policy, request.weights)
         if devs is None:
-            prefix = f"container {c.name}: " if multi else ""
             seen: list[str] = []
             for r in reasons:
                 if r not in seen:
-                    seen.append(prefix + r if prefix else r)
+                    seen.append(in_container(r, c.name) if multi else r)
             return seen
         out.append(ContainerAssignment(c.name, c.init, devs))
     return Decision(node.name, tuple(out))

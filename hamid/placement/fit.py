@@ -13,6 +13,7 @@ from ..devices.types import MigPlacement
 from ..request.model import GpuRequest, ScoringWeights
 from . import mig
 from .view import MODE_MIG, GpuView, MigSlot, type_matches
+from .reasons import Reason
 
 
 @dataclass
@@ -33,29 +34,32 @@ class Use:
         return Use(self.mem, self.cores, self.slots, self.exclusive, list(self.mig))
 
 
-def eligible(req: GpuRequest, g: GpuView) -> str | None:
+def eligible(req: GpuRequest, g: GpuView) -> Reason | None:
     """Static checks that do not depend on use."""
     if g.filtered:
-        return f"GPU {g.index} is excluded by this node's filterDevices"
+        return Reason("filtered", f"GPU {g.index} is excluded by this node's filterDevices", gpu=g.index)
     if not g.healthy:
-        return f"GPU {g.index} is unhealthy"
+        return Reason("unhealthy", f"GPU {g.index} is unhealthy", gpu=g.index)
     if g.cordoned:
-        return f"GPU {g.index} is cordoned (hami.io/device-cordon): it takes no new tenants"
+        return Reason("cordoned", f"GPU {g.index} is cordoned (hami.io/device-cordon): it takes no new tenants", gpu=g.index)
     if req.devices and str(g.index) not in req.devices and g.uuid not in req.devices:
-        return f"GPU {g.index} is not among the requested devices {','.join(req.devices)}"
+        return Reason("devices", f"GPU {g.index} is not among the requested devices {','.join(req.devices)}",
+                      gpu=g.index, asked=",".join(req.devices))
     if req.use_types and not any(type_matches(g, t) for t in req.use_types):
-        return (f"GPU {g.index} type {g.name!r} (HAMi type {g.type_names[1]!r}) does not match use-gputype "
-                f"{','.join(req.use_types)}")
+        return Reason("usetype", f"GPU {g.index} type {g.name!r} (HAMi type {g.type_names[1]!r}) does not match "
+                      f"use-gputype {','.join(req.use_types)}", gpu=g.index, asked=",".join(req.use_types))
     if req.nouse_types and any(type_matches(g, t) for t in req.nouse_types):
-        return f"GPU {g.index} type {g.name!r} matches nouse-gputype {','.join(req.nouse_types)}"
+        return Reason("nousetype", f"GPU {g.index} type {g.name!r} matches nouse-gputype {','.join(req.nouse_types)}",
+                      gpu=g.index, asked=",".join(req.nouse_types))
     if req.use_uuids and g.uuid not in req.use_uuids:
-        return f"GPU {g.index} ({g.uuid}) is not in use-gpuuuid"
+        return Reason("useuuid", f"GPU {g.index} ({g.uuid}) is not in use-gpuuuid", gpu=g.index)
     if req.nouse_uuids and g.uuid in req.nouse_uuids:
-        return f"GPU {g.index} ({g.uuid}) is in nouse-gpuuuid"
+        return Reason("nouseuuid", f"GPU {g.index} ({g.uuid}) is in nouse-gpuuuid", gpu=g.index)
     if req.wants_mig and g.mode != MODE_MIG:
-        return f"GPU {g.index} is not in MIG mode (it shares through the shim, mode hami-core)"
+        return Reason("notmig", f"GPU {g.index} is not in MIG mode (it shares through the shim, mode hami-core)",
+                      gpu=g.index)
     if req.mode == "hami-core" and g.mode == MODE_MIG:
-        return f"GPU {g.index} is in MIG mode; hami-core was requested"
+        return Reason("mig", f"GPU {g.index} is in MIG mode; hami-core was requested", gpu=g.index)
     return None
 
 
@@ -72,21 +76,23 @@ def takes_whole(g: GpuView, cores: int) -> bool:
     return cores >= 100 and g.cores_total == 100
 
 
-def room(g: GpuView, u: Use, mem: int, cores: int) -> str | None:
+def room(g: GpuView, u: Use, mem: int, cores: int) -> Reason | None:
     """Does a shim (hami-core) share of ``mem`` MiB and ``cores`` % fit now."""
     if u.slots >= g.slots_total:
-        return f"GPU {g.index} has all {g.slots_total} share slots in use"
+        return Reason("slots", f"GPU {g.index} has all {g.slots_total} share slots in use", gpu=g.index)
     if u.exclusive:
-        return f"GPU {g.index} is held exclusively (cores=100)"
+        return Reason("exclusive", f"GPU {g.index} is held exclusively (cores=100)", gpu=g.index)
     if takes_whole(g, cores) and u.slots > 0:
-        return f"GPU {g.index} has {u.slots} tenant(s); exclusive use (cores=100) needs an idle GPU"
+        return Reason("idle", f"GPU {g.index} has {u.slots} tenant(s); exclusive use (cores=100) needs an idle GPU",
+                      gpu=g.index)
     free = g.mem_total - u.mem
     if mem > free:
-        return f"GPU {g.index} has {free} MiB free, {mem} requested"
+        return Reason("mem", f"GPU {g.index} has {free} MiB free, {mem} requested", gpu=g.index, asked=mem, free=free)
     if u.cores + cores > g.cores_total:
-        return f"GPU {g.index} has {g.cores_total - u.cores}% cores free, {cores} requested"
+        return Reason("cores", f"GPU {g.index} has {g.cores_total - u.cores}% cores free, {cores} requested", gpu=g.index,
+                      asked=cores, free=g.cores_total - u.cores)
     if cores == 0 and u.cores >= g.cores_total:
-        return f"GPU {g.index} has no cores left (all {g.cores_total}% reserved)"
+        return Reason("nocores", f"GPU {g.index} has no cores left (all {g.cores_total}% reserved)", gpu=g.index)
     return None
 
 

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from ..devices.types import MigPlacement, MigProfile
 from .view import GpuView, MigSlot
+from .reasons import Reason
 
 
 def _max_instances(prof: MigProfile, used: Sequence[MigSlot], gpu) -> int:
@@ -60,11 +61,14 @@ def slot_is_valid(gpu: GpuView, profile: str, placement: MigPlacement, used: Seq
     """Why ``profile`` at ``placement`` cannot be booked on ``gpu`` now, or None."""
     prof = gpu.profile(profile)
     if prof is None:
-        return f"GPU {gpu.index} ({gpu.name}) has no MIG profile {profile}"
+        return Reason("migprofile", f"GPU {gpu.index} ({gpu.name}) has no MIG profile {profile}", gpu=gpu.index,
+                      what=profile)
     if placement not in prof.placements:
-        return f"GPU {gpu.index}: {placement} is not a placement of {profile}"
+        return Reason("migplace", f"GPU {gpu.index}: {placement} is not a placement of {profile}", gpu=gpu.index,
+                      what=profile)
     if placement not in free_placements(prof, used, gpu):
-        return f"GPU {gpu.index}: {profile} at {placement} overlaps a live instance or exceeds the profile's limit"
+        return Reason("migplace", f"GPU {gpu.index}: {profile} at {placement} overlaps a live instance or exceeds the "
+                      "profile's limit", gpu=gpu.index, what=profile)
     return None
 
 
@@ -79,12 +83,14 @@ def profiles_for(gpu: GpuView, mem_mib: int, named: str | None) -> list[MigProfi
         prof = gpu.profile(named)
         if prof is None:
             names = ", ".join(p.name for p in gpu.mig_profiles) or "none"
-            return f"GPU {gpu.index} ({gpu.name}) has no MIG profile {named}; its profiles: {names}"
+            return Reason("migprofile", f"GPU {gpu.index} ({gpu.name}) has no MIG profile {named}; its profiles: {names}",
+                          gpu=gpu.index, what=named)
         return [prof]
     fits = [p for p in gpu.mig_profiles if p.memory_mib >= mem_mib and not p.media_extensions]
     if not fits:
         biggest = max((p.memory_mib for p in gpu.mig_profiles), default=0)
-        return f"GPU {gpu.index}: no MIG profile holds {mem_mib} MiB (largest {biggest} MiB)"
+        return Reason("migsize", f"GPU {gpu.index}: no MIG profile holds {mem_mib} MiB (largest {biggest} MiB)",
+                      gpu=gpu.index, asked=mem_mib)
     return sorted(fits, key=lambda p: (p.memory_mib, p.slices, p.name))
 
 
@@ -141,4 +147,5 @@ def _choose(gpu: _MigKey, mem_mib: int, named: str | None, used: tuple[MigSlot, 
         best = max(free, key=lambda pl: (_keep_score(gpu, [*used, MigSlot(prof.name, pl)]), -pl.start))
         return prof, best
     names = "/".join(p.name for p in cands)
-    return f"GPU {gpu.index}: no free placement for {names} ({len(used)} MIG instance(s) live)"
+    return Reason("migplace", f"GPU {gpu.index}: no free placement for {names} ({len(used)} MIG instance(s) live)",
+                  gpu=gpu.index, what=str(names))
