@@ -176,6 +176,12 @@ def test_the_client_admits_through_the_daemon_and_falls_back_to_python_without_o
                            capture_output=True, text=True)
         assert r.returncode == 1 and "no room for this container" in r.stderr
         assert "no room for this container" in json.loads(log.read_text().splitlines()[-1])["msg"]
+        # a Docker admission goes through the node service's door: it is counted like every other commit
+        import httpx
+
+        metrics = httpx.get(f"http://127.0.0.1:{free_port}/metrics", timeout=5).text
+        assert 'hamid_ledger_commits_total{result="ok"} 1.0' in metrics
+        assert 'hamid_ledger_commits_total{result="conflict"} 1.0' in metrics
     finally:
         stop(daemon)
     b = bundle("b3")  # no daemon now: the Python runtime admits it through the ledger

@@ -112,9 +112,12 @@ class DockerFace:
                     raise ValueError
             except ValueError:
                 return JSONResponse({"error": "request body must be a JSON object"}, 400)
+            key = f"docker:{body.get('id')}"
             try:
                 ours = await self.node.run_blocking(self._create, body)
             except LedgerConflict as e:
+                self.node.announce("conflict", key)
+                log.info("container refused", id=str(body.get("id"))[:12], reason=str(e))
                 return JSONResponse({"error": f"no room for this container: {e}"}, 409)
             except Abandoned as e:
                 return JSONResponse({"error": str(e)}, 410)
@@ -124,6 +127,7 @@ class DockerFace:
                 log.exception("create failed", bundle=body.get("bundle"))
                 return JSONResponse({"error": f"internal error in the daemon: {e!r}"}, 500)
             if ours:
+                self.node.announce("admitted", key)
                 log.info("container admitted", id=body["id"][:12])
             return JSONResponse({"ours": ours})
 

@@ -61,6 +61,12 @@ class NodeService:
         self._notify(event, key)
         return out
 
+    def announce(self, event: str, key: str) -> None:
+        """Tell the subscribers of a change a face made through :meth:`run_blocking`
+        (``admitted``, ``released``, ``conflict``): every change is announced once,
+        whichever door it came through."""
+        self._notify(event, key)
+
     async def run_blocking(self, fn, *args, event: str | None = None, key: str = "", **kw):
         """Run a face's blocking work over the core (``fn``) in the service's
         threads; ``event`` (e.g. "admitted") is announced after it succeeds."""
