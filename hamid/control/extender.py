@@ -33,7 +33,6 @@ is safe since every commit is re-checked by the node's ledger.
 from __future__ import annotations
 
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +53,7 @@ from ..request import parse_pod
 from ..request.model import Defaults, Request
 from ..serving import BodyTooLarge, read_body
 from . import annotations
+from .commit import commit, undo
 from .placer import ClusterView
 
 log = get_logger("extender")
@@ -212,26 +212,15 @@ class Extender:
         if not isinstance(got, Decision):
             return {"Error": f"hamid: the pod no longer fits on {node}: " + "; ".join(got)}
         owner = Owner("pod", uid, name=f"{ns}/{name}")
-        attempt = uuid.uuid4().hex
         try:
-            res = await self.peer.commit(m.peer, owner, got, request=request.to_dict(),
-                                         details={"placed_by": "extender", "attempt": attempt})
+            done = await commit(self.peer, self.cluster, m.peer, owner, got, request=request.to_dict(),
+                                placed_by="extender")
         except HamidError as e:
             return {"Error": f"hamid: node {node} refused the placement: {e}"}
-        ours = (res.get("details") or {}).get("attempt") == attempt  # else an earlier call's commit: not ours to undo
-        if ours:
-            self.cluster.committed(got)
-        else:
-            got = Decision.from_dict(res["decision"])  # what the node holds for this pod is what the pod records
-        try:
-            await trio.to_thread.run_sync(self._record_and_bind, ns, name, uid, node, got)
+        try:  # the allocation the node holds (an earlier call's, when there is one) is what the pod records
+            await trio.to_thread.run_sync(self._record_and_bind, ns, name, uid, node, done.decision)
         except Exception as e:
-            if ours:
-                try:
-                    await self.peer.release(m.peer, owner.key, node=node)
-                except HamidError as err:
-                    log.warning("could not release after a failed binding", owner=owner.key, error=str(err))
-                self.cluster.forget(got)
+            await undo(self.peer, self.cluster, done)  # only this call's commit: never a running pod's
             return {"Error": f"hamid: binding {ns}/{name} to {node} failed: {e}"}
         self._filtered.pop(uid, None)
         self.bound += 1

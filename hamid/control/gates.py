@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import time
-import uuid
 from typing import Any
 
 import trio
@@ -35,6 +34,7 @@ from ..placement import Decision
 from ..request import parse_pod
 from ..request.model import Defaults
 from . import annotations
+from .commit import commit, undo
 from .informer import Informer
 from .placer import ClusterView, choose
 
@@ -145,19 +145,14 @@ class GateController:
                 room = hint(request, [m.view for m in members.values()])
                 await self._unschedulable(pod, f"{summarize(choice.reasons, len(nodes))} GPU room: {room}.")
                 return False
-            attempt = uuid.uuid4().hex
-            self.cluster.committed(choice.decision)  # at once: the other workers choose around it
             try:
-                got = await self.peer.commit(choice.peer, owner, choice.decision, request=request.to_dict(),
-                                             details={"placed_by": "gate", "attempt": attempt})
+                done = await commit(self.peer, self.cluster, choice.peer, owner, choice.decision,
+                                    request=request.to_dict(), placed_by="gate")
             except HamidError as e:  # refused by the node's ledger (a stale view), or unreachable
-                self.cluster.forget(choice.decision)
                 log.info("commit refused; choosing again", pod=owner.name, node=choice.decision.node, error=str(e))
                 excluded.append(choice.decision.node)
                 continue
-            if (got.get("details") or {}).get("attempt") != attempt:
-                # an earlier placement of this pod (another leader's, or ours) holds it: not ours to open or undo
-                self.cluster.forget(choice.decision)
+            if not done.ours:  # an earlier placement of this pod (another leader's, or ours) holds it
                 log.info("pod already placed there", pod=owner.name, node=choice.decision.node)
                 return False
             if await self._open_gate(pod, choice.decision):
@@ -167,17 +162,10 @@ class GateController:
                 log.info("placed", pod=owner.name, node=choice.decision.node,
                          gpus=[d.uuid for c in choice.decision.containers for d in c.devices])
                 return True
-            await self._undo(owner, choice)
+            await undo(self.peer, self.cluster, done)
             return False
         await self._unschedulable(pod, "nodes kept refusing the placement (their ledgers changed); trying again")
         return False
-
-    async def _undo(self, owner: Owner, choice) -> None:
-        try:
-            await self.peer.release(choice.peer, owner.key, node=choice.decision.node)
-        except HamidError as e:  # the node's reconciler releases it once the pod is gone
-            log.warning("could not release a placement whose pod update failed", owner=owner.key, error=str(e))
-        self.cluster.forget(choice.decision)
 
     async def _open_gate(self, pod: dict, decision: Decision) -> bool:
         """One update (with the pod's resourceVersion): annotations, narrowed affinity, gate removed."""
