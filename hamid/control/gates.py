@@ -88,30 +88,18 @@ class GateController:
             task_status.started()
             await self.pods.synced.wait()
             await self.nodes.synced.wait()
-            full = True  # the first pass, and every retry_s: capacity may free without a pod event (gossip)
-            last_full = time.monotonic()
             while True:
-                wake = (self.pods.next_change(), self.nodes.next_change())  # before looking: no change is missed
+                seen = self.pods.version, self.nodes.version
                 now = time.monotonic()
                 self._opened = {u: t for u, t in self._opened.items() if now - t < 30}
-                changed = self.pods.take_changed()
-                nodes_changed = self.nodes.take_changed()
-                pods = [] if changed is None else [self.pods.get(k) for k in changed]
-                # a node's change, or a pod gone or no longer gated (it may free room), may let any gated pod fit
-                if full or changed is None or nodes_changed is None or nodes_changed or \
-                        any(p is None or not gated(p) for p in pods):
-                    pods = self.pods.snapshot()
-                    last_full = now
-                for pod in pods:
+                for pod in self.pods.snapshot():
                     uid = (pod.get("metadata") or {}).get("uid")
                     if gated(pod) and uid not in self._inflight and uid not in self._opened:
                         self._inflight.add(uid)
                         await send.send(pod)
-                full = False
-                with trio.move_on_at(trio.current_time() + max(0.0, self.retry_s - (time.monotonic() - last_full))):
-                    await _first_of(*wake)
-                    continue
-                full = True
+                with trio.move_on_after(self.retry_s):  # capacity may free without a pod event (gossip)
+                    while (self.pods.version, self.nodes.version) == seen:
+                        await trio.sleep(0.02)
 
     async def _worker(self, receive) -> None:
         async for pod in receive:
@@ -265,13 +253,3 @@ def narrowed_spec(spec: dict[str, Any], node: str) -> dict[str, Any]:
 def _name(pod: dict) -> str:
     m = pod.get("metadata") or {}
     return f"{m.get('namespace')}/{m.get('name')}"
-
-
-async def _first_of(*events: trio.Event) -> None:
-    """Return once any of ``events`` is set."""
-    async with trio.open_nursery() as nursery:
-        for ev in events:
-            async def wait(ev=ev):
-                await ev.wait()
-                nursery.cancel_scope.cancel()
-            nursery.start_soon(wait)
