@@ -88,18 +88,30 @@ class GateController:
             task_status.started()
             await self.pods.synced.wait()
             await self.nodes.synced.wait()
+            full = True  # the first pass, and every retry_s: capacity may free without a pod event (gossip)
+            last_full = time.monotonic()
             while True:
-                seen = self.pods.version, self.nodes.version
+                wake = (self.pods.next_change(), self.nodes.next_change())  # before looking: no change is missed
                 now = time.monotonic()
                 self._opened = {u: t for u, t in self._opened.items() if now - t < 30}
-                for pod in self.pods.snapshot():
+                changed = self.pods.take_changed()
+                nodes_changed = self.nodes.take_changed()
+                pods = [] if changed is None else [self.pods.get(k) for k in changed]
+                # a node's change, or a pod gone or no longer gated (it may free room), may let any gated pod fit
+                if full or changed is None or nodes_changed is None or nodes_changed or \
+                        any(p is None or not gated(p) for p in pods):
+                    pods = self.pods.snapshot()
+                    last_full = now
+                for pod in pods:
                     uid = (pod.get("metadata") or {}).get("uid")
                     if gated(pod) and uid not in self._inflight and uid not in self._opened:
                         self._inflight.add(uid)
                         await send.send(pod)
-                with trio.move_on_after(self.retry_s):  # capacity may free without a pod event (gossip)
-                    while (self.pods.version, self.nodes.version) == seen:
-                        await trio.sleep(0.02)
+                full = False
+                with trio.move_on_at(trio.current_time() + max(0.0, self.retry_s - (time.monotonic() - last_full))):
+                    await _first_of(*wake)
+                    continue
+                full = True
 
     async def _worker(self, receive) -> None:
         async for pod in receive:
@@ -253,3 +265,13 @@ def narrowed_spec(spec: dict[str, Any], node: str) -> dict[str, Any]:
 def _name(pod: dict) -> str:
     m = pod.get("metadata") or {}
     return f"{m.get('namespace')}/{m.get('name')}"
+
+
+async def _first_of(*events: trio.Event) -> None:
+    """Return once any of ``events`` is set."""
+    async with trio.open_nursery() as nursery:
+        for ev in events:
+            async def wait(ev=ev):
+                await ev.wait()
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(wait)

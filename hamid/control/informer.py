@@ -43,6 +43,7 @@ class Informer:
         self._changed = trio.Event()
         self._lock = threading.Lock()
         self.version = 0  # bumped on every change seen
+        self._dirty: set[str] | None = set()  # keys changed since take_changed(); None: everything (a relist)
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -55,6 +56,18 @@ class Informer:
     async def changed(self) -> None:
         """Wait for the next change (or a relist)."""
         await self._changed.wait()
+
+    def next_change(self) -> trio.Event:
+        """The event the next change (or relist) sets: taken before a check, so a change between the
+        check and the wait is never missed."""
+        return self._changed
+
+    def take_changed(self) -> set[str] | None:
+        """The keys of the objects changed (added, modified, deleted) since the last call, and forget
+        them; None when the cache was relisted, so everything counts as changed."""
+        with self._lock:
+            out, self._dirty = self._dirty, set()
+        return out
 
     def _notify(self, token) -> None:
         def wake():
@@ -81,6 +94,7 @@ class Informer:
                     got = self.api.sanitize_for_serialization(self.lister(_request_timeout=60, **self.selectors))
                     with self._lock:
                         self.objects = {key_of(o): o for o in got.get("items") or []}
+                        self._dirty = None
                     rv = got["metadata"]["resourceVersion"]
                     self._notify(token)
                 w = watch.Watch()
@@ -96,10 +110,13 @@ class Informer:
                     if kind == "BOOKMARK":
                         continue
                     with self._lock:
+                        key = key_of(obj)
                         if kind == "DELETED":
-                            self.objects.pop(key_of(obj), None)
+                            self.objects.pop(key, None)
                         else:
-                            self.objects[key_of(obj)] = obj
+                            self.objects[key] = obj
+                        if self._dirty is not None:
+                            self._dirty.add(key)
                     self._notify(token)
             except trio.RunFinishedError:
                 return
