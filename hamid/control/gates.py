@@ -33,9 +33,10 @@ from ..node.identity import Owner
 from ..placement import Decision
 from ..request import parse_pod
 from ..request.model import Defaults
+from ..kube.events import pod_event
 from . import annotations
 from .commit import commit, undo
-from .informer import Informer
+from ..kube.informer import Informer
 from .placer import ClusterView, choose
 
 log = get_logger("control")
@@ -228,23 +229,13 @@ class GateController:
                 "lastTransitionTime": now, "lastProbeTime": None}
 
         def write() -> None:
-            from kubernetes import client
-
             try:
                 self.core.patch_namespaced_pod_status(name, ns, {"status": {"conditions": [cond]}},
                                                       _request_timeout=10)
             except Exception as e:
                 log.warning("could not set the pod's placement condition", pod=f"{ns}/{name}", error=str(e))
-            ev = client.CoreV1Event(
-                metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=ns),
-                involved_object=client.V1ObjectReference(kind="Pod", namespace=ns, name=name, uid=uid,
-                                                         api_version="v1"),
-                reason="FailedScheduling", message=message[:1024], type="Warning", count=1,
-                source=client.V1EventSource(component="hamid"))
-            try:
-                self.core.create_namespaced_event(ns, ev, _request_timeout=10)
-            except Exception as e:
-                log.warning("could not record the placement event", pod=f"{ns}/{name}", error=str(e))
+            pod_event(self.core, {"metadata": {"namespace": ns, "name": name, "uid": uid}}, "FailedScheduling",
+                      message)
 
         log.info("pod stays gated", pod=f"{ns}/{name}", why=message)
         await trio.to_thread.run_sync(write)

@@ -37,13 +37,11 @@ itself after the gate opens), preemption, and the scheduler's own
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
-from functools import lru_cache
-from typing import Any
 
 from ..placement.reasons import Reason
+from ..request.quantity import NANO as _NANO, nanos as _nanos, quantity
 
 __all__ = ["quantity", "pod_requests", "fit_node", "summarize", "narrow_to_node", "REASON_UNSCHEDULABLE",
            "REASON_NODE_NAME", "REASON_AFFINITY", "REASON_AFFINITY_PREFILTER", "REASON_AFFINITY_CONFLICT",
@@ -60,68 +58,7 @@ REASON_TOO_MANY_PODS = "Too many pods"
 _PREFILTER_REJECTIONS = frozenset({REASON_AFFINITY_CONFLICT})
 
 # --------------------------------------------------------------------------------------------------
-# quantities
-
-# apimachinery's grammar: <sign><digits>[.<digits>]<suffix>, suffix a binary SI prefix, a decimal SI
-# prefix, or e/E and a signed integer. "1E" is exa, "1E3" is 1000, "1e" and "1K" are refused.
-_QUANTITY = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
-_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-_MAX = 2**63 - 1  # kube-scheduler counts in int64
-_NANO = 10**9
-
-
-def quantity(text: Any) -> Fraction:
-    """A Kubernetes quantity (``100m``, ``4Gi``, ``1.5e3``, ``2``) as an exact number.
-
-    Accepted: apimachinery's grammar (an optional sign, digits with an
-    optional fraction, then ``Ki Mi Gi Ti Pi Ei``, ``n u m k M G T P E`` or
-    ``e``/``E`` and an integer exponent); a non-zero value is rounded away
-    from zero to a whole nano (10^-9) as ``ParseQuantity`` does. Refused
-    (``ValueError`` naming the value): anything else, including what the
-    Python client's ``parse_quantity`` lets through (``1K``, ``1_000``,
-    `` 1``, ``NaN``, ``1e3k``), and magnitudes beyond 2^63-1, which
-    kube-scheduler's int64 accounting cannot hold. Python ints are taken
-    as they are (JSON numbers).
-    """
-    return Fraction(_nanos(text), _NANO)
-
-
-def _nanos(text: Any) -> int:
-    """:func:`quantity` in whole nanos (10^-9), the unit every parsed quantity is a multiple of, so that
-    requests are summed and compared in integers."""
-    if isinstance(text, bool) or not isinstance(text, (str, int)):
-        raise ValueError(f"bad quantity {text!r}: a string such as '500m', '4Gi' or '1e3' is accepted")
-    return _parse(str(text), repr(text))
-
-
-@lru_cache(maxsize=4096)  # a cluster's pods repeat a few quantity strings
-def _parse(s: str, shown: str) -> int:
-    m = _QUANTITY.fullmatch(s)
-    if m is None or not (m.group(2) or m.group(3)):
-        raise ValueError(f"bad quantity {shown}: accepted is <number><suffix> with suffix one of Ki Mi Gi Ti Pi "
-                         f"Ei, n u m k M G T P E, e<exponent>, or none (e.g. '500m', '4Gi', '1.5', '1e3')")
-    sign, whole, frac, suffix = m.group(1), m.group(2), m.group(3) or "", m.group(4) or ""
-    mantissa = int((whole + frac) or "0")
-    if mantissa == 0:
-        return 0
-    if suffix in _BINARY:  # mantissa * 2^k / 10^len(frac), in nanos, rounded up
-        nanos = -(-(mantissa * 2 ** _BINARY[suffix] * _NANO) // 10 ** len(frac))
-    else:
-        exp = _DECIMAL[suffix] if suffix in _DECIMAL else int(suffix[1:])
-        scale = exp - len(frac) + 9  # nanos = mantissa * 10^scale
-        if len(str(mantissa)) - 1 + scale >= 19 + 9:  # at least 10^19 > 2^63-1
-            raise ValueError(f"bad quantity {shown}: larger than 2^63-1, which kube-scheduler cannot count")
-        if scale >= 0:
-            nanos = mantissa * 10**scale
-        elif -scale > len(str(mantissa)):  # below one nano: rounded up to 1n, as ParseQuantity does
-            nanos = 1
-        else:
-            nanos = -(-mantissa // 10**-scale)
-    if nanos > _MAX * _NANO:
-        raise ValueError(f"bad quantity {shown}: larger than 2^63-1, which kube-scheduler cannot count")
-    return -nanos if sign == "-" else nanos
-
+# quantities: hamid.request.quantity's parser (one grammar for the webhook, the node and the leader)
 
 def _units(resource: str, nanos: int) -> int:
     """What kube-scheduler counts of a quantity: millicores for cpu, whole units otherwise, rounded up

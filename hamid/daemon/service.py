@@ -366,7 +366,7 @@ def elsewhere_hint(node: str, gossip):
 def kube_api(c: Config):
     """The API server's client: ``kubeconfig``, else the pod's service account; None (with a
     warning) when neither is there."""
-    from ..kubelet.pods import api_client
+    from ..kube.client import api_client
 
     if c.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"):
         return api_client(c.kubeconfig)  # configured: a bad config stops start-up

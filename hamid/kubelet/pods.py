@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from ..errors import HamidError
+from ..kube.events import pod_event
 from ..logs import get_logger
 from .api import POD_RESOURCES_DIR, KUBELET_SOCKET
 from .api import podresources_pb2 as pr
@@ -29,24 +30,6 @@ TERMINAL = ("Succeeded", "Failed")
 
 class PodLookupError(HamidError):
     """A pod could not be found or read; the message says where it failed."""
-
-
-def api_client(kubeconfig: str | None):
-    """The Kubernetes API client: ``kubeconfig`` if given, else in-cluster config."""
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    # Faces call from several worker threads at once (the leader's placements, the pod watch, the
-    # device plugin): urllib3's default pool of 4 connections would serialise them.
-    cfg.connection_pool_maxsize = 32
-    try:
-        if kubeconfig:
-            return config.new_client_from_config(config_file=kubeconfig, client_configuration=cfg)
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    except Exception as e:  # the library raises several types for a missing or bad config
-        where = kubeconfig or "the in-cluster service account (KUBERNETES_SERVICE_HOST)"
-        raise HamidError(f"cannot configure the Kubernetes client from {where}: {e}") from None
 
 
 class PodDirectory:
@@ -157,23 +140,4 @@ class PodDirectory:
 
     def event(self, pod: dict[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
         """A core/v1 Event on the pod (best effort: a failure is logged, not raised)."""
-        import datetime
-        import uuid
-
-        from kubernetes import client
-
-        meta = pod.get("metadata") or {}
-        now = datetime.datetime.now(datetime.timezone.utc)
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{meta.get('name')}.hamid-{uuid.uuid4().hex[:10]}",
-                                         namespace=meta.get("namespace")),
-            involved_object=client.V1ObjectReference(kind="Pod", namespace=meta.get("namespace"),
-                                                     name=meta.get("name"), uid=meta.get("uid"),
-                                                     api_version="v1"),
-            reason=reason, message=message[:1024], type=kind, first_timestamp=now, last_timestamp=now, count=1,
-            source=client.V1EventSource(component="hamid", host=self.node))
-        try:
-            self._core().create_namespaced_event(meta.get("namespace"), body, _request_timeout=10)
-        except Exception as e:
-            log.warning("could not record an event on the pod", pod=f"{meta.get('namespace')}/{meta.get('name')}",
-                        reason=reason, error=str(e))
+        pod_event(self._core(), pod, reason, message, kind=kind, host=self.node)

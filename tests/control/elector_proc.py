@@ -9,7 +9,7 @@ import sys
 import trio
 
 from hamid.control.leader import LeaderElector
-from hamid.kubelet.pods import api_client
+from hamid.kube.client import api_client
 from hamid.logs import configure
 
 

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from hamid.control.leader import LEADER_LABEL, ElectionConfigError, LeaderElector, NotLeading
-from hamid.kubelet.pods import api_client
+from hamid.kube.client import api_client
 from tcpproxy import TcpProxy
 
 NS = "kube-system"

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from hamid.config.schema import Config
 from hamid.control.seeds import SeedError, gossip_port, kubernetes_seeds, service_seeds
-from hamid.kubelet.pods import api_client
+from hamid.kube.client import api_client
 
 NS = "hamid-system"
 
