@@ -49,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="serve the web view here, e.g. 127.0.0.1:7949 (webListen; off by default)")
     run.add_argument("--web-token-file", metavar="FILE", help="the web view's token, one line (webTokenFile)")
 
+    wh = sub.add_parser("webhook", help="serve only the admission webhook (the chart's unprivileged container)")
+    wh.add_argument("--config", help="the daemon's config file (webhook* keys, node defaults)")
+    wh.add_argument("--node-name", help="this node's name (default: NODE_NAME, else the host name)")
+    wh.add_argument("--log-format", choices=["auto", "json", "console"], help="logFormat")
+
     st = sub.add_parser("status", help="this node's GPUs and what is reserved on them")
     st.add_argument("--state-dir", help=f"the daemon's state dir (default {DEFAULT_STATE_DIR})")
     st.add_argument("--config", help="read stateDir from this config file")
@@ -70,6 +75,27 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("version", help="print the version")
     return p
+
+
+def _cmd_webhook(args) -> int:
+    import trio
+
+    from .. import logs
+    from ..config import load_config, resolve_node
+    from ..config.load import node_name
+    from ..daemon import webhook
+
+    config = load_config(args.config, {"nodeName": args.node_name, "logFormat": args.log_format})
+    logs.configure(config.logFormat, config.logLevel)
+    settings = resolve_node(config, node_name(config))
+    webhook.webhook_face(config, settings)  # refuse a config it cannot serve before starting
+    try:
+        trio.run(webhook.run, config, settings)
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:
+        raise HamidError(f"webhook stopped: {e}") from None
+    return 0
 
 
 def _cmd_run(args) -> int:
@@ -227,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "version":
             print(f"hamid {__version__}")
             return 0
-        return {"run": _cmd_run, "status": _cmd_status, "plan": _cmd_plan}[args.cmd](args)
+        return {"run": _cmd_run, "status": _cmd_status, "plan": _cmd_plan, "webhook": _cmd_webhook}[args.cmd](args)
     except HamidError as e:
         print(f"hamid {args.cmd}: {e}", file=sys.stderr)
         return 1

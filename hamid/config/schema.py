@@ -353,6 +353,11 @@ class Config(NodeSettings, ResourceNameSettings):
     serves it, so it survives the leader's death. 9443 is the port
     controller-runtime webhooks use; above 1024 so no capability is needed."""
 
+    webhookSeparate: bool = False
+    """The webhook is served by ``hamid webhook`` in a process of its own (the
+    chart's unprivileged ``webhook`` container), so ``hamid run`` does not serve
+    it. Off: ``hamid run`` serves it (a host without the chart)."""
+
     webhookCertFile: str | None = None
     """PEM certificate (chain) the webhook serves; with ``webhookKeyFile``.
     The chart mounts one Secret into every daemon so one ``caBundle`` trusts

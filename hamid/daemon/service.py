@@ -424,7 +424,7 @@ def control_faces(d: Daemon, api, gossip, keyring=None, identity=None) -> list:
         from ..control.webhook import WebhookFace
     except ImportError:  # pragma: no cover - the webhook module ships with the control face
         WebhookFace = None
-    if WebhookFace is not None:
+    if WebhookFace is not None and not c.webhookSeparate:  # else `hamid webhook` serves it, unprivileged
         faces.append(WebhookFace.from_config(c, defaults=request_defaults(d)))
     def serving_files() -> tuple[str, str]:
         """The extender serves the webhook's certificate (the chart's, or the self-made one)."""

@@ -79,8 +79,19 @@ def test_renders_one_daemonset_and_no_scheduler_workload(variant):
     assert not FORBIDDEN_KINDS & set(kinds), kinds
     assert kinds.count("DaemonSet") == 1
     ds = one(docs, "DaemonSet")
-    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    c, *rest = ds["spec"]["template"]["spec"]["containers"]
     assert c["command"] == ["hamid"] and c["args"][:3] == ["run", "--config", "/etc/hamid/config.yaml"]
+    if VARIANTS[variant].get("mode") == "none":
+        assert rest == []
+    else:  # the webhook alone, unprivileged, in a container of its own
+        (w,) = rest
+        assert w["name"] == "webhook" and w["args"] == ["webhook", "--config", "/etc/hamid/config.yaml"]
+        sc = w["securityContext"]
+        assert sc["runAsNonRoot"] and sc["runAsUser"] != 0 and sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]} and "privileged" not in sc
+        assert {m["name"] for m in w["volumeMounts"]} == {"config", "webhook-tls"}  # nothing of the node
+        assert w["readinessProbe"]["httpGet"]["port"] == "webhook"
+        assert "webhook" not in {p["name"] for p in c["ports"]}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -85,6 +85,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $_ := set $owned "webhookListen" (printf "0.0.0.0:%d" (int .Values.ports.webhook)) -}}
 {{- $_ := set $owned "webhookCertFile" "/etc/hamid/webhook-tls/tls.crt" -}}
 {{- $_ := set $owned "webhookKeyFile" "/etc/hamid/webhook-tls/tls.key" -}}
+{{- $_ := set $owned "webhookSeparate" true -}}
 {{- end -}}
 {{- if eq .Values.mode "extender" -}}
 {{- $_ := set $owned "extenderClientCAFile" "/etc/hamid/extender-client/ca.crt" -}}
