@@ -174,7 +174,8 @@ class PodAdmission:
             res = self.core.prepare(owner.key, user=None)
             for c in containers:
                 if not _is_mig(res, c):  # (re)written from the reservation as it stands now
-                    self.core.write_container_files(owner.key, c)
+                    # the region directory is the container's user's where the pod says who that is
+                    self.core.write_container_files(owner.key, c, pod_user(pod, c))
             if self.strategy == "cdi-cri":
                 path = cdi.write_spec(self.cdi_dir, slot, realize(res, self.core.facts, containers[0]))
                 files = list(res.details.get("extra_files") or ())
@@ -289,3 +290,20 @@ def _restricted(request: Request, gpus: dict[str, tuple[str, ...]]) -> Request:
         else:
             conts.append(c)
     return replace(request, containers=tuple(conts))
+
+
+def pod_user(pod: dict[str, Any], container: str) -> tuple[int, int] | None:
+    """(uid, gid) a container of ``pod`` runs as, where its spec says (the container's securityContext,
+    else the pod's: runAsUser, runAsGroup, else the uid as the gid); None when the image decides,
+    which the node cannot know (the region directory is then open to any user of the container)."""
+    spec = pod.get("spec") or {}
+    psc = spec.get("securityContext") or {}
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        if c.get("name") != container:
+            continue
+        sc = c.get("securityContext") or {}
+        uid = sc.get("runAsUser", psc.get("runAsUser"))
+        gid = sc.get("runAsGroup", psc.get("runAsGroup"))
+        if isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2**32:
+            return uid, gid if isinstance(gid, int) and not isinstance(gid, bool) and 0 <= gid < 2**32 else uid
+    return None

@@ -164,6 +164,7 @@ class NodeCore:
         try:
             if user is not None:
                 os.fchown(fd, *user)
+                os.fchmod(fd, 0o700)  # its user's alone (it may have been opened to all before the user was known)
             else:  # any user of the container may make the region file (it is made 0600, its own)
                 os.fchmod(fd, 0o777)
         finally:

@@ -140,8 +140,11 @@ class NodeEnv:
             annotations: dict | None = None, node: str | None = "") -> dict:
         """Create a pod (bound to this node unless ``node`` is None) in the API server and return it."""
         def spec(c):
-            return {"name": c["name"], "image": "busybox",
-                    "resources": {"limits": {k: str(v) for k, v in c.get("limits", {}).items()}}}
+            out = {"name": c["name"], "image": "busybox",
+                   "resources": {"limits": {k: str(v) for k, v in c.get("limits", {}).items()}}}
+            if "securityContext" in c:
+                out["securityContext"] = c["securityContext"]
+            return out
 
         obj = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},

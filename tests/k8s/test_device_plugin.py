@@ -7,6 +7,8 @@ whatever device IDs kubelet chose and in whatever order it admits pods.
 
 from __future__ import annotations
 
+import os
+
 import random
 import time
 
@@ -413,3 +415,26 @@ def test_metrics_carry_the_pods_namespace_name_and_container(node, api_server):
         assert SlotLabeler(led)(slot) == ("team-a", "metered", "main")  # the region metrics' labels
     finally:
         led.close()
+
+
+def test_a_pods_region_directory_is_its_users_where_the_pod_says_who_that_is(node, api_server):
+    """The one host directory a container may write: owned by the user its securityContext names (0700),
+    on a tmpfs of its own; open to any user of the container only where the image decides the user."""
+    import stat
+
+    from hamid.node import layout, regionfs
+
+    known = node.pod("known", [{"name": "main", "limits": {RESOURCE: 1, "nvidia.com/gpumem": 1000},
+                                "securityContext": {"runAsUser": 1234, "runAsGroup": 4321}}])
+    unknown = _gpu_pod(node, "unknown", 1000)
+    for pod in (known, unknown):
+        assert node.kubelet.admit(pod).admitted
+        node.kubelet.start_container(pod, "main")
+    dirs = {}
+    for r in node.reservations():
+        slot = r["details"]["container_slots"]["main"]
+        dirs[r["name"].split("/")[1]] = layout.region_dir(node.state, slot)
+    st = os.stat(dirs["known"])
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 4321, 0o700)
+    assert stat.S_IMODE(os.stat(dirs["unknown"]).st_mode) == 0o777
+    assert all(regionfs.is_mounted(d) for d in dirs.values())
