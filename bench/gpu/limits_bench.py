@@ -1,0 +1,296 @@
+"""The compute-limit acceptance bench (issue 22) on a real GPU.
+
+Owns orchestration and judgement only: every measurement is a separate
+process of bench/gpu/limits_work.py (the shim reads its limits once per
+process), each limited run paired with the same workload unlimited in the
+same call. The GPU's busy share comes from NVML, read here through ctypes:
+per process from nvmlDeviceGetProcessUtilization (smUtil samples), device-wide
+from nvmlDeviceGetUtilizationRates, both sampled every 100 ms; the shim's own
+accounting (GPU time in the container's region) is reported beside them.
+
+Checks (issue 22 "What must hold"):
+  1 singles:  limited share <= L + 5 and >= min(unlimited share, L) - 5;
+              unlimited share < L  ->  throughput >= 90 % of unlimited
+  2 sharing:  each tenant within +-5 points of its share, all demanding
+  3 priority: high-priority inference beside low-priority training keeps
+              >= 90 % of its alone throughput
+  4 overhead: bench/gpu/shim_bench.py's matmul ratio, launch cost, alloc rate
+
+  python3 bench/gpu/limits_bench.py --out DIR [--cases singles,pairs,priority,overhead]
+      [--classes gemm,small,...] [--limits 30,60] [--secs 5] [--env K=V ...] [--tag name]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIM = ROOT / "shim" / "build" / "libvgpu.so"
+WORKER = [sys.executable, str(ROOT / "bench" / "gpu" / "limits_work.py")]
+SHIM_VARS = ("CUDA_DEVICE_", "HAMID_", "LD_PRELOAD", "GPU_CORE_UTILIZATION_POLICY", "CUDA_TASK_PRIORITY")
+CLASSES = ["gemm", "small", "dyn", "train", "graph", "switch"]
+R: dict = {"runs": []}
+UNL: dict = {}  # class -> its unlimited NVML share, alone, in this call
+EXTRA: dict = {}
+TMP = Path(tempfile.mkdtemp(prefix="limbench-"))
+
+
+def log(*a):
+    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+# ---- NVML through ctypes ----
+
+class ProcSample(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("timeStamp", ctypes.c_ulonglong), ("smUtil", ctypes.c_uint),
+                ("memUtil", ctypes.c_uint), ("encUtil", ctypes.c_uint), ("decUtil", ctypes.c_uint)]
+
+
+class Util(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class Nvml:
+    """Samples every 100 ms: device-wide utilization and per-process smUtil (all processes)."""
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        assert self.lib.nvmlInit_v2() == 0
+        self.h = ctypes.c_void_p()
+        assert self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.h)) == 0
+        name = ctypes.create_string_buffer(96)
+        self.lib.nvmlDeviceGetName(self.h, name, 96)
+        self.name = name.value.decode()
+        self.dev: list[tuple[float, int]] = []
+        self.proc: dict[tuple[int, int], int] = {}  # (pid, ts_us) -> smUtil
+        self.proc_err = None
+        self.stop = threading.Event()
+        self.last = 0
+        self.t = threading.Thread(target=self.loop, daemon=True)
+        self.t.start()
+
+    def loop(self):
+        buf = (ProcSample * 512)()
+        while not self.stop.wait(0.1):
+            u = Util()
+            if self.lib.nvmlDeviceGetUtilizationRates(self.h, ctypes.byref(u)) == 0:
+                self.dev.append((time.time(), u.gpu))
+            n = ctypes.c_uint(512)
+            rc = self.lib.nvmlDeviceGetProcessUtilization(self.h, buf, ctypes.byref(n), ctypes.c_ulonglong(self.last))
+            if rc == 0:
+                for i in range(n.value):
+                    s = buf[i]
+                    self.proc[(s.pid, s.timeStamp)] = s.smUtil
+                    self.last = max(self.last, s.timeStamp)
+            elif rc != 6:  # NVML_ERROR_NOT_FOUND: no sample since the last
+                self.proc_err = rc
+
+    def dev_share(self, t0, t1):
+        v = [u for t, u in self.dev if t0 + 0.3 <= t <= t1]
+        return statistics.mean(v) if v else None
+
+    def proc_share(self, pid, t0, t1):
+        v = [u for (p, ts), u in list(self.proc.items()) if p == pid and t0 + 0.3 <= ts / 1e6 <= t1]
+        return statistics.mean(v) if v else None
+
+
+NV: Nvml | None = None
+
+
+# ---- running workloads ----
+
+def env(limit=None, policy="force", priority=None, preload=True, region=None, extra=None) -> dict:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(SHIM_VARS)}
+    e["PYTHONUNBUFFERED"] = "1"
+    if preload:
+        e["LD_PRELOAD"] = str(SHIM)
+        e["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = region or str(TMP / f"region-{time.time_ns()}.cache")
+        if limit:
+            e["CUDA_DEVICE_SM_LIMIT"] = str(limit)
+        if policy:
+            e["GPU_CORE_UTILIZATION_POLICY"] = policy
+        if priority is not None:
+            e["CUDA_TASK_PRIORITY"] = str(priority)
+        e.update(EXTRA)
+        e.update(extra or {})
+    return e
+
+
+def together(specs, secs, lead=6.0):
+    """Runs the (class, env) specs at once, measured over the same window; returns their results."""
+    start = time.time_ns() + int(lead * 1e9) + (len(specs) - 1) * int(1.5e9)
+    ps = [subprocess.Popen([*WORKER, c, str(secs), str(start)], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True) for c, e in specs]
+    res = []
+    for (c, e), p in zip(specs, ps):
+        out, err = p.communicate(timeout=secs + 120)
+        if p.returncode != 0:
+            raise RuntimeError(f"{c} rc={p.returncode}: {err[-2000:]}")
+        r = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+        r["nvml_share"] = NV.proc_share(r["pid"], r["t0"], r["t1"])
+        r["dev_share"] = NV.dev_share(r["t0"], r["t1"])
+        r["shim_share"] = None if r["shim_gpu_s"] is None else 100 * r["shim_gpu_s"] / (r["t1"] - r["t0"])
+        r["limit"] = e.get("CUDA_DEVICE_SM_LIMIT")
+        r["priority"] = e.get("CUDA_TASK_PRIORITY")
+        R["runs"].append(r)
+        res.append(r)
+    return res
+
+
+def tput(lim, unl):
+    """Throughput ratio; for the switching class the mean over its parts."""
+    return statistics.mean(lim["rate"][k] / unl["rate"][k] for k in unl["rate"] if unl["rate"][k])
+
+
+def fmt(v, nd=1):
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+ROWS: list[str] = []
+
+
+def step(fn):
+    def wrapped(*a):
+        log(f"== {fn.__name__} {a}")
+        t0 = time.time()
+        try:
+            fn(*a)
+        except Exception as ex:  # noqa: BLE001 - one failed step must not lose the rest
+            R.setdefault("errors", []).append(f"{fn.__name__}{a}: {type(ex).__name__}: {ex}")
+            traceback.print_exc()
+        log(f"   ({time.time() - t0:.1f} s)")
+    return wrapped
+
+
+@step
+def singles(classes, limits, secs):
+    out = R.setdefault("singles", {})
+    for c in classes:
+        s = secs * 2 if c == "switch" else secs
+        (unl,) = together([(c, env())], s)
+        if unl["nvml_share"] is not None:
+            UNL[c] = unl["nvml_share"]
+        for lim in limits:
+            (lr,) = together([(c, env(limit=lim))], s)
+            us, ls = unl["nvml_share"], lr["nvml_share"]
+            ratio = tput(lr, unl)
+            ok_hi = ls is not None and ls <= lim + 5
+            ok_lo = ls is not None and us is not None and ls >= min(us, lim) - 5
+            ok_tp = us is None or us >= lim or ratio >= 0.9
+            out[f"{c}@{lim}"] = {"unlimited": unl, "limited": lr, "ratio": ratio, "pass": ok_hi and ok_lo and ok_tp}
+            ROWS.append(f"| {c} | {lim} | {fmt(us)} | {fmt(ls)} | {fmt(lr['shim_share'])} | {fmt(lr['dev_share'])} | "
+                        f"{ratio:.2f} | {'pass' if ok_hi and ok_lo and ok_tp else 'FAIL'} |")
+            log(ROWS[-1])
+
+
+@step
+def sharing(name, specs, secs):
+    res = together([(c, env(limit=lim)) for c, lim in specs], secs)
+    # a tenant that cannot fill its share alone (UNL: its unlimited share in this call) is held to that
+    want = [min(lim, UNL.get(c, 100)) for c, lim in specs]
+    ok = all(r["nvml_share"] is not None and abs(r["nvml_share"] - w) <= 5 for r, w in zip(res, want))
+    R.setdefault("sharing", {})[name] = {"runs": res, "pass": ok}
+    ROWS.append(f"| share {name} | {'/'.join(str(lim) for _, lim in specs)} | - | "
+                f"{' / '.join(fmt(r['nvml_share']) for r in res)} | {' / '.join(fmt(r['shim_share']) for r in res)} | "
+                f"{fmt(res[0]['dev_share'])} | - | {'pass' if ok else 'FAIL'} |")
+    log(ROWS[-1])
+
+
+@step
+def priority(secs, policy):
+    (alone,) = together([("dyn", env(priority=0, policy=policy))], secs)
+    hi, lo = together([("dyn", env(priority=0, policy=policy)), ("train", env(priority=1, policy=policy))], secs)
+    ratio = tput(hi, alone)
+    R["priority"] = {"alone": alone, "high": hi, "low": lo, "ratio": ratio, "pass": ratio >= 0.9}
+    ROWS.append(f"| priority: dyn (high) beside train (low), policy {policy} | - | {fmt(alone['nvml_share'])} | "
+                f"{fmt(hi['nvml_share'])} / {fmt(lo['nvml_share'])} | - | {fmt(hi['dev_share'])} | {ratio:.2f} | "
+                f"{'pass' if ratio >= 0.9 else 'FAIL'} |")
+    log(ROWS[-1])
+
+
+@step
+def overhead(work):
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    import shim_bench as sb
+    sb.WORK = Path(work)
+    sb.matmul_ratio()
+    sb.launch_cost()
+    sb.alloc_rate()
+    R["overhead"] = {k: sb.R.get(k) for k in ("matmul", "launch_ns", "alloc_rate")}
+    R["overhead_rows"] = sb.ROWS
+
+
+def table(tag):
+    lines = [f"compute-limit bench ({tag}), {R['date']} on {R['gpu']}, torch {R.get('torch')}", "",
+             "busy share in % of GPU time: NVML per process (nvmlDeviceGetProcessUtilization smUtil), the shim's "
+             "own accounting, NVML device-wide; tput = limited / unlimited throughput", "",
+             "| workload | limit | unlimited NVML | limited NVML | shim | device | tput | check |",
+             "|---|---|---|---|---|---|---|---|", *ROWS]
+    for a, b, c, d in R.get("overhead_rows", []):
+        lines.append(f"| {a} | - | - | {b} | - | - | - | target {c} |")
+    if NV and NV.proc_err:
+        lines.append(f"\nnvmlDeviceGetProcessUtilization error {NV.proc_err}")
+    if R.get("errors"):
+        lines += ["", "errors: " + json.dumps(R["errors"])[:3000]]
+    return "\n".join(lines)
+
+
+def main():
+    global NV
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--work", default=str(TMP))
+    ap.add_argument("--cases", default="singles,pairs,priority,overhead")
+    ap.add_argument("--classes", default=",".join(CLASSES))
+    ap.add_argument("--limits", default="30,60")
+    ap.add_argument("--secs", type=float, default=5)
+    ap.add_argument("--env", action="append", default=[])
+    ap.add_argument("--policy", default="default")
+    ap.add_argument("--tag", default="run")
+    a = ap.parse_args()
+    for kv in a.env:
+        k, v = kv.split("=", 1)
+        EXTRA[k] = v
+    out = Path(a.out)
+    NV = Nvml()
+    R.update(date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), gpu=NV.name, tag=a.tag,
+             env=EXTRA, torch=subprocess.run([sys.executable, "-c", "import torch;print(torch.__version__)"],
+                                             capture_output=True, text=True).stdout.strip())
+    cases = a.cases.split(",")
+
+    def save():
+        (out / f"{a.tag}.json").write_text(json.dumps(R, indent=1, default=str))
+        (out / f"{a.tag}.md").write_text(table(a.tag) + "\n")
+    if "singles" in cases:
+        singles(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs)
+        save()
+    if "pairs" in cases:
+        sharing("gemm+gemm", [("gemm", 30), ("gemm", 70)], a.secs)
+        sharing("gemm+dyn", [("gemm", 30), ("dyn", 70)], a.secs)
+        sharing("dyn+dyn", [("dyn", 30), ("dyn", 70)], a.secs)
+        sharing("gemm+dyn+train", [("gemm", 20), ("dyn", 30), ("train", 50)], a.secs)
+        save()
+    if "priority" in cases:
+        priority(a.secs, a.policy)
+        save()
+    if "overhead" in cases:
+        overhead(a.work)
+        save()
+    NV.stop.set()
+    print("\n" + table(a.tag))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Workloads for the compute-limit benchmark (bench/gpu/limits_bench.py), one
+per process (the shim reads its limits once per process). Each runs a warm-up,
+waits for a common start time, runs for a given number of seconds and prints
+one JSON line: its rate (units/s), its pid, its measurement window (wall
+clock) and, when the shim's region is set, the GPU time the shim accounted in
+that window (read from the region file: hamid_region.h, device 0).
+
+  python3 limits_work.py <class> <seconds> <start_epoch_ns>
+
+Classes (each its own kind of GPU work, none tuned to the limiter):
+  gemm     one large bf16 GEMM (8192^3), repeated: long kernels, queue full
+  small    many small elementwise kernels (64 Ki floats): launch-bound, GPU often idle
+  dyn      transformer-style inference: batch 1..16 and sequence length 16..512
+           (step 16) drawn anew every step, 4 layers of attention + MLP, bf16:
+           512 distinct (batch, seqlen) shapes, as an inference server sees
+  train    MLP training step with AdamW, batch size drawn from 6 sizes each step
+  graph    a CUDA graph (an MLP block, captured once) replayed
+  switch   a different class every second (gemm, small, dyn, train, in turn)
+  cycle_*  gemm2/small2/...: the same with another seed (unseen variants)
+"""
+
+import json
+import mmap
+import os
+import random
+import sys
+import time
+
+import torch
+
+REGION_GPU_TIME_OFF = 256 + 56  # hamid_region.devices[0].gpu_time_ns (hamid_region.h)
+REGION_BUSY_OFF = 256 + 56      # replaced below when the region has the measured-busy field
+
+
+def region_read():
+    p = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+    if not p or not os.path.exists(p):
+        return None
+    with open(p, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            g = int.from_bytes(m[REGION_GPU_TIME_OFF:REGION_GPU_TIME_OFF + 8], "little")
+        finally:
+            m.close()
+    return g
+
+
+def make(cls, seed=7):
+    rng = random.Random(seed)
+    dev = "cuda"
+    if cls == "gemm":
+        a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+
+        def step():
+            torch.mm(a, b)
+            return 1
+        return step
+    if cls == "small":
+        x = torch.ones(64 * 1024, device=dev)
+
+        def step():
+            for _ in range(20):
+                x.mul_(1.0000001).add_(1e-7)
+            return 40
+        return step
+    if cls == "dyn":
+        d, layers = 1024, 4
+        ws = [(torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d), torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d))
+              for _ in range(layers)]
+        mods = torch.nn.ModuleList([torch.nn.ModuleList(w) for w in ws]).to(dev, torch.bfloat16)
+        emb = torch.randn(32000, d, device=dev, dtype=torch.bfloat16)
+
+        @torch.no_grad()
+        def step():
+            b, s = rng.randint(1, 16), 16 * rng.randint(1, 32)
+            ids = torch.randint(0, 32000, (b, s), device=dev)
+            h = emb[ids]
+            for qkv, o, f1, f2 in mods:
+                q, k, v = qkv(h).view(b, s, 3, 16, d // 16).unbind(2)
+                att = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                       v.transpose(1, 2), is_causal=True)
+                h = h + o(att.transpose(1, 2).reshape(b, s, d))
+                h = h + f2(torch.nn.functional.gelu(f1(h)))
+            h.sum()
+            return b * s  # tokens
+        return step
+    if cls == "train":
+        d = 2048
+        model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(d, d), torch.nn.GELU())],
+                                    torch.nn.Linear(d, 10)).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        sizes = [64, 128, 256, 384, 512, 1024]
+        data = {n: (torch.randn(n, d, device=dev), torch.randint(0, 10, (n,), device=dev)) for n in sizes}
+
+        def step():
+            n = rng.choice(sizes)
+            x, y = data[n]
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return n  # samples
+        return step
+    if cls == "graph":
+        d = 4096
+        l1 = torch.nn.Linear(d, d).to(dev, torch.bfloat16)
+        l2 = torch.nn.Linear(d, d).to(dev, torch.bfloat16)
+        x = torch.randn(2048, d, device=dev, dtype=torch.bfloat16)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), torch.cuda.stream(s):
+            for _ in range(3):
+                l2(torch.relu(l1(x)))
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(g):
+            for _ in range(4):
+                y = l2(torch.relu(l1(x)))
+                y.add_(1)
+
+        def step():
+            g.replay()
+            return 1
+        return step
+    raise SystemExit(f"unknown class {cls}")
+
+
+def main():
+    cls, seconds, start_ns = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    torch.cuda.init()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    if cls == "switch":
+        parts = ["gemm", "small", "dyn", "train"]
+        steps = {p: make(p) for p in parts}
+    else:
+        steps = {cls: make(cls)}
+    for st in steps.values():  # warm-up: kernels loaded, cuBLAS heuristics, allocator primed
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.8:
+            st()
+    torch.cuda.synchronize()
+    while time.time_ns() < start_ns:
+        time.sleep(0.0005)
+    g0 = region_read()
+    t0 = time.time()
+    units = {p: 0 for p in steps}
+    secs = {p: 0.0 for p in steps}
+    end = t0 + seconds
+    names = list(steps)
+    while True:
+        now = time.time()
+        if now >= end:
+            break
+        p = names[int(now - t0) % len(names)] if len(names) > 1 else names[0]
+        units[p] += steps[p]()
+    torch.cuda.synchronize()
+    t1 = time.time()
+    g1 = region_read()
+    # the switching class spends about seconds/len(names) in each part: its rate per part is units per part
+    # over its share of the time
+    rate = {p: units[p] / ((t1 - t0) / len(names)) for p in names}
+    out = {"cls": cls, "pid": os.getpid(), "t0": t0, "t1": t1, "rate": rate,
+           "shim_gpu_s": None if g0 is None else (g1 - g0) / 1e9}
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
