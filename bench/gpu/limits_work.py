@@ -10,9 +10,10 @@ that window (read from the region file: hamid_region.h, device 0).
 Classes (each its own kind of GPU work, none tuned to the limiter):
   gemm     one large bf16 GEMM (8192^3), repeated: long kernels, queue full
   small    many small elementwise kernels (64 Ki floats): launch-bound, GPU often idle
-  dyn      transformer-style inference: batch 1..16 and sequence length 16..512
-           (step 16) drawn anew every step, 4 layers of attention + MLP, bf16:
-           512 distinct (batch, seqlen) shapes, as an inference server sees
+  dyn      transformer-style inference: batch 1..8 and sequence length 32..512
+           (step 32) drawn anew every step, 4 layers (d 2048) of attention + MLP, bf16:
+           128 distinct (batch, seqlen) shapes, as an inference server sees (each
+           run once in the warm-up, as a server's warm-up would)
   train    MLP training step with AdamW, batch size drawn from 6 sizes each step
   graph    a CUDA graph (an MLP block, captured once) replayed
   switch   a different class every second (gemm, small, dyn, train, in turn)
@@ -29,7 +30,6 @@ import time
 import torch
 
 REGION_GPU_TIME_OFF = 256 + 56  # hamid_region.devices[0].gpu_time_ns (hamid_region.h)
-REGION_BUSY_OFF = 256 + 56      # replaced below when the region has the measured-busy field
 
 
 def region_read():
@@ -65,15 +65,17 @@ def make(cls, seed=7):
             return 40
         return step
     if cls == "dyn":
-        d, layers = 1024, 4
+        d, layers = 2048, 4
         ws = [(torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d), torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d))
               for _ in range(layers)]
         mods = torch.nn.ModuleList([torch.nn.ModuleList(w) for w in ws]).to(dev, torch.bfloat16)
         emb = torch.randn(32000, d, device=dev, dtype=torch.bfloat16)
 
+        shapes = [(b, 32 * s) for b in range(1, 9) for s in range(1, 17)]
+
         @torch.no_grad()
-        def step():
-            b, s = rng.randint(1, 16), 16 * rng.randint(1, 32)
+        def step(shape=None):
+            b, s = shape or rng.choice(shapes)
             ids = torch.randint(0, 32000, (b, s), device=dev)
             h = emb[ids]
             for qkv, o, f1, f2 in mods:
@@ -84,6 +86,8 @@ def make(cls, seed=7):
                 h = h + f2(torch.nn.functional.gelu(f1(h)))
             h.sum()
             return b * s  # tokens
+        for sh in shapes:
+            step(sh)
         return step
     if cls == "train":
         d = 2048
@@ -148,11 +152,15 @@ def main():
     secs = {p: 0.0 for p in steps}
     end = t0 + seconds
     names = list(steps)
+    last = None
     while True:
         now = time.time()
         if now >= end:
             break
         p = names[int(now - t0) % len(names)] if len(names) > 1 else names[0]
+        if p != last and last is not None:
+            torch.cuda.synchronize()  # what a part queued counts in its own second, not the next part's
+        last = p
         units[p] += steps[p]()
     torch.cuda.synchronize()
     t1 = time.time()

@@ -146,5 +146,14 @@ typedef struct {
     unsigned int gpuInstanceId;
     unsigned int computeInstanceId;
 } nvmlProcessInfo_t;
+#define NVML_ERROR_NOT_FOUND 6
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp; /* CPU timestamp, us */
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
 
 #endif

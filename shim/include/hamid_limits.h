@@ -17,6 +17,7 @@
  * reader accepts only the magic, an abi_version it knows and its own size. New
  * fields are only carved out of the reserved arrays (sizes never change) and
  * abi_version is bumped when they are; 0 always means "not set" / "none".
+ * ABI 2: sm_policy (a reader still accepts ABI 1 files, which meant force).
  * All integers are little-endian as the writer's machine stores them (the
  * daemon and the container share the host).
  */
@@ -33,7 +34,11 @@
 
 /* HAMID_CDEF_BEGIN */
 #define HAMID_LIMITS_MAGIC 0x48414d49444c4d31
-#define HAMID_LIMITS_ABI_VERSION 1
+#define HAMID_LIMITS_ABI_VERSION 2
+#define HAMID_LIMITS_ABI_MIN 1
+#define HAMID_LIMITS_POLICY_DEFAULT 0
+#define HAMID_LIMITS_POLICY_FORCE 1
+#define HAMID_LIMITS_POLICY_DISABLE 2
 #define HAMID_LIMITS_MAX_DEVICES 16
 #define HAMID_LIMITS_MAX_SLOTS 16
 #define HAMID_LIMITS_UUID_LEN 96
@@ -64,7 +69,9 @@ struct hamid_limits {
     uint32_t sm_period_us;      /* the limiter's period (slots are parts of it), 1000..10000000 */
     uint32_t pad0;
     char region_path[1024];     /* the region file inside the container, absolute, NUL-terminated */
-    uint64_t reserved_hdr[123];
+    uint32_t sm_policy;         /* ABI 2: GPU_CORE_UTILIZATION_POLICY, HAMID_LIMITS_POLICY_*; ABI 1 files: force */
+    uint32_t pad1;
+    uint64_t reserved_hdr[122];
     struct hamid_limits_device devices[16];
     uint64_t reserved_tail[256];
 };

@@ -178,7 +178,10 @@ static void config_from_file(const struct hamid_limits *l)
     g_cfg.has_priority = !!(l->flags & HAMID_LIMITS_FLAG_PRIORITY);
     g_cfg.priority = l->priority;
     snprintf(g_cfg.region_path, sizeof g_cfg.region_path, "%s", l->region_path);
+    /* ABI 1 files predate the policy: they always limited (force) */
+    g_cfg.sm_policy = l->abi_version < 2 ? HAMID_POLICY_FORCE : (int)l->sm_policy;
     finish_sm();
+    if (g_cfg.sm_policy == HAMID_POLICY_DISABLE) g_cfg.any_sm_limit = 0;
     /* Nothing a process of the container sets may weaken what the file says. */
     static const char *ignored[] = {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "HAMID_SM_SLOTS",
                                     "HAMID_SM_LIMIT_MODE", "GPU_CORE_UTILIZATION_POLICY", "HAMID_SM_PERIOD_US",
@@ -212,12 +215,15 @@ static void config_from_env(void)
     if (v && *v && strcmp(v, "observe") != 0 && strcmp(v, "enforce") != 0)
         refuse("HAMID_SM_LIMIT_MODE=%s: expected enforce or observe", v);
     g_cfg.sm_observe_only = v && strcmp(v, "observe") == 0;
+    /* HAMi-core's default (unset): default */
     v = getenv("GPU_CORE_UTILIZATION_POLICY");
     if (v && *v) {
-        if (strcasecmp(v, "disable") == 0) g_cfg.any_sm_limit = 0;
-        else if (strcasecmp(v, "default") != 0 && strcasecmp(v, "force") != 0)
+        if (strcasecmp(v, "disable") == 0) g_cfg.sm_policy = HAMID_POLICY_DISABLE;
+        else if (strcasecmp(v, "force") == 0) g_cfg.sm_policy = HAMID_POLICY_FORCE;
+        else if (strcasecmp(v, "default") != 0)
             refuse("GPU_CORE_UTILIZATION_POLICY=%s: expected default, force or disable", v);
     }
+    if (g_cfg.sm_policy == HAMID_POLICY_DISABLE) g_cfg.any_sm_limit = 0;
 
     long long x;
     v = getenv("HAMID_NVML_RECONCILE");

@@ -37,6 +37,8 @@
 #include "shim.h"
 
 #include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -61,6 +63,7 @@ struct est {
     int32_t rdev;         /* the device of its last launch */
     uint32_t pct;
     uint64_t est_ns;
+    uint64_t gap_ns;      /* the part of its samples that may be launch latency, not kernel (see post_launch) */
     uint32_t win[WINDOW]; /* the last WINDOW samples, ns (capped at 4 s), a ring */
     uint32_t pos;         /* where the next sample goes */
     uint32_t launches;
@@ -97,6 +100,13 @@ static pthread_once_t g_lim_once = PTHREAD_ONCE_INIT;
 static int g_lim_ready;
 static __thread uint32_t t_launches[HAMID_MAX_DEVICES];
 static uint32_t g_est_epoch; /* moves when an estimate changes by more than a quarter */
+/* the monitor's (see "the monitor" below) */
+static int32_t g_contended[HAMID_MAX_DEVICES];   /* 1: limit now (policy default) */
+static int32_t g_mon_ord[HAMID_MAX_DEVICES];     /* CUDA ordinal + 1 of a limited launch on the device; 0 none */
+static uint32_t g_k_gap[HAMID_MAX_DEVICES];      /* 1/1000 */
+static uint64_t g_sum_lo[HAMID_MAX_DEVICES];     /* charged: kernels */
+static uint64_t g_sum_gap[HAMID_MAX_DEVICES];    /* charged: gaps, before k_gap */
+static pthread_once_t g_mon_once = PTHREAD_ONCE_INIT;
 
 #define A_LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define A_ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
@@ -447,6 +457,13 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
         nt = base + w;
     } while (!__atomic_compare_exchange_n(&d->tat_ns, &old, nt, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     __atomic_fetch_add(&d->gpu_time_ns, cost, __ATOMIC_RELAXED);
+    if (!may_wait && g_cfg.sm_policy == HAMID_POLICY_DEFAULT && !A_LD(&g_contended[rdev])) {
+        /* policy default, nobody sharing: the schedule keeps no debt for when somebody comes */
+        int64_t cap = (int64_t)now + g_cfg.sm_ahead_ns;
+        while (nt > cap && !__atomic_compare_exchange_n(&d->tat_ns, &nt, cap, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        }
+        return;
+    }
     if (!may_wait || g_cfg.sm_observe_only) return;
     int64_t until = base - g_cfg.sm_ahead_ns;
     if (until > (int64_t)now) {
@@ -529,6 +546,7 @@ static struct est *est_find(uint64_t key, uint64_t fn, int rdev, uint32_t pct, u
     A_ST(&victim->rdev, rdev);
     A_ST(&victim->pct, pct);
     A_ST(&victim->est_ns, 0);
+    A_ST(&victim->gap_ns, 0);
     A_ST(&victim->pos, 0);
     A_ST(&victim->launches, 0);
     A_ST(&victim->pending, 0);
@@ -549,7 +567,7 @@ static struct est *est_find(uint64_t key, uint64_t fn, int rdev, uint32_t pct, u
  * calibration below corrects whatever this misses.) A sample whose shape was
  * replaced meanwhile still teaches its function and device.
  */
-static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
+static void record_sample(const struct sample *p, uint64_t m, uint64_t gap, uint64_t now)
 {
     struct est *e = &g_est[p->idx];
     if (m < 500) m = 500;
@@ -557,6 +575,8 @@ static void record_sample(const struct sample *p, uint64_t m, uint64_t now)
     uint64_t est = m;
     int mine = A_LD(&e->key) == p->key;
     if (mine) {
+        uint64_t g0 = A_LD(&e->gap_ns);
+        A_ST(&e->gap_ns, A_LD(&e->samples) ? (3 * g0 + gap) / 4 : gap);
         uint32_t pos = A_LD(&e->pos) % WINDOW;
         A_ST(&e->win[pos], (uint32_t)m);
         A_ST(&e->pos, (pos + 1) % WINDOW);
@@ -629,8 +649,11 @@ static void poll_pending_force(uint64_t now, int force)
         if (r == CUDA_SUCCESS) {
             float ms = 0;
             if (g_cu.cuEventElapsedTime(&ms, p->e0, p->e1) == CUDA_SUCCESS && ms >= 0) {
-                uint64_t m = (uint64_t)((double)ms * 1e6);
-                record_sample(p, m > 2 * p->idle_ns ? m - p->idle_ns : m, now);
+                /* A sample that began on an idle stream holds the kernel and some of the launch's own latency
+                   (at most idle_ns): the kernel is charged the rest, and the latency part as the gap, which
+                   the monitor's measured-busy feedback weighs (k_gap). */
+                uint64_t m = (uint64_t)((double)ms * 1e6), lo = m > p->idle_ns + 500 ? m - p->idle_ns : 500;
+                record_sample(p, lo, m > lo ? m - lo : 0, now);
             }
         }
         drop_sample(p);
@@ -694,6 +717,152 @@ static int sample_begin(struct lctx *L, CUstream s, int ptsz)
     return 0;
 }
 
+/* ---- the monitor: contention (policy default) and the measured-busy feedback ---- */
+
+/*
+ * A thread of the process (started at its first limited launch, again in a
+ * forked child) that reads NVML's per-process utilization samples
+ * (nvmlDeviceGetProcessUtilization) of each limited device every MON_GAP_NS:
+ *
+ * Contention, for GPU_CORE_UTILIZATION_POLICY=default (HAMi's rule: limit only
+ * while another container shares the GPU): a process that is not this
+ * container's (its NVML pid is in no live slot of the region) had a sample
+ * with smUtil > 0 within CONTEND_NS. Unknown (no NVML, the call fails) counts
+ * as contended: a limit that cannot tell is a limit that holds.
+ *
+ * Feedback (k_gap): a kernel sample that began on an idle stream holds the
+ * kernel and part of the launch latency (between lo and lo + gap, see
+ * post_launch); that matters only for launch-bound work (micro-second
+ * kernels, the GPU mostly idle). While NVML shows this process alone on the
+ * device, every FEEDBACK_NS window compares the busy time NVML measured for
+ * it with what was charged (sum of lo, sum of gap): k_gap is the part of the
+ * gap that was really GPU time, moved halfway each window, in 0..1.
+ * With several processes time-sliced on the GPU, the driver reports each
+ * active process with (about) the device's utilization, so no window with
+ * another process active teaches anything: k_gap stays as it was learned.
+ */
+#define MON_GAP_NS 100000000ull      /* NVML samples processes about every 1/6 s; polled twice as often */
+#define CONTEND_NS 1000000000ull     /* another container counts as sharing for 1 s after its last busy sample */
+#define FEEDBACK_NS 1000000000ull    /* one feedback window a second: several NVML samples in each */
+#define K_GAP_START 500              /* 1/1000: half the gap, halfway between the two bounds, until measured */
+#define MON_SAMPLES 256
+
+
+struct mon_dev {
+    unsigned long long last_ts;
+    uint64_t other_busy_ns;  /* mono time another container was last seen busy */
+    uint64_t win_start;      /* mono */
+    uint64_t lo0, gap0;      /* the sums at win_start */
+    uint64_t own_sum, own_n; /* own smUtil samples in the window */
+    int other_in_win;
+    int ok;
+};
+
+HIDDEN int limiter_contended(int rdev) { return A_LD(&g_contended[rdev]); }
+HIDDEN uint32_t limiter_k_gap(int rdev) { return A_LD(&g_k_gap[rdev]); }
+
+/* One poll of one device; returns 0 when NVML answered. Exposed to the tests through limiter_monitor_poll. */
+static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
+{
+    int ord = A_LD(&g_mon_ord[rdev]) - 1;
+    nvmlDevice_t h;
+    if (ord < 0 || !g_nv.nvmlDeviceGetProcessUtilization || dev_nvml_handle(ord, &h) != 0) return -1;
+    static nvmlProcessUtilizationSample_t buf[MON_SAMPLES]; /* the monitor thread's alone */
+    unsigned int n = MON_SAMPLES;
+    nvmlReturn_t r = g_nv.nvmlDeviceGetProcessUtilization(h, buf, &n, m->last_ts);
+    if (r == NVML_ERROR_NOT_FOUND) n = 0; /* nothing sampled since the last poll: nobody busy */
+    else if (r != NVML_SUCCESS) return -1;
+    if (!m->win_start) {
+        m->win_start = now;
+        m->lo0 = A_LD(&g_sum_lo[rdev]);
+        m->gap0 = A_LD(&g_sum_gap[rdev]);
+    }
+    for (unsigned int i = 0; i < n && i < MON_SAMPLES; i++) {
+        if (buf[i].timeStamp > m->last_ts) m->last_ts = buf[i].timeStamp;
+        LOG_DEBUG("NVML sample: pid %u ts %llu smUtil %u%s", buf[i].pid, buf[i].timeStamp, buf[i].smUtil,
+                  region_nvml_pid_ours((int32_t)buf[i].pid) ? " (this container)" : "");
+        if (region_nvml_pid_ours((int32_t)buf[i].pid)) {
+            m->own_sum += buf[i].smUtil;
+            m->own_n++;
+        } else if (buf[i].smUtil > 0) {
+            m->other_busy_ns = now;
+            m->other_in_win = 1;
+        }
+    }
+    int c = m->other_busy_ns && now - m->other_busy_ns < CONTEND_NS;
+    if (c != A_LD(&g_contended[rdev]))
+        LOG_INFO("device %d: %s (NVML: %u samples since the last poll)", rdev,
+                 c ? "another container is busy: limited" : "no other container busy: not limited (policy default)",
+                 n);
+    A_ST(&g_contended[rdev], c);
+    if (now - m->win_start >= FEEDBACK_NS) {
+        uint64_t lo = A_LD(&g_sum_lo[rdev]) - m->lo0, gap = A_LD(&g_sum_gap[rdev]) - m->gap0;
+        uint64_t win = now - m->win_start;
+        /* alone, busy enough to measure (3 samples, 5 % charged), and gaps that matter (10 % of the charge) */
+        if (!m->other_in_win && m->own_n >= 3 && (lo + gap) * 20 >= win && gap * 10 >= lo + gap) {
+            double busy = (double)m->own_sum / (double)m->own_n / 100.0 * (double)win;
+            double k = (busy - (double)lo) / (double)gap;
+            k = k < 0 ? 0 : (k > 1 ? 1 : k);
+            uint32_t was = A_LD(&g_k_gap[rdev]);
+            uint32_t now_k = (uint32_t)(((double)was + k * 1000.0) / 2.0);
+            A_ST(&g_k_gap[rdev], now_k);
+            LOG_INFO("feedback dev %d: NVML busy %.1f ms, charged %.1f + %.1f ms gap, k_gap %u -> %u", rdev,
+                      busy / 1e6, (double)lo / 1e6, (double)gap / 1e6, was, now_k);
+        }
+        m->win_start = now;
+        m->lo0 = A_LD(&g_sum_lo[rdev]);
+        m->gap0 = A_LD(&g_sum_gap[rdev]);
+        m->own_sum = m->own_n = 0;
+        m->other_in_win = 0;
+    }
+    return 0;
+}
+
+static struct mon_dev g_mon[HAMID_MAX_DEVICES];
+
+/* One round over the limited devices (the monitor thread's loop body; the CPU tests call it directly). */
+HIDDEN void limiter_monitor_poll(void)
+{
+    uint64_t now = mono_ns();
+    for (int rdev = 0; rdev < HAMID_MAX_DEVICES; rdev++) {
+        if (!A_LD(&g_mon_ord[rdev])) continue;
+        if (mon_poll(rdev, &g_mon[rdev], now) != 0) A_ST(&g_contended[rdev], 1);
+    }
+}
+
+static void *mon_main(void *arg)
+{
+    (void)arg;
+    struct timespec ts = {0, (long)MON_GAP_NS};
+    if (!nvml_ready()) return NULL; /* contended stays 1: limits hold */
+    for (;;) {
+        limiter_monitor_poll();
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+static void mon_start_once(void)
+{
+    for (int i = 0; i < HAMID_MAX_DEVICES; i++) {
+        if (!A_LD(&g_k_gap[i])) A_ST(&g_k_gap[i], K_GAP_START);
+        A_ST(&g_contended[i], 1); /* until NVML says otherwise */
+    }
+    nvml_resolve();
+    if (!g_nv.nvmlDeviceGetProcessUtilization || getenv("HAMID_SHIM_NO_MONITOR")) return;
+    pthread_attr_t a;
+    pthread_t t;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&a, 256 * 1024);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the process's signals stay with its own threads */
+    if (pthread_create(&t, &a, mon_main, NULL) != 0) LOG_WARN("monitor thread not started: limits hold always");
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&a);
+}
+
 /* Returns 1 when the launch is limited (post_launch must follow). */
 static int pre_launch(struct lctx *L, uint64_t key, uint64_t fn, CUstream s, int ptsz)
 {
@@ -707,12 +876,18 @@ static int pre_launch(struct lctx *L, uint64_t key, uint64_t fn, CUstream s, int
     uint32_t pct = g_cfg.sm_limit[rdev];
     if (!pct) return 0;
     if (limiter_stream_capturing(s, ptsz)) return 0;
+    if (UNLIKELY(!A_LD(&g_mon_ord[rdev]))) {
+        A_ST(&g_mon_ord[rdev], ord + 1);
+        pthread_once(&g_mon_once, mon_start_once);
+    }
+    /* policy default: charged (the accounting goes on) but held back only while another container is busy */
+    int hold = g_cfg.sm_policy == HAMID_POLICY_FORCE || A_LD(&g_contended[rdev]);
     uint64_t now = mono_ns();
     poll_pending(now);
     struct est *e = est_find(key, fn, rdev, pct, now);
     uint32_t idx = (uint32_t)(e - g_est);
     uint64_t est = A_LD(&e->est_ns), fb = est ? 0 : fallback_est(fn, rdev);
-    if (!est && !fb && A_LD(&g_npend) && !g_cfg.sm_observe_only) {
+    if (!est && !fb && A_LD(&g_npend) && !g_cfg.sm_observe_only && hold) {
         wait_first_sample(e, key, fn, rdev);
         est = A_LD(&e->key) == key ? A_LD(&e->est_ns) : 0;
         fb = est ? 0 : fallback_est(fn, rdev);
@@ -729,14 +904,18 @@ static int pre_launch(struct lctx *L, uint64_t key, uint64_t fn, CUstream s, int
     uint32_t got = A_LD(&e->samples);
     CUstream cs = (ptsz && !s) ? CU_STREAM_PER_THREAD : s;
     if (est) {
-        charge(rdev, pct, est, now, 1, cs, got < WINDOW);
+        uint64_t gap = A_LD(&e->gap_ns);
+        __atomic_fetch_add(&g_sum_lo[rdev], est, __ATOMIC_RELAXED);
+        if (gap) __atomic_fetch_add(&g_sum_gap[rdev], gap, __ATOMIC_RELAXED);
+        charge(rdev, pct, est + gap * A_LD(&g_k_gap[rdev]) / 1000, now, hold, cs, got < WINDOW);
     } else if (fb) { /* not measured yet: its function's (or the device's) estimate now, the rest when measured */
         __atomic_fetch_add(&e->prov_n, 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(&e->prov_ns, fb, __ATOMIC_RELAXED);
-        charge(rdev, pct, fb, now, 1, cs, 1);
+        __atomic_fetch_add(&g_sum_lo[rdev], fb, __ATOMIC_RELAXED);
+        charge(rdev, pct, fb, now, hold, cs, 1);
     } else { /* nothing measured in this process yet: charged when the first measurement arrives */
         __atomic_fetch_add(&e->early, 1, __ATOMIC_RELAXED);
-        if (g_cfg.sm_nslots[rdev]) charge(rdev, pct, 0, now, 1, cs, 1); /* still only inside a slot */
+        if (g_cfg.sm_nslots[rdev]) charge(rdev, pct, 0, now, hold, cs, 1); /* still only inside a slot */
     }
     /* Sampled: every launch until the shape has a window of samples (its very
        first launch is often slow: lazy loading, cold caches), several in
@@ -772,18 +951,23 @@ static int pre_launch(struct lctx *L, uint64_t key, uint64_t fn, CUstream s, int
 /*
  * A sample on an idle GPU would count the launch's own CPU time: e0
  * completes as soon as it is recorded, the kernel arrives microseconds later
- * (a 6 % overcharge of an 85 us kernel on the H100). When e0 is already
- * complete once the launch has returned, that gap is taken off the sample.
+ * (a 6 % overcharge of an 85 us kernel on the H100), and a micro-second
+ * kernel may be done before e1 even arrives (the issue-22 measurement: 2.2x
+ * overcharged launch-bound work). When e0 is already complete once the
+ * launch has returned, the host time from e0's record to e1's is the part of
+ * the sample that may be latency, not kernel: record_sample keeps it apart
+ * (the gap), and the monitor's feedback learns how much of it to charge.
  * The closing event is recorded with no lock held (a full driver queue may
  * block it); only the push onto the list takes g_pool_mu.
  */
 static void post_launch(struct lctx *L, CUresult r)
 {
     if (!L->sampling) return;
-    uint64_t t = mono_ns();
-    L->s.idle_ns = r == CUDA_SUCCESS && g_cu.cuEventQuery(L->s.e0) == CUDA_SUCCESS ? t - L->t_e0 : 0;
+    int idle = r == CUDA_SUCCESS && g_cu.cuEventQuery(L->s.e0) == CUDA_SUCCESS;
     int pushed = 0;
+    L->s.idle_ns = 0;
     if (r == CUDA_SUCCESS && g_cu.cuEventRecord(L->s.e1, L->es) == CUDA_SUCCESS) {
+        if (idle) L->s.idle_ns = mono_ns() - L->t_e0;
         pthread_mutex_lock(&g_pool_mu);
         if (g_npend < MAX_PENDING) {
             g_pend[g_npend] = L->s;
@@ -870,4 +1054,8 @@ HIDDEN void limiter_after_fork_child(void)
     memset(g_est, 0, sizeof g_est);
     memset(g_cal, 0, sizeof g_cal);
     g_capture_active = 0;
+    /* no thread survives fork: the child starts its own monitor at its first limited launch */
+    memset(g_mon, 0, sizeof g_mon);
+    memset(g_mon_ord, 0, sizeof g_mon_ord);
+    g_mon_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 }

@@ -37,9 +37,13 @@ static int check(const struct hamid_limits *l, char *err, size_t errlen)
     if (l->magic != (uint64_t)HAMID_LIMITS_MAGIC)
         FAIL("%s: bad magic %#llx, expected %#llx (not a hamid limits file)", p, (unsigned long long)l->magic,
              (unsigned long long)HAMID_LIMITS_MAGIC);
-    if (l->abi_version != HAMID_LIMITS_ABI_VERSION || l->struct_size != sizeof *l)
-        FAIL("%s: ABI %u of %u bytes; this shim (%s) reads ABI %d of %zu bytes", p, l->abi_version, l->struct_size,
-             HAMID_SHIM_VERSION, HAMID_LIMITS_ABI_VERSION, sizeof *l);
+    if (l->abi_version < HAMID_LIMITS_ABI_MIN || l->abi_version > HAMID_LIMITS_ABI_VERSION ||
+        l->struct_size != sizeof *l)
+        FAIL("%s: ABI %u of %u bytes; this shim (%s) reads ABI %d..%d of %zu bytes", p, l->abi_version,
+             l->struct_size, HAMID_SHIM_VERSION, HAMID_LIMITS_ABI_MIN, HAMID_LIMITS_ABI_VERSION, sizeof *l);
+    if (l->abi_version >= 2 && l->sm_policy > HAMID_LIMITS_POLICY_DISABLE)
+        FAIL("%s: sm_policy %u, expected %d (default), %d (force) or %d (disable)", p, l->sm_policy,
+             HAMID_LIMITS_POLICY_DEFAULT, HAMID_LIMITS_POLICY_FORCE, HAMID_LIMITS_POLICY_DISABLE);
     if (l->device_count > HAMID_LIMITS_MAX_DEVICES)
         FAIL("%s: device_count %u, at most %d", p, l->device_count, HAMID_LIMITS_MAX_DEVICES);
     if (l->flags & ~(uint32_t)HAMID_LIMITS_FLAG_PRIORITY) FAIL("%s: unknown flags %#x", p, l->flags);

@@ -498,6 +498,20 @@ HIDDEN int region_nvml_pid_taken(int32_t pid)
     return 0;
 }
 
+HIDDEN int region_nvml_pid_ours(int32_t pid)
+{
+    if (pid <= 0) return 0;
+    if (pid == (int32_t)getpid()) return 1;
+    if (!g_region || g_private) return 0;
+    uint32_t hw = __atomic_load_n(&g_region->proc_high_water, __ATOMIC_RELAXED);
+    if (hw > HAMID_MAX_PROCS) hw = HAMID_MAX_PROCS;
+    for (uint32_t i = 0; i < hw; i++)
+        if (__atomic_load_n(&g_region->procs[i].pid, __ATOMIC_ACQUIRE) > 0 &&
+            __atomic_load_n(&g_region->procs[i].nvml_pid, __ATOMIC_RELAXED) == pid)
+            return 1;
+    return 0;
+}
+
 HIDDEN int region_ctx_lock(int rdev, uint64_t timeout_ns)
 {
     if (!region_ready() || g_private || rdev < 0 || rdev >= HAMID_MAX_DEVICES) return -1;

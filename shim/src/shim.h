@@ -32,6 +32,9 @@ HIDDEN void shim_log(int level, const char *fmt, ...) __attribute__((format(prin
 
 /* ---- configuration (config.c) ---- */
 #define HAMID_MAX_SLOTS 16
+#define HAMID_POLICY_DEFAULT 0
+#define HAMID_POLICY_FORCE 1
+#define HAMID_POLICY_DISABLE 2
 struct shim_config {
     uint64_t mem_limit[HAMID_MAX_DEVICES]; /* bytes, 0 = none */
     uint32_t sm_limit[HAMID_MAX_DEVICES];  /* percent, 0 = none */
@@ -55,6 +58,10 @@ struct shim_config {
     char file_uuid[HAMID_MAX_DEVICES][HAMID_UUID_LEN];
     int has_priority;
     int32_t priority;
+    /* GPU_CORE_UTILIZATION_POLICY, HAMi's meaning: default limits only while
+     * another container runs kernels on the GPU, force always, disable never
+     * (then any_sm_limit is 0). */
+    int sm_policy;                         /* HAMID_POLICY_* */
     /* Fail closed: a limit that cannot be parsed, or a limits file that is
      * there but not right, refuses CUDA (shim_refused()). */
     int refused;
@@ -145,6 +152,8 @@ struct real_nvml {
     nvmlReturn_t (*nvmlDeviceGetComputeRunningProcesses_v3)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
     nvmlReturn_t (*nvmlDeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t *);
     nvmlReturn_t (*nvmlDeviceGetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
+    nvmlReturn_t (*nvmlDeviceGetProcessUtilization)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
+                                                    unsigned long long);
 };
 
 extern HIDDEN struct real_cuda g_cu;
@@ -170,6 +179,7 @@ HIDDEN uint64_t acct_proc_context(int rdev);
 HIDDEN void region_after_fork_child(void);
 HIDDEN void acct_set_nvml_pid(int32_t pid);       /* record this process's NVML pid in its slot */
 HIDDEN int region_nvml_pid_taken(int32_t pid);    /* another live slot has this NVML pid */
+HIDDEN int region_nvml_pid_ours(int32_t pid);     /* this container's: a live slot has this NVML pid */
 HIDDEN int region_ctx_lock(int rdev, uint64_t timeout_ns); /* 0 taken; -1 not (timeout, no shared region) */
 HIDDEN void region_ctx_unlock(int rdev, int locked);
 
@@ -194,6 +204,9 @@ HIDDEN void nvmlpid_after_fork_child(void);
 
 /* ---- limiter (limiter.c) ---- */
 HIDDEN void limiter_after_fork_child(void);
+HIDDEN void limiter_monitor_poll(void);  /* one round of the monitor (tests call it directly) */
+HIDDEN int limiter_contended(int rdev);
+HIDDEN uint32_t limiter_k_gap(int rdev);
 
 /* ---- hook table (resolve.c) ---- */
 HIDDEN void *hook_for_real(const char *name, void *real_fn, int cuda_version, cuuint64_t flags);
