@@ -104,6 +104,7 @@ static uint32_t g_est_epoch; /* moves when an estimate changes by more than a qu
 static int32_t g_contended[HAMID_MAX_DEVICES];   /* 1: limit now (policy default) */
 static int32_t g_mon_ord[HAMID_MAX_DEVICES];     /* CUDA ordinal + 1 of a limited launch on the device; 0 none */
 static uint32_t g_k_gap[HAMID_MAX_DEVICES];      /* 1/1000 */
+static uint32_t g_k_all[HAMID_MAX_DEVICES];      /* 1/1000 */
 static uint64_t g_sum_lo[HAMID_MAX_DEVICES];     /* charged: kernels */
 static uint64_t g_sum_gap[HAMID_MAX_DEVICES];    /* charged: gaps, before k_gap */
 static pthread_once_t g_mon_once = PTHREAD_ONCE_INIT;
@@ -736,15 +737,24 @@ static int sample_begin(struct lctx *L, CUstream s, int ptsz)
  * kernels, the GPU mostly idle). While NVML shows this process alone on the
  * device, every FEEDBACK_NS window compares the busy time NVML measured for
  * it with what was charged (sum of lo, sum of gap): k_gap is the part of the
- * gap that was really GPU time, moved halfway each window, in 0..1.
+ * gap that was really GPU time, moved halfway each window, in 0..1; and
+ * whatever is left (per-shape estimates of shapes seen rarely, as dynamic
+ * shapes are, came out 30 % low on the H200) corrects the whole charge
+ * (k_all, 0.5..2.5, also halfway each window; any window alone and busy
+ * enough, gaps or not).
  * With several processes time-sliced on the GPU, the driver reports each
  * active process with (about) the device's utilization, so no window with
  * another process active teaches anything: k_gap stays as it was learned.
  */
 #define MON_GAP_NS 100000000ull      /* NVML samples processes about every 1/6 s; polled twice as often */
-#define CONTEND_NS 1000000000ull     /* another container counts as sharing for 1 s after its last busy sample */
+/* Another container counts as sharing for 10 s after its last busy sample: NVML reports one process's
+   sample at a time (measured on an H200: a busy neighbour showed up about once a second, not every poll),
+   and HAMi's own monitor forgets a container's kernels after about as long (two 5 s feedback rounds). */
+#define CONTEND_NS 10000000000ull
 #define FEEDBACK_NS 1000000000ull    /* one feedback window a second: several NVML samples in each */
 #define K_GAP_START 500              /* 1/1000: half the gap, halfway between the two bounds, until measured */
+#define K_ALL_MIN 500                /* 1/1000: the whole-charge correction, 0.5 .. 2.5 */
+#define K_ALL_MAX 2500
 #define MON_SAMPLES 256
 
 
@@ -760,6 +770,7 @@ struct mon_dev {
 
 HIDDEN int limiter_contended(int rdev) { return A_LD(&g_contended[rdev]); }
 HIDDEN uint32_t limiter_k_gap(int rdev) { return A_LD(&g_k_gap[rdev]); }
+HIDDEN uint32_t limiter_k_all(int rdev) { return A_LD(&g_k_all[rdev]); }
 
 /* One poll of one device; returns 0 when NVML answered. Exposed to the tests through limiter_monitor_poll. */
 static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
@@ -798,16 +809,23 @@ static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
     if (now - m->win_start >= FEEDBACK_NS) {
         uint64_t lo = A_LD(&g_sum_lo[rdev]) - m->lo0, gap = A_LD(&g_sum_gap[rdev]) - m->gap0;
         uint64_t win = now - m->win_start;
-        /* alone, busy enough to measure (3 samples, 5 % charged), and gaps that matter (10 % of the charge) */
-        if (!m->other_in_win && m->own_n >= 3 && (lo + gap) * 20 >= win && gap * 10 >= lo + gap) {
+        /* alone and busy enough to measure (3 samples, 5 % charged) */
+        if (!m->other_in_win && m->own_n >= 3 && (lo + gap) * 20 >= win) {
             double busy = (double)m->own_sum / (double)m->own_n / 100.0 * (double)win;
-            double k = (busy - (double)lo) / (double)gap;
-            k = k < 0 ? 0 : (k > 1 ? 1 : k);
-            uint32_t was = A_LD(&g_k_gap[rdev]);
-            uint32_t now_k = (uint32_t)(((double)was + k * 1000.0) / 2.0);
-            A_ST(&g_k_gap[rdev], now_k);
-            LOG_INFO("feedback dev %d: NVML busy %.1f ms, charged %.1f + %.1f ms gap, k_gap %u -> %u", rdev,
-                      busy / 1e6, (double)lo / 1e6, (double)gap / 1e6, was, now_k);
+            uint32_t was = A_LD(&g_k_gap[rdev]), now_k = was;
+            if (gap * 10 >= lo + gap) { /* gaps that matter (10 % of the charge) */
+                double k = (busy - (double)lo) / (double)gap;
+                k = k < 0 ? 0 : (k > 1 ? 1 : k);
+                now_k = (uint32_t)(((double)was + k * 1000.0) / 2.0);
+                A_ST(&g_k_gap[rdev], now_k);
+            }
+            double charged = (double)lo + (double)gap * now_k / 1000.0;
+            double ka = busy / charged * 1000.0;
+            ka = ka < K_ALL_MIN ? K_ALL_MIN : (ka > K_ALL_MAX ? K_ALL_MAX : ka);
+            uint32_t wasa = A_LD(&g_k_all[rdev]), nowa = (uint32_t)(((double)wasa + ka) / 2.0);
+            A_ST(&g_k_all[rdev], nowa);
+            LOG_INFO("feedback dev %d: NVML busy %.1f ms, charged %.1f + %.1f ms gap, k_gap %u -> %u, k_all %u -> %u",
+                     rdev, busy / 1e6, (double)lo / 1e6, (double)gap / 1e6, was, now_k, wasa, nowa);
         }
         m->win_start = now;
         m->lo0 = A_LD(&g_sum_lo[rdev]);
@@ -846,6 +864,7 @@ static void mon_start_once(void)
 {
     for (int i = 0; i < HAMID_MAX_DEVICES; i++) {
         if (!A_LD(&g_k_gap[i])) A_ST(&g_k_gap[i], K_GAP_START);
+        if (!A_LD(&g_k_all[i])) A_ST(&g_k_all[i], 1000);
         A_ST(&g_contended[i], 1); /* until NVML says otherwise */
     }
     nvml_resolve();
@@ -907,12 +926,13 @@ static int pre_launch(struct lctx *L, uint64_t key, uint64_t fn, CUstream s, int
         uint64_t gap = A_LD(&e->gap_ns);
         __atomic_fetch_add(&g_sum_lo[rdev], est, __ATOMIC_RELAXED);
         if (gap) __atomic_fetch_add(&g_sum_gap[rdev], gap, __ATOMIC_RELAXED);
-        charge(rdev, pct, est + gap * A_LD(&g_k_gap[rdev]) / 1000, now, hold, cs, got < WINDOW);
+        uint64_t c = (est + gap * A_LD(&g_k_gap[rdev]) / 1000) * A_LD(&g_k_all[rdev]) / 1000;
+        charge(rdev, pct, c, now, hold, cs, got < WINDOW);
     } else if (fb) { /* not measured yet: its function's (or the device's) estimate now, the rest when measured */
         __atomic_fetch_add(&e->prov_n, 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(&e->prov_ns, fb, __ATOMIC_RELAXED);
         __atomic_fetch_add(&g_sum_lo[rdev], fb, __ATOMIC_RELAXED);
-        charge(rdev, pct, fb, now, hold, cs, 1);
+        charge(rdev, pct, fb * A_LD(&g_k_all[rdev]) / 1000, now, hold, cs, 1);
     } else { /* nothing measured in this process yet: charged when the first measurement arrives */
         __atomic_fetch_add(&e->early, 1, __ATOMIC_RELAXED);
         if (g_cfg.sm_nslots[rdev]) charge(rdev, pct, 0, now, hold, cs, 1); /* still only inside a slot */

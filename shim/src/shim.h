@@ -207,6 +207,7 @@ HIDDEN void limiter_after_fork_child(void);
 HIDDEN void limiter_monitor_poll(void);  /* one round of the monitor (tests call it directly) */
 HIDDEN int limiter_contended(int rdev);
 HIDDEN uint32_t limiter_k_gap(int rdev);
+HIDDEN uint32_t limiter_k_all(int rdev);
 
 /* ---- hook table (resolve.c) ---- */
 HIDDEN void *hook_for_real(const char *name, void *real_fn, int cuda_version, cuuint64_t flags);
