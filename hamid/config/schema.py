@@ -153,6 +153,15 @@ class NodeSettings(BaseModel):
     as HAMi's. ``spread`` puts tenants on the least busy GPU, which limits
     noisy neighbours (HAMi's default)."""
 
+    gpuCorePolicy: Literal["default", "force", "disable"] = "default"
+    """The compute limit's policy (HAMi's ``gpuCorePolicy``, written into each
+    container's limits file as ``GPU_CORE_UTILIZATION_POLICY``): ``default``
+    limits a container only while another container runs kernels on its GPU
+    (the GPU's time is not wasted when nobody else wants it), ``force`` always,
+    ``disable`` never. ``default`` is HAMi's chart default. A container may ask
+    for ``force`` (pod env ``GPU_CORE_UTILIZATION_POLICY``, Docker
+    ``HAMI_VGPU_SPEC`` ``policy=force``), never for less than the node's."""
+
     memoryFactor: int = Field(1, ge=1, le=1 << 20)
     """Multiplier on ``nvidia.com/gpumem`` (HAMi's ``memoryFactor``): with
     1024 a pod writes GiB. 1, HAMi's default, keeps the value in MiB. Docker's

@@ -158,7 +158,8 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
             shim_library=shim["library"], shim_preload=shim["preload"],
             defaults={"memory_mib": settings.defaultMemory, "cores": settings.defaultCores,
                       "gpu_num": settings.defaultGPUNum},
-            node_policy=settings.nodeSchedulerPolicy, region_tmpfs=config.regionTmpfs)
+            node_policy=settings.nodeSchedulerPolicy, region_tmpfs=config.regionTmpfs,
+            core_policy=settings.gpuCorePolicy)
         write_facts(state_dir, facts)
         (state_dir / CONTAINERS_DIR).mkdir(mode=0o700, exist_ok=True)
         core = NodeCore(ledger, facts, lambda: backend)

@@ -31,7 +31,7 @@ from ..errors import HamidError
 from ..ledger import Ledger, Reservation, claimant_id
 from ..ledger.report import status_document
 from ..logs import get_logger
-from ..request.model import Request
+from ..request.model import Request, effective_core_policy
 from . import layout, mig, regionfs, released
 from .edits import ContainerEdits
 from .facts import NodeFacts
@@ -170,24 +170,20 @@ class NodeCore:
         finally:
             os.close(fd)
         c = slot_assignment(res, container)
-        time_slots = res.details.get("slots") or {}
-        prio = None
+        prio = asked = None
         for rc in res.request.get("containers") or ():
             if rc.get("name") == container and rc.get("gpu"):
                 prio = rc["gpu"].get("priority")
-
-        def slots_of(uuid: str) -> tuple:
-            for name in (container, *time_slots):
-                if uuid in time_slots.get(name, {}):
-                    return tuple(tuple(s) for s in time_slots[name][uuid])
-            return ()
-
+                asked = rc["gpu"].get("core_policy")
+        # No time slots in the file: measured on an H200 (bench/gpu/results/h200-2026-11-26-limits.md, issue 22)
+        # slots are not work-conserving (a launch-bound tenant got 3 % of a 30 % share); the shim's rate limiter
+        # holds each container to its share (the ledger's cores), with the policy below.
         limits = ContainerLimits(
             devices=tuple(DeviceLimits(uuid=d.uuid, memory_bytes=d.mem_mib << 20,
-                                       sm_percent=d.cores if 0 < d.cores < 100 else 0,
-                                       slots=slots_of(d.uuid) if 0 < d.cores < 100 else ())
+                                       sm_percent=d.cores if 0 < d.cores < 100 else 0)
                           for d in c.devices),
-            region_path=layout.REGION_FILE_IN_CONTAINER, priority=prio)
+            region_path=layout.REGION_FILE_IN_CONTAINER, priority=prio,
+            sm_policy=effective_core_policy(self.facts.core_policy, asked))  # type: ignore[arg-type]
         write_limits_file(layout.limits_file(self.state_dir, slot), limits)
 
     def realize(self, key: str, container: str | None = None) -> ContainerEdits:

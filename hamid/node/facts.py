@@ -36,6 +36,7 @@ class NodeFacts:
     defaults: dict[str, int] = field(default_factory=dict)  # Defaults' fields
     node_policy: str = "binpack"
     region_tmpfs: bool = True  # region directories on a tmpfs of their own (node/regionfs.py)
+    core_policy: str = "default"  # gpuCorePolicy: GPU_CORE_UTILIZATION_POLICY unless a container asks force
 
     @property
     def real(self) -> bool:
@@ -49,7 +50,8 @@ class NodeFacts:
                 "control_nodes": [n.to_cdi() for n in self.control_nodes],
                 "dev_root": self.dev_root, "caps_root": self.caps_root,
                 "shim": {"library": self.shim_library, "preload": self.shim_preload},
-                "defaults": self.defaults, "node_policy": self.node_policy, "region_tmpfs": self.region_tmpfs}
+                "defaults": self.defaults, "node_policy": self.node_policy, "region_tmpfs": self.region_tmpfs,
+                "core_policy": self.core_policy}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NodeFacts":
@@ -62,7 +64,7 @@ class NodeFacts:
                    caps_root=d.get("caps_root", "/proc/driver/nvidia/capabilities"),
                    shim_library=shim.get("library"), shim_preload=shim.get("preload"),
                    defaults=dict(d.get("defaults") or {}), node_policy=d.get("node_policy", "binpack"),
-                   region_tmpfs=bool(d.get("region_tmpfs", True)))
+                   region_tmpfs=bool(d.get("region_tmpfs", True)), core_policy=d.get("core_policy", "default"))
 
 
 def write_facts(state_dir: str | Path, facts: NodeFacts) -> None:

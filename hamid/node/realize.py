@@ -128,14 +128,10 @@ def realize(res: Reservation, facts: NodeFacts, container: str | None = None) ->
         if not facts.shim_library or not facts.shim_preload:
             raise RealizeError("the shim is not installed on this node (the daemon found no libvgpu.so to "
                                "install); memory and compute limits cannot be enforced, so the container is refused")
-        slots = (res.details.get("slots") or {}).get(c.name, {})
         for i, d in enumerate(c.devices):
             env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.mem_mib}m"
             if 0 < d.cores < 100:
                 env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(d.cores)
-                if d.uuid in slots:
-                    # the GPU time slots the ledger gave this share (hamid/placement/timeslots.py)
-                    env[f"HAMID_SM_SLOTS_{i}"] = ",".join(f"{a}-{b}" for a, b in slots[d.uuid])
         if c.devices and 0 < c.devices[0].cores < 100:
             env["CUDA_DEVICE_SM_LIMIT"] = str(c.devices[0].cores)
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = layout.REGION_FILE_IN_CONTAINER

@@ -17,6 +17,9 @@
     1g.10gb      a MIG profile (MIG mode; checked against the GPU's table)
     mode=mig     MIG with the smallest profile that holds mem=
     priority=1   0 high, 1 low (passed to the shim)
+    policy=force GPU_CORE_UTILIZATION_POLICY: force limits even alone; default
+                 (the node's gpuCorePolicy otherwise) limits only while another
+                 container shares the GPU
 
 Either variable alone is enough: a spec without visible devices may use any
 GPU of the node (``gpus=`` of them, default 1); visible devices without a
@@ -28,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from .model import MODES, ContainerRequest, Defaults, GpuRequest, Request, RequestError, echo
+from .model import MODES, ContainerRequest, Defaults, GpuRequest, Request, RequestError, echo, parse_core_policy
 from .quantity import SIZE_FORMS, parse_size_mib
 
 ENV_DEVICES = "HAMI_VISIBLE_DEVICES"
@@ -37,13 +40,14 @@ ENV_SPEC = "HAMI_VGPU_SPEC"
 VISIBLE_DEVICES_FORMS = "an index (0), a list (0,2), a range (0-3), GPU UUIDs (GPU-...), or all"
 VGPU_SPEC_FORMS = (
     "comma-separated lower-case items: mem=<MiB or size such as 512m, 4g> | mem=<1-100>% | cores=<0-100> | "
-    "gpus=<1-64> | mode=hami-core|mig | priority=0|1 | a MIG profile such as 1g.10gb or 3g.40gb (ASCII digits)"
+    "gpus=<1-64> | mode=hami-core|mig | priority=0|1 | policy=default|force | a MIG profile such as 1g.10gb or "
+    "3g.40gb (ASCII digits)"
 )
 
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$", re.ASCII)
 _PROFILE = re.compile(r"^[1-8]g\.[0-9]{1,3}gb(\+me)?$", re.ASCII)
 _INT = re.compile(r"^[0-9]{1,6}$", re.ASCII)  # ASCII digits only: int() would read any Unicode digit
-_KEYS = ("mem", "cores", "gpus", "mode", "priority")
+_KEYS = ("mem", "cores", "gpus", "mode", "priority", "policy")
 _MAX_INDEX = 63
 
 
@@ -142,6 +146,8 @@ def parse_vgpu_spec(text: str) -> dict:
             if value not in ("0", "1"):
                 raise RequestError(f"{what}: priority must be 0 (high) or 1 (low)")
             seen[key] = int(value)
+        elif key == "policy":
+            seen[key] = parse_core_policy(value, what)
         else:
             seen[key] = value
     if "profile" in seen:
@@ -201,5 +207,5 @@ def parse_docker_env(env: Mapping[str, str] | Iterable[str], container_id: str,
     else:
         cores = 100 if (mem_pct == 100 and "mem" not in spec) else defaults.cores
     gpu = GpuRequest(count=count, mem_mib=mem_mib, mem_percent=mem_pct, cores=cores, mig_profile=profile,
-                     mode=mode, devices=devices, priority=spec.get("priority"))
+                     mode=mode, devices=devices, priority=spec.get("priority"), core_policy=spec.get("policy"))
     return Request(owner=f"docker:{container_id}", containers=(ContainerRequest(name="main", gpu=gpu),))

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import (MODES, POLICIES, ContainerRequest, Defaults, GpuRequest, Request, RequestError, ResourceNames,
+from .model import (MODES, POLICIES, ContainerRequest, parse_core_policy, Defaults, GpuRequest, Request, RequestError, ResourceNames,
                     ScoringWeights, echo, parse_gpu_policy)
+from .model import parse_core_policy
 from .quantity import parse_k8s_int
 
 _DEFAULT_NAMES = ResourceNames()
@@ -47,6 +48,7 @@ ANN_USE_UUID = "nvidia.com/use-gpuuuid"
 ANN_NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
 ANN_MODE = "nvidia.com/vgpu-mode"
 ANN_NUMA_BIND = "nvidia.com/numa-bind"
+ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"  # a container's own policy, HAMi's per-pod setting
 ANN_NODE_POLICY = "hami.io/node-scheduler-policy"
 ANN_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 ANN_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
@@ -157,6 +159,7 @@ def _container(c: Any, where: str, init: bool, ann: dict, defaults: Defaults) ->
         use_types=_list(ann, ANN_USE_TYPE), nouse_types=_list(ann, ANN_NOUSE_TYPE),
         use_uuids=_list(ann, ANN_USE_UUID), nouse_uuids=_list(ann, ANN_NOUSE_UUID),
         numa_bind=_choice(ann, ANN_NUMA_BIND, ("true", "false")) == "true", priority=prio,
+        core_policy=_env_policy(c, label),
     )
     return ContainerRequest(name=name, init=init, gpu=gpu)
 
@@ -192,3 +195,14 @@ def parse_pod(pod: Any, defaults: Defaults = Defaults()) -> Request:
         uid=uid if isinstance(uid, str) else None,
         weights=None if weights in (None, "") else ScoringWeights.parse(weights, f"annotation {ANN_SCORING_WEIGHTS}"),
     )
+
+
+def _env_policy(c: dict, label: str) -> str | None:
+    """The container's own GPU_CORE_UTILIZATION_POLICY env (HAMi's per-pod setting), literal values only."""
+    for e in c.get("env") or ():
+        if isinstance(e, dict) and e.get("name") == ENV_CORE_POLICY:
+            v = e.get("value")
+            if not isinstance(v, str):
+                raise RequestError(f"{label} env {ENV_CORE_POLICY}: only a literal value is read (default or force)")
+            return parse_core_policy(v, f"{label} env {ENV_CORE_POLICY}")
+    return None

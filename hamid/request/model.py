@@ -142,6 +142,9 @@ class GpuRequest:
     devices: tuple[str, ...] = ()
     numa_bind: bool = False
     priority: int | None = None
+    # GPU_CORE_UTILIZATION_POLICY a container asks for: "default" or "force" (None: the node's gpuCorePolicy).
+    # "disable" lifts a limit, so only the node's setting may say it (CONTAINER_POLICIES).
+    core_policy: str | None = None
 
     @property
     def wants_mig(self) -> bool:
@@ -222,7 +225,7 @@ class Request:
 
 _INT_FIELDS = {"count": (1, 64), "mem_mib": (1, 1 << 30), "mem_percent": (1, 100), "cores": (0, 100),
                "priority": (0, 1)}
-_STR_FIELDS = {"mig_profile", "mode"}
+_STR_FIELDS = {"mig_profile", "mode", "core_policy"}
 _LIST_FIELDS = {"use_types", "nouse_types", "use_uuids", "nouse_uuids", "devices"}
 
 
@@ -249,3 +252,27 @@ def _typed(v: Any, name: str, where: str) -> Any:
             raise RequestError(f"{where}: expected true or false, got {v!r}")
         return v
     raise RequestError(f"{where}: unknown field")
+
+
+# GPU_CORE_UTILIZATION_POLICY as HAMi spells it: what a container may ask for, and what the node may set.
+CONTAINER_POLICIES = ("default", "force")
+NODE_POLICIES = ("default", "force", "disable")
+_POLICY_RANK = {"disable": 0, "default": 1, "force": 2}
+
+
+def parse_core_policy(value: str, what: str) -> str:
+    """A container's GPU_CORE_UTILIZATION_POLICY: default or force (HAMi accepts any case); disable refused."""
+    v = value.strip().lower()
+    if v == "disable":
+        raise RequestError(f"{what}: disable would lift the compute limit the container was given; only the node's "
+                           "gpuCorePolicy may say disable. Accepted here: default or force")
+    if v not in CONTAINER_POLICIES:
+        raise RequestError(f"{what}: bad value {echo(value)}; accepted: default or force")
+    return v
+
+
+def effective_core_policy(node: str, container: str | None) -> str:
+    """The stricter of the node's gpuCorePolicy and the container's own (force > default > disable)."""
+    if container is None:
+        return node
+    return container if _POLICY_RANK[container] > _POLICY_RANK[node] else node

@@ -29,6 +29,10 @@ _HEADER_CANDIDATES = (
 
 SmMode = Literal["enforce", "observe"]
 _SM_MODES: dict[str, int] = {"enforce": 0, "observe": 1}
+# GPU_CORE_UTILIZATION_POLICY, HAMi's meaning: default limits only while another container shares the GPU,
+# force always, disable never. HAMi's chart default is default.
+SmPolicy = Literal["default", "force", "disable"]
+SM_POLICIES: dict[str, int] = {"default": 0, "force": 1, "disable": 2}
 _UUID_RE = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces
 
 
@@ -51,6 +55,7 @@ class ContainerLimits:
     priority: int | None = None
     sm_mode: SmMode = "enforce"  # "observe": charge and count, never hold a launch back
     sm_period_us: int = 100_000  # the limiter's period; slots are parts of it
+    sm_policy: SmPolicy = "default"  # HAMi's chart default; ABI 1 files (no field) meant force
 
 
 def header_path() -> Path:
@@ -74,8 +79,8 @@ def _ffi() -> cffi.FFI:
 @lru_cache(maxsize=1)
 def _consts() -> dict[str, int]:
     lib = _ffi().dlopen(None)
-    names = ("HAMID_LIMITS_MAGIC", "HAMID_LIMITS_ABI_VERSION", "HAMID_LIMITS_MAX_DEVICES", "HAMID_LIMITS_MAX_SLOTS",
-             "HAMID_LIMITS_UUID_LEN", "HAMID_LIMITS_PATH_LEN", "HAMID_LIMITS_FLAG_PRIORITY")
+    names = ("HAMID_LIMITS_MAGIC", "HAMID_LIMITS_ABI_VERSION", "HAMID_LIMITS_ABI_MIN", "HAMID_LIMITS_MAX_DEVICES",
+             "HAMID_LIMITS_MAX_SLOTS", "HAMID_LIMITS_UUID_LEN", "HAMID_LIMITS_PATH_LEN", "HAMID_LIMITS_FLAG_PRIORITY")
     return {n: int(getattr(lib, n)) for n in names}
 
 
@@ -141,6 +146,8 @@ def validate(limits: ContainerLimits) -> None:
         raise LimitsFormatError(f"region_path={rp!r}: expected an absolute path of at most {plen} bytes, no NUL")
     if limits.priority is not None:
         _int("priority", limits.priority, -(2**31), 2**31 - 1, " or None (unset)")
+    if limits.sm_policy not in SM_POLICIES:
+        raise LimitsFormatError(f"sm_policy={limits.sm_policy!r}: expected one of {', '.join(SM_POLICIES)}")
     if limits.sm_mode not in _SM_MODES:
         raise LimitsFormatError(f"sm_mode={limits.sm_mode!r}: expected one of {', '.join(_SM_MODES)}")
     _int("sm_period_us", limits.sm_period_us, 1000, 10_000_000)
@@ -159,6 +166,7 @@ def encode(limits: ContainerLimits) -> bytes:
         buf.flags |= c["HAMID_LIMITS_FLAG_PRIORITY"]
         buf.priority = limits.priority
     buf.sm_mode = _SM_MODES[limits.sm_mode]
+    buf.sm_policy = SM_POLICIES[limits.sm_policy]
     buf.sm_period_us = limits.sm_period_us
     buf.region_path = limits.region_path.encode()
     for i, d in enumerate(limits.devices):
@@ -183,9 +191,16 @@ def decode(data: bytes) -> ContainerLimits:
     ffi.memmove(buf, data, size)
     if buf.magic != c["HAMID_LIMITS_MAGIC"]:
         raise LimitsFormatError(f"bad magic {buf.magic:#x}: expected {c['HAMID_LIMITS_MAGIC']:#x}")
-    if buf.abi_version != c["HAMID_LIMITS_ABI_VERSION"] or buf.struct_size != size:
+    if not c["HAMID_LIMITS_ABI_MIN"] <= buf.abi_version <= c["HAMID_LIMITS_ABI_VERSION"] or buf.struct_size != size:
         raise LimitsFormatError(f"ABI {buf.abi_version} of {buf.struct_size} bytes: this reader knows ABI "
-                                f"{c['HAMID_LIMITS_ABI_VERSION']} of {size} bytes")
+                                f"{c['HAMID_LIMITS_ABI_MIN']}..{c['HAMID_LIMITS_ABI_VERSION']} of {size} bytes")
+    policies = {v: k for k, v in SM_POLICIES.items()}
+    if buf.abi_version < 2:
+        policy = "force"  # ABI 1 shims limited always
+    elif buf.sm_policy in policies:
+        policy = policies[buf.sm_policy]
+    else:
+        raise LimitsFormatError(f"sm_policy {buf.sm_policy}: expected one of {sorted(policies)}")
     n = buf.device_count
     if n > c["HAMID_LIMITS_MAX_DEVICES"]:
         raise LimitsFormatError(f"device_count {n}: at most {c['HAMID_LIMITS_MAX_DEVICES']}")
@@ -221,6 +236,7 @@ def decode(data: bytes) -> ContainerLimits:
         priority=int(buf.priority) if buf.flags & c["HAMID_LIMITS_FLAG_PRIORITY"] else None,
         sm_mode=modes[buf.sm_mode],  # type: ignore[arg-type]
         sm_period_us=int(buf.sm_period_us),
+        sm_policy=policy,  # type: ignore[arg-type]
     )
     validate(out)
     return out

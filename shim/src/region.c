@@ -319,6 +319,7 @@ static void sync_limits_locked(int alone)
     g_cfg.any_sm_limit = 0;
     for (int d = 0; d < HAMID_MAX_DEVICES; d++)
         if (g_cfg.sm_limit[d]) g_cfg.any_sm_limit = 1;
+    if (g_cfg.sm_policy == HAMID_POLICY_DISABLE) g_cfg.any_sm_limit = 0; /* the limit is shown, never applied */
 }
 
 static int g_atexit_done;

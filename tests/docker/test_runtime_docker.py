@@ -54,7 +54,9 @@ def test_container_sees_its_limits_its_shim_and_only_its_gpu(env):
     env.wait_for(lambda: env.reservations() == [], what="release after --rm")
 
 
-def test_compute_limited_containers_on_one_gpu_get_disjoint_time_slots(env):
+def test_compute_limited_containers_on_one_gpu_get_their_shares_and_no_time_slots(env):
+    """Time slots are not work-conserving (issue 22, measured: a launch-bound tenant kept 3 % of its 30 %):
+    each container gets its share as a rate limit, and no slots."""
     a = env.docker("run", "-d", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1", "-e",
                    "HAMI_VGPU_SPEC=mem=1g,cores=30", dh.IMAGE, "sh", "-c", "env; sleep 60")
     assert a.returncode == 0, a.stderr
@@ -63,9 +65,10 @@ def test_compute_limited_containers_on_one_gpu_get_disjoint_time_slots(env):
         b = env.docker("run", "--rm", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1", "-e",
                        "HAMI_VGPU_SPEC=mem=1g,cores=70", dh.IMAGE, "env")
         assert b.returncode == 0, b.stderr
-        env.wait_for(lambda: "HAMID_SM_SLOTS_0" in env.docker("logs", cid).stdout, what="first container's env")
-        assert "HAMID_SM_SLOTS_0=0-30" in env.docker("logs", cid).stdout
-        assert "HAMID_SM_SLOTS_0=30-100" in b.stdout and "CUDA_DEVICE_SM_LIMIT_0=70" in b.stdout
+        env.wait_for(lambda: "CUDA_DEVICE_SM_LIMIT_0" in env.docker("logs", cid).stdout, what="first container's env")
+        first = env.docker("logs", cid).stdout
+        assert "CUDA_DEVICE_SM_LIMIT_0=30" in first and "HAMID_SM_SLOTS" not in first
+        assert "CUDA_DEVICE_SM_LIMIT_0=70" in b.stdout and "HAMID_SM_SLOTS" not in b.stdout
     finally:
         env.docker("rm", "-f", cid)
     env.wait_for(lambda: env.reservations() == [], what="release")

@@ -49,6 +49,21 @@ def sample() -> ContainerLimits:
 
 # ---- the Python side ---------------------------------------------------------
 
+SM_POLICY_OFF = 40 + 1024  # after the 40-byte fixed header and region_path (hamid_limits.h, ABI 2)
+
+
+def test_the_policy_round_trips_and_an_abi_1_file_means_force():
+    """ABI 2 carries GPU_CORE_UTILIZATION_POLICY; a file an ABI 1 daemon wrote (no field) limited always."""
+    for p in ("default", "force", "disable"):
+        assert decode(encode(dataclasses.replace(sample(), sm_policy=p))).sm_policy == p
+    assert ContainerLimits(devices=(), region_path="/r").sm_policy == "default"  # HAMi's chart default
+    data = encode(dataclasses.replace(sample(), sm_policy="default"))
+    old = data[:8] + struct.pack("<I", 1) + data[12:]
+    assert decode(old).sm_policy == "force"
+    with pytest.raises(LimitsFormatError, match="sm_policy='sometimes'"):
+        encode(dataclasses.replace(sample(), sm_policy="sometimes"))
+
+
 def test_round_trip_and_size():
     lim = sample()
     data = encode(lim)
@@ -92,7 +107,8 @@ def test_bad_values_are_named(bad, needle):
 @pytest.mark.parametrize("mutate,needle", [
     (lambda b: b[:-1], "8191 bytes"),
     (lambda b: b"\0" * 8 + b[8:], "bad magic"),
-    (lambda b: b[:8] + struct.pack("<I", 2) + b[12:], "ABI 2"),
+    (lambda b: b[:8] + struct.pack("<I", 3) + b[12:], "ABI 3"),
+    (lambda b: b[:SM_POLICY_OFF] + struct.pack("<I", 3) + b[SM_POLICY_OFF + 4:], "sm_policy 3"),
     (lambda b: b[:16] + struct.pack("<I", 99) + b[20:], "device_count 99"),
 ])
 def test_decode_names_what_is_wrong(mutate, needle):

@@ -1,0 +1,84 @@
+"""GPU_CORE_UTILIZATION_POLICY as HAMi means it, on the stand-in driver
+(tests/shim/csrc: a fake GPU, and a fake NVML whose per-process utilization
+samples the test writes): ``default`` limits only while another container
+runs kernels on the GPU, ``force`` always, ``disable`` never; where NVML
+cannot tell (no per-process samples), ``default`` limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from hamid.shimregion import read_region
+from shimharness import finish, wait_ready
+
+KERNEL_US = 400
+BUSY_NEIGHBOUR = "999999 60\n"  # a process of no container of ours (its NVML pid in no slot), 60 % busy
+
+
+def share(res_line: list[str], bare: float) -> float:
+    n, ns = res_line[1:3]
+    return int(n) / (int(ns) / 1e9) / bare
+
+
+@pytest.fixture(scope="module")
+def bare(built, tmp_path_factory) -> float:
+    from shimharness import Shim
+    r = Shim(built, tmp_path_factory.mktemp("bare")).run("direct", "init", f"run:1.0:{KERNEL_US}:k", preload=False)
+    n, ns = r.one("run")[1:3]
+    return int(n) / (int(ns) / 1e9)
+
+
+@pytest.mark.parametrize("policy,neighbour,limited", [
+    ("default", "", False),               # alone: HAMi's default does not limit
+    ("default", BUSY_NEIGHBOUR, True),    # another container busy: limited
+    ("force", "", True),                  # force: always
+    ("disable", BUSY_NEIGHBOUR, False),   # disable: never, even shared
+    (None, BUSY_NEIGHBOUR, True),         # unset is default (HAMi-core's and the chart's)
+    (None, "", False),
+])
+def test_policy_decides_when_the_limit_holds(shim, bare, tmp_path, policy, neighbour, limited):
+    util = tmp_path / "nvml_util"
+    util.write_text(neighbour)
+    env = {"CUDA_DEVICE_SM_LIMIT": "30", "FAKE_NVML_UTIL": str(util)}
+    if policy:
+        env["GPU_CORE_UTILIZATION_POLICY"] = policy
+    r = shim.run("direct", "init", f"run:0.4:{KERNEL_US}:k", f"run:1.2:{KERNEL_US}:k", **env)
+    s = share(r.find("run")[-1], bare)
+    if limited:
+        assert abs(s - 0.30) <= 0.07, (policy, neighbour, s, r.stderr[-2000:])
+    else:
+        assert s > 0.85, (policy, neighbour, s, r.stderr[-2000:])
+    d = read_region(shim.region).device(0)
+    if policy == "disable":
+        assert d.launches == 0 and d.gpu_time_ns == 0  # no limiter work at all
+    else:  # the accounting goes on whether held back or not (the daemon's utilization metric reads it)
+        assert d.gpu_time_ns > 0.1e9
+
+
+def test_default_limits_when_nvml_cannot_tell(shim, bare):
+    """No per-process samples (NVML answers NOT_SUPPORTED): a limit that cannot see contention holds."""
+    r = shim.run("direct", "init", f"run:0.4:{KERNEL_US}:k", f"run:1.2:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="30",
+                 GPU_CORE_UTILIZATION_POLICY="default")
+    assert abs(share(r.find("run")[-1], bare) - 0.30) <= 0.07
+
+
+def test_default_switches_as_a_neighbour_comes_and_goes(shim, bare, tmp_path):
+    """A process runs alone (unlimited), a neighbour becomes busy (held to 30 %), within one process."""
+    util = tmp_path / "nvml_util"
+    util.write_text("")
+    p = shim.spawn("direct", "init", f"run:1.0:{KERNEL_US}:k", "wait", "sleep:400", f"run:1.2:{KERNEL_US}:k",
+                   CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="default", FAKE_NVML_UTIL=str(util))
+    first = wait_ready(p)
+    util.write_text(BUSY_NEIGHBOUR)
+    out = finish(p)
+    alone = share([ln for ln in first if ln.startswith("run ")][-1].split(), bare)
+    shared = share([ln for ln in out if ln.startswith("run ")][-1].split(), bare)
+    assert alone > 0.85, alone
+    assert abs(shared - 0.30) <= 0.07, shared
+
+
+@pytest.mark.parametrize("bad", ["sometimes", "forced", "0"])
+def test_a_bad_policy_refuses_cuda_and_names_the_accepted_values(shim, bad):
+    r = shim.run("direct", "init", CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY=bad)
+    assert r.one("init")[1] == "3", r
+    assert f"GPU_CORE_UTILIZATION_POLICY={bad}" in r.stderr and "default, force or disable" in r.stderr
