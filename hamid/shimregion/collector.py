@@ -14,6 +14,10 @@ HAMi's vGPUmonitor uses them):
   hami_vgpu_memory_buffer_bytes        the allocation part of the use
   hami_vgpu_core_limit_ratio           compute limit, 0..1 (0: none)
   hami_container_last_kernel_elapsed_seconds  since a limited launch was seen
+  hami_container_device_utilization_ratio  the container's share of the GPU's time
+                                       (0..1) since the previous scrape, from the GPU
+                                       time the shim accounted (absent on a container's
+                                       first scrape)
   hamid_vgpu_memory_peak_bytes         high-water mark of used
   hamid_vgpu_oom_refusals_total        allocations refused by the limit
   hamid_vgpu_gpu_time_seconds_total    GPU time charged by the compute limiter
@@ -75,6 +79,8 @@ class ShimRegionCollector(Collector):
         self.read_errors = 0
         self.refusals: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
+        # (container dir, vdevice index, uuid) -> (monotonic s, gpu_time_ns) at the previous scrape
+        self._last_gpu: dict[tuple[str, int, str], tuple[float, int]] = {}
 
     def _skip(self, path: str, reason: str, detail: str) -> None:
         self.read_errors += 1
@@ -157,6 +163,11 @@ class ShimRegionCollector(Collector):
                 "hami_container_last_kernel_elapsed_seconds", "seconds since a limited launch", labels=_LABELS
             ),
             "peak": GaugeMetricFamily("hamid_vgpu_memory_peak_bytes", "high-water mark of use", labels=_LABELS),
+            "util": GaugeMetricFamily(
+                "hami_container_device_utilization_ratio",
+                "share of the GPU's time the container's kernels used since the previous scrape (shim accounting)",
+                labels=_LABELS,
+            ),
             "proc": GaugeMetricFamily(
                 "hamid_vgpu_process_memory_used_bytes", "per-process device memory", labels=_LABELS + ["pid"]
             ),
@@ -169,6 +180,8 @@ class ShimRegionCollector(Collector):
             "thr": CounterMetricFamily("hamid_vgpu_throttle_seconds", "time launches were held back", labels=_LABELS),
         }
         now_ns = time.time_ns()
+        mono = time.monotonic()
+        gpu_now: dict[tuple[str, int, str], tuple[list[str], int]] = {}
         for dirname, snap in self._snapshots():
             ns, pod, ctr = self.labeler(dirname)
             ctx_by_dev: dict[int, int] = {}
@@ -188,10 +201,17 @@ class ShimRegionCollector(Collector):
                     g["last"].add_metric(lv, max(0.0, (now_ns - d.last_kernel_realtime_ns) / 1e9))
                 c["oom"].add_metric(lv, d.oom_count)
                 c["gpu"].add_metric(lv, d.gpu_time_ns / 1e9)
+                k = (dirname, d.index, d.uuid)
+                gpu_now[k] = (lv, gpu_now.get(k, (lv, 0))[1] + d.gpu_time_ns)
                 c["thr"].add_metric(lv, d.throttle_ns / 1e9)
                 for p in snap.processes:
                     if d.index in p.used_bytes:
                         g["proc"].add_metric(lv + [str(p.pid)], p.used_bytes[d.index])
+        for k, (lv, ns_used) in gpu_now.items():
+            prev = self._last_gpu.get(k)
+            if prev is not None and mono > prev[0] and ns_used >= prev[1]:
+                g["util"].add_metric(lv, min(1.0, (ns_used - prev[1]) / 1e9 / (mono - prev[0])))
+        self._last_gpu = {k: (mono, v[1]) for k, v in gpu_now.items()}  # containers gone are forgotten
         refused = CounterMetricFamily("hamid_vgpu_region_refusals", "region files skipped, by reason",
                                       labels=["reason"])
         for reason, n in sorted(self.refusals.items()):

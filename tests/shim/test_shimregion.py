@@ -101,3 +101,31 @@ def test_reader_and_collector_on_a_live_container(built, tmp_path):
     (ctr / "junk.cache").write_bytes(b"x")
     generate_latest(reg)
     assert col.read_errors == 1
+
+
+def test_utilization_ratio_is_the_containers_share_of_gpu_time(built, tmp_path):
+    """hami_container_device_utilization_ratio: the GPU time the shim accounted between two scrapes over the
+    time between them (issue 22, point 5); a container at 40 % (force) on the stand-in GPU shows about 0.4."""
+    import time
+
+    from shimharness import Shim
+    ctr = tmp_path / "containers" / "pod-77_train"
+    ctr.mkdir(parents=True)
+    p = Shim(built, tmp_path).spawn("direct", "init", "wait", "run:2.5:400:k", CUDA_DEVICE_SM_LIMIT="40",
+                                    GPU_CORE_UTILIZATION_POLICY="force",
+                                    CUDA_DEVICE_MEMORY_SHARED_CACHE=str(ctr / "vgpu.cache"))
+    wait_ready(p)
+    reg = CollectorRegistry()
+    register_collector(reg, tmp_path / "containers")
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    time.sleep(0.5)
+    first = scrape(reg)
+    assert not any(name == "hami_container_device_utilization_ratio" for name, _ in first)  # no interval yet
+    time.sleep(1.2)
+    second = scrape(reg)
+    p.communicate(timeout=30)
+    got = {dict(lbl)["vdevice_index"]: v for (name, lbl), v in second.items()
+           if name == "hami_container_device_utilization_ratio"}
+    assert abs(got.pop("0") - 0.40) <= 0.08, got
+    assert all(v == 0 for v in got.values()), got  # the stand-in's other device: nothing ran there
