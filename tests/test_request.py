@@ -218,3 +218,31 @@ def test_request_from_dict_fuzz(d):
         Request.from_dict(d if isinstance(d, dict) else {"owner": d})
     except RequestError:
         pass
+
+
+# --- GPU_CORE_UTILIZATION_POLICY (issue 22) ------------------------------------
+
+def test_a_container_may_ask_for_force_never_for_disable():
+    from hamid.request.model import effective_core_policy
+    c = dict(ctr(gpu=1, gpucores=30), env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "FORCE"}])
+    assert parse_pod(pod([c])).containers[0].gpu.core_policy == "force"  # HAMi reads it case-insensitively
+    assert parse_pod(pod([ctr(gpu=1, gpucores=30)])).containers[0].gpu.core_policy is None
+    d = parse_docker_env({"HAMI_VGPU_SPEC": "mem=1g,cores=30,policy=force"}, "x")
+    assert d.containers[0].gpu.core_policy == "force"
+    assert Request.from_dict(__import__("json").loads(__import__("json").dumps(d.to_dict()))) == d
+    bad = dict(ctr(gpu=1, gpucores=30), env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "disable"}])
+    with pytest.raises(RequestError, match="only the node's gpuCorePolicy may say disable"):
+        parse_pod(pod([bad]))
+    with pytest.raises(RequestError, match="only the node's gpuCorePolicy may say disable"):
+        parse_docker_env({"HAMI_VGPU_SPEC": "cores=30,policy=disable"}, "x")
+    with pytest.raises(RequestError, match="accepted: default or force"):
+        parse_docker_env({"HAMI_VGPU_SPEC": "cores=30,policy=sometimes"}, "x")
+    ref = dict(ctr(gpu=1), env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "valueFrom": {"configMapKeyRef": {}}}])
+    with pytest.raises(RequestError, match="only a literal value"):
+        parse_pod(pod([ref]))
+    # the stricter of the node's and the container's
+    assert effective_core_policy("default", "force") == "force"
+    assert effective_core_policy("force", "default") == "force"
+    assert effective_core_policy("disable", None) == "disable"
+    assert effective_core_policy("disable", "default") == "default"
+    assert effective_core_policy("default", None) == "default"

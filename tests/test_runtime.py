@@ -194,3 +194,23 @@ def test_the_client_admits_through_the_daemon_and_falls_back_to_python_without_o
     led = Ledger(state / "ledger.db")
     assert {x.owner for x in led.list()} == {"docker:via-daemon", "docker:no-daemon"}
     led.close()
+
+
+@pytest.mark.parametrize("node_policy,spec,want", [
+    (None, "mem=1g,cores=30", "default"),            # HAMi's chart default
+    ("disable", "mem=1g,cores=30", "disable"),
+    ("disable", "mem=1g,cores=30,policy=force", "force"),
+    ("force", "mem=1g,cores=30,policy=default", "force"),
+])
+def test_the_limits_file_carries_the_compute_policy_and_no_time_slots(tmp_path, node_policy, spec, want):
+    from hamid.shimlimits import decode
+    extra = {"gpuCorePolicy": node_policy} if node_policy else {}
+    d = make_node(tmp_path / "s", **extra)
+    try:
+        d.core.admit(Owner("docker", "c1"), parse_docker_env([f"HAMI_VGPU_SPEC={spec}"], "c1"))
+        d.core.admit(Owner("docker", "c2"), parse_docker_env(["HAMI_VGPU_SPEC=mem=1g,cores=60"], "c2"))
+        lim = decode((tmp_path / "s" / "limits" / "c1").read_bytes())
+        assert lim.sm_policy == want
+        assert lim.devices[0].sm_percent == 30 and lim.devices[0].slots == ()  # the ledger's share, no slots
+    finally:
+        d.close()
