@@ -17,7 +17,7 @@ from hamid.shimlimits.codec import (
     encode,
     limits_size,
 )
-from hamid.shimlimits.writer import write_limits_file
+from hamid.shimlimits.writer import write_hold_pids, write_limits_file
 
 __all__ = [
     "LIMITS_IN_CONTAINER",
@@ -27,5 +27,6 @@ __all__ = [
     "decode",
     "encode",
     "limits_size",
+    "write_hold_pids",
     "write_limits_file",
 ]

@@ -80,6 +80,7 @@ def _ffi() -> cffi.FFI:
 def _consts() -> dict[str, int]:
     lib = _ffi().dlopen(None)
     names = ("HAMID_LIMITS_MAGIC", "HAMID_LIMITS_ABI_VERSION", "HAMID_LIMITS_ABI_MIN", "HAMID_LIMITS_MAX_DEVICES",
+             "HAMID_LIMITS_MAX_HOLD",
              "HAMID_LIMITS_MAX_SLOTS", "HAMID_LIMITS_UUID_LEN", "HAMID_LIMITS_PATH_LEN", "HAMID_LIMITS_FLAG_PRIORITY")
     return {n: int(getattr(lib, n)) for n in names}
 
@@ -240,3 +241,16 @@ def decode(data: bytes) -> ContainerLimits:
     )
     validate(out)
     return out
+
+
+def hold_pids_offset(device: int) -> int:
+    """Where device ``device``'s live hold_pids (HAMID_LIMITS_MAX_HOLD int32) start in the file."""
+    ffi, c = _ffi(), _consts()
+    if not 0 <= device < c["HAMID_LIMITS_MAX_DEVICES"]:
+        raise LimitsFormatError(f"device {device}: expected 0..{c['HAMID_LIMITS_MAX_DEVICES'] - 1}")
+    return (ffi.offsetof("struct hamid_limits", "devices") + device * ffi.sizeof("struct hamid_limits_device")
+            + ffi.offsetof("struct hamid_limits_device", "hold_pids"))
+
+
+def max_hold() -> int:
+    return _consts()["HAMID_LIMITS_MAX_HOLD"]

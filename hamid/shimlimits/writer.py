@@ -6,16 +6,25 @@ whole new one: a fresh temporary name in the same directory (O_EXCL,
 O_NOFOLLOW), mode 0644, fsync, rename over the target, fsync of the
 directory. A symbolic link at the target is replaced, never followed; the
 file's owner is whoever runs this (the daemon: root), which the shim checks.
+
+And the file's one live part, :func:`write_hold_pids`: a GPU's list of
+higher-priority processes (NVML pids) whose busy kernels hold this container's
+launches back. It changes while the container runs, and a bind mount of one
+file keeps the inode it was given, so it is written in place (one pwrite of
+the device's list), on a regular file of the expected size and owner only.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import stat
 
 from hamid.errors import HamidError
 from hamid.logs import get_logger
-from hamid.shimlimits.codec import ContainerLimits, encode
+import struct
+
+from hamid.shimlimits.codec import ContainerLimits, encode, hold_pids_offset, limits_size, max_hold
 
 log = get_logger("shimlimits")
 
@@ -59,3 +68,26 @@ def write_limits_file(path: str | os.PathLike[str], limits: ContainerLimits) -> 
     finally:
         os.close(dfd)
     log.debug("limits file written", path=path, devices=len(limits.devices), region=limits.region_path)
+
+
+def write_hold_pids(path: str | os.PathLike[str], device: int, pids: list[int] | tuple[int, ...]) -> None:
+    """Replace device ``device``'s hold list in the limits file at ``path`` (in place)."""
+    n = max_hold()
+    pids = sorted({int(p) for p in pids})
+    if len(pids) > n or any(not 0 < p < 2**31 for p in pids):
+        raise HamidError(f"hold pids {pids}: at most {n} pids, each 1..2147483647")
+    data = struct.pack(f"<{n}i", *(pids + [0] * (n - len(pids))))
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        raise HamidError(f"limits file {path}: cannot open it to update the hold list: {e.strerror}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != limits_size() or st.st_uid != os.geteuid():
+            raise HamidError(f"limits file {path}: not a limits file of ours (a regular file of {limits_size()} "
+                             f"bytes owned by uid {os.geteuid()}); hold list not written")
+        if os.pwrite(fd, data, hold_pids_offset(device)) != len(data):
+            raise HamidError(f"limits file {path}: short write of the hold list")
+    finally:
+        os.close(fd)

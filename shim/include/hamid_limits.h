@@ -17,7 +17,8 @@
  * reader accepts only the magic, an abi_version it knows and its own size. New
  * fields are only carved out of the reserved arrays (sizes never change) and
  * abi_version is bumped when they are; 0 always means "not set" / "none".
- * ABI 2: sm_policy (a reader still accepts ABI 1 files, which meant force).
+ * ABI 2: sm_policy, devices[].hold_pids (a reader still accepts ABI 1 files,
+ * which meant force and have no hold list).
  * All integers are little-endian as the writer's machine stores them (the
  * daemon and the container share the host).
  */
@@ -41,6 +42,7 @@
 #define HAMID_LIMITS_POLICY_DISABLE 2
 #define HAMID_LIMITS_MAX_DEVICES 16
 #define HAMID_LIMITS_MAX_SLOTS 16
+#define HAMID_LIMITS_MAX_HOLD 16
 #define HAMID_LIMITS_UUID_LEN 96
 #define HAMID_LIMITS_PATH_LEN 1024
 #define HAMID_LIMITS_FLAG_PRIORITY 1
@@ -55,7 +57,10 @@ struct hamid_limits_device {
     uint32_t sm_percent;        /* compute limit, 1..99; 0 = none */
     uint32_t nslots;            /* used entries of slots[]; 0 = no time slots */
     uint8_t slots[16][2];       /* [start, end) in percent of the period, sorted, disjoint, 0 <= start < end <= 100 */
-    uint64_t reserved[14];
+    int32_t hold_pids[16];      /* HAMID_LIMITS_MAX_HOLD; ABI 2, live (the daemon rewrites it in place while the container runs): NVML
+                                   pids of higher-priority containers' processes on this GPU; 0 = unused. While
+                                   one of them runs kernels, this container's launches are held back. */
+    uint64_t reserved[6];
 };
 
 struct hamid_limits {

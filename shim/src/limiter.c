@@ -37,6 +37,10 @@
 #include "shim.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <unistd.h>
+#include "hamid_limits.h"
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +112,7 @@ static uint32_t g_k_all[HAMID_MAX_DEVICES];      /* 1/1000 */
 static uint64_t g_sum_lo[HAMID_MAX_DEVICES];     /* charged: kernels */
 static uint64_t g_sum_gap[HAMID_MAX_DEVICES];    /* charged: gaps, before k_gap */
 static pthread_once_t g_mon_once = PTHREAD_ONCE_INIT;
+static uint64_t g_held_until[HAMID_MAX_DEVICES]; /* mono ns: launches wait until then (priority) */
 
 #define A_LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define A_ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
@@ -772,6 +777,43 @@ struct mon_dev {
 };
 
 HIDDEN int limiter_contended(int rdev) { return A_LD(&g_contended[rdev]); }
+
+/*
+ * Priority (HAMi's: while a higher-priority container has kernels running on
+ * the GPU, lower-priority ones are held back). The daemon writes, in place,
+ * into this container's limits file the NVML pids of the higher-priority
+ * containers' processes on each GPU (hold_pids; it reads them from their
+ * regions); the monitor re-reads them every poll, and a busy sample of one
+ * of them holds this container's launches for HOLD_NS (NVML shows a busy
+ * neighbour about once a second). Work already queued runs on.
+ */
+#define HOLD_NS 2000000000ull
+
+static int hold_pids_read(int rdev, int32_t out[HAMID_LIMITS_MAX_HOLD])
+{
+    int fd = open(limits_path(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return -1;
+    off_t off = (off_t)(offsetof(struct hamid_limits, devices) + (size_t)rdev * sizeof(struct hamid_limits_device) +
+                        offsetof(struct hamid_limits_device, hold_pids));
+    ssize_t n = pread(fd, out, sizeof(int32_t) * HAMID_LIMITS_MAX_HOLD, off);
+    close(fd);
+    return n == (ssize_t)(sizeof(int32_t) * HAMID_LIMITS_MAX_HOLD) ? 0 : -1;
+}
+
+static void hold_wait(int rdev)
+{
+    uint64_t now = mono_ns(), until = A_LD(&g_held_until[rdev]);
+    if (LIKELY(until <= now)) return;
+    struct hamid_device *d = &g_region->devices[rdev];
+    while ((until = A_LD(&g_held_until[rdev])) > now) {
+        uint64_t step = until - now < 1000000ull ? until - now : 1000000ull;
+        struct timespec ts = {0, (long)step};
+        nanosleep(&ts, NULL);
+        uint64_t t = mono_ns();
+        __atomic_fetch_add(&d->throttle_ns, t - now, __ATOMIC_RELAXED);
+        now = t;
+    }
+}
 HIDDEN uint32_t limiter_k_gap(int rdev) { return A_LD(&g_k_gap[rdev]); }
 HIDDEN uint32_t limiter_k_all(int rdev) { return A_LD(&g_k_all[rdev]); }
 
@@ -791,8 +833,18 @@ static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
         m->lo0 = A_LD(&g_sum_lo[rdev]);
         m->gap0 = A_LD(&g_sum_gap[rdev]);
     }
+    int32_t hold[HAMID_LIMITS_MAX_HOLD];
+    int nhold = 0;
+    if (g_cfg.hold_capable && hold_pids_read(rdev, hold) == 0)
+        for (int i = 0; i < HAMID_LIMITS_MAX_HOLD; i++)
+            if (hold[i] > 0) hold[nhold++] = hold[i];
     for (unsigned int i = 0; i < n && i < MON_SAMPLES; i++) {
         if (buf[i].timeStamp > m->last_ts) m->last_ts = buf[i].timeStamp;
+        for (int h = 0; h < nhold && buf[i].smUtil > 0; h++)
+            if ((int32_t)buf[i].pid == hold[h]) {
+                if (A_LD(&g_held_until[rdev]) < now) LOG_INFO("device %d: higher-priority pid %d busy: held", rdev, hold[h]);
+                A_ST(&g_held_until[rdev], now + HOLD_NS);
+            }
         LOG_DEBUG("NVML sample: pid %u ts %llu smUtil %u%s", buf[i].pid, buf[i].timeStamp, buf[i].smUtil,
                   region_nvml_pid_ours((int32_t)buf[i].pid) ? " (this container)" : "");
         if (region_nvml_pid_ours((int32_t)buf[i].pid)) {
@@ -898,12 +950,14 @@ static int pre_launch(struct lctx *L, uint64_t key, uint64_t fn, CUstream s, int
     int rdev = dev_region_index(ord);
     if (rdev < 0) return 0;
     uint32_t pct = g_cfg.sm_limit[rdev];
-    if (!pct) return 0;
+    if (!pct && !g_cfg.hold_capable) return 0;
     if (limiter_stream_capturing(s, ptsz)) return 0;
     if (UNLIKELY(!A_LD(&g_mon_ord[rdev]))) {
         A_ST(&g_mon_ord[rdev], ord + 1);
         pthread_once(&g_mon_once, mon_start_once);
     }
+    if (g_cfg.hold_capable) hold_wait(rdev);
+    if (!pct) return 0;
     /* policy default: charged (the accounting goes on) but held back only while another container is busy */
     int hold = g_cfg.sm_policy == HAMID_POLICY_FORCE || A_LD(&g_contended[rdev]);
     uint64_t now = mono_ns();
@@ -1007,7 +1061,7 @@ static void post_launch(struct lctx *L, CUresult r)
 #define LAUNCH(fn, KEY, FN, STREAM, PTSZ, ...)                                                                        \
     ensure_cuda();                                                                                                    \
     if (UNLIKELY(!g_cu.fn)) return CUDA_ERROR_NOT_FOUND;                                                              \
-    if (LIKELY(!g_cfg.any_sm_limit)) return g_cu.fn(__VA_ARGS__);                                                     \
+    if (LIKELY(!(g_cfg.any_sm_limit | g_cfg.hold_capable))) return g_cu.fn(__VA_ARGS__);                              \
     struct lctx L;                                                                                                    \
     if (!pre_launch(&L, (KEY), (uint64_t)(uintptr_t)(FN), (STREAM), (PTSZ))) return g_cu.fn(__VA_ARGS__);             \
     CUresult r = g_cu.fn(__VA_ARGS__);                                                                                \
@@ -1082,5 +1136,6 @@ HIDDEN void limiter_after_fork_child(void)
     /* no thread survives fork: the child starts its own monitor at its first limited launch */
     memset(g_mon, 0, sizeof g_mon);
     memset(g_mon_ord, 0, sizeof g_mon_ord);
+    memset(g_held_until, 0, sizeof g_held_until);
     g_mon_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 }

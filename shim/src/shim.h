@@ -62,6 +62,10 @@ struct shim_config {
      * another container runs kernels on the GPU, force always, disable never
      * (then any_sm_limit is 0). */
     int sm_policy;                         /* HAMID_POLICY_* */
+    /* Task priority, HAMi's meaning (0 high, 1 low, unset low): a container of the daemon's (limits file)
+     * whose priority is not high takes the launch path's slow side, where launches wait while a
+     * higher-priority container's process (the file's live hold_pids) runs kernels. */
+    int hold_capable;
     /* Fail closed: a limit that cannot be parsed, or a limits file that is
      * there but not right, refuses CUDA (shim_refused()). */
     int refused;

@@ -251,6 +251,42 @@ def test_the_files_compute_limit_cannot_be_switched_off(built, shim, limits, env
     assert d.sm_limit_percent == 20 and d.throttle_ns > 0
 
 
+@root_only
+@pytest.mark.parametrize("priority,listed,held", [(1, True, True), (None, True, True), (0, True, False),
+                                                  (1, False, False)],
+                         ids=["low", "unset-is-low", "high", "nobody-listed"])
+def test_a_busy_higher_priority_process_holds_the_launches_back(built, shim, limits, tmp_path, priority, listed,
+                                                                held):
+    """HAMi's priority: while a higher-priority container's process (listed in the file's live hold_pids by
+    the daemon, updated in place) runs kernels (NVML's per-process samples), a lower-priority container's
+    launches wait; they go on once it has been idle for the hold time. No compute limit needed."""
+    import time
+    from hamid.shimlimits import write_hold_pids
+    limits(mem=0, sm=0, priority=priority)
+    if listed:
+        write_hold_pids(built.limits_path, 0, [4242])
+    util = tmp_path / "nvml_util"
+    util.write_text("4242 80\n")  # the high-priority neighbour is busy
+    e = bare_env(built, shim)
+    e["FAKE_NVML_UTIL"] = str(util)
+    p = subprocess.Popen([str(built.shimtest), "direct", "init", "launch:2:400:k", "wait", "run:0.5:400:k"], env=e,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while p.stdout.readline().strip() != "ready":
+        pass
+    time.sleep(0.3)  # the monitor has seen the neighbour busy
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    time.sleep(1.0)
+    util.write_text("4242 0\n")  # idle from now on: the hold ends within its 2 s
+    out, err = p.communicate(timeout=30)
+    n, ns, longest = (int(x) for x in [ln for ln in out.splitlines() if ln.startswith("run ")][0].split()[1:4])
+    if held:
+        assert longest > 0.9e9 and ns > 1.4e9, (n, ns, longest, err)
+        assert read_region(limits.region).device(0).throttle_ns > 0.9e9
+    else:
+        assert longest < 0.2e9 and ns < 0.8e9, (n, ns, longest, err)
+
+
 # ---- a file that is there but not right refuses CUDA ---------------------------------
 
 def _wrong_owner(path):
