@@ -460,6 +460,21 @@ async def _reconcile_loop(d: Daemon, liveness) -> None:
             log.error("reconcile pass failed", error=repr(e)[:500])
 
 
+# How often the priority hold lists are brought up to date: a new high-priority process is held behind
+# within about this long (its NVML pid is in its region once it has a context); NVML itself shows a busy
+# neighbour about once a second, so a shorter pass would gain little.
+PRIORITY_PASS_S = 1.0
+
+
+async def _priority_loop(d: Daemon) -> None:
+    while True:
+        await trio.sleep(PRIORITY_PASS_S)
+        try:
+            await d.service.priority_pass()
+        except Exception as e:  # the next pass retries
+            log.error("priority pass failed", error=repr(e)[:500])
+
+
 async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled or signalled."""
     sock = d.state_dir / SOCKET_NAME
@@ -475,6 +490,7 @@ async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
             for f in faces:
                 await nursery.start(supervised, f, health)
             nursery.start_soon(_reconcile_loop, d, liveness)
+            nursery.start_soon(_priority_loop, d)
             nursery.start_soon(_wait_for_signal, nursery.cancel_scope)
             log.info("serving", socket=str(sock), faces=[f.name for f in faces],
                      metrics_port=d.config.metricsPort or None)

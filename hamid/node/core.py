@@ -73,6 +73,7 @@ class NodeCore:
         self._open_backend = backend
         self._backend: DeviceBackend | None = None
         self.claimant = claimant_id()
+        self._hold_written: dict[tuple[str, int], list[int]] = {}  # (limits file, vdev) -> the list last written
         # Directories outside the state directory where a face writes files for
         # a reservation (the kubelet face's CDI specs); release deletes a file
         # named in a reservation only when it is a plain entry of one of these.
@@ -306,6 +307,51 @@ class NodeCore:
             except Exception as e:
                 log.error("release failed; will retry", owner=r.owner, error=str(e))
         return out
+
+    def priority_pass(self) -> int:
+        """HAMi's task priority (0 high, 1 low; unset is 1): into every limits file, per GPU, the NVML pids of
+        the processes of the containers on that GPU with a higher priority (read from their regions), which
+        the shim holds its launches behind while they run kernels. Written in place, only when a list
+        changed; returns how many lists were written."""
+        from ..shimlimits import max_hold, write_hold_pids
+        from ..shimregion import RegionError, read_region
+
+        on_gpu: dict[str, list[tuple[int, str, int, tuple[int, ...]]]] = {}  # uuid -> (prio, limits, vdev, pids)
+        for res in self.ledger.list():
+            if res.state not in ("allocated", "running") or not res.decision:
+                continue
+            for c in res.decision.containers:
+                prio = 1
+                for rc in res.request.get("containers") or ():
+                    if rc.get("name") == c.name and rc.get("gpu") and rc["gpu"].get("priority") is not None:
+                        prio = int(rc["gpu"]["priority"])
+                slot = slot_name(res, c.name)
+                limits = layout.limits_file(self.state_dir, slot)
+                if not os.path.exists(limits):
+                    continue
+                try:
+                    snap = read_region(os.path.join(layout.region_dir(self.state_dir, slot), "vgpu.cache"))
+                    procs = snap.processes
+                except (RegionError, OSError):
+                    procs = ()  # no process has started CUDA yet (or the region is refused): nothing to hold behind
+                for i, d in enumerate(slot_assignment(res, c.name).devices):
+                    pids = tuple(sorted({p.nvml_pid for p in procs if p.nvml_pid > 0 and i in p.used_bytes}))
+                    on_gpu.setdefault(d.uuid, []).append((prio, limits, i, pids))
+        written = 0
+        for entries in on_gpu.values():
+            for prio, limits, i, _ in entries:
+                hold = sorted({pid for p2, _, _, pids in entries if p2 < prio for pid in pids})[:max_hold()]
+                key = (limits, i)
+                if self._hold_written.get(key) == hold:
+                    continue
+                try:
+                    write_hold_pids(limits, i, hold)
+                except HamidError as e:
+                    log.warning("hold list not written", limits=limits, error=str(e))
+                    continue
+                self._hold_written[key] = hold
+                written += 1
+        return written
 
     # --- reading ---------------------------------------------------------------
 

@@ -111,6 +111,9 @@ class NodeService:
             self._notify("released", r.owner)
         return done
 
+    async def priority_pass(self) -> int:
+        return await self._run(self.core.priority_pass)
+
     # --- reading -----------------------------------------------------------------
 
     async def status(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from hamid.shimlimits.codec import (
     decode,
     encode,
     limits_size,
+    max_hold,
 )
 from hamid.shimlimits.writer import write_hold_pids, write_limits_file
 
@@ -27,6 +28,7 @@ __all__ = [
     "decode",
     "encode",
     "limits_size",
+    "max_hold",
     "write_hold_pids",
     "write_limits_file",
 ]
