@@ -32,6 +32,7 @@ API server cannot be asked, nothing is released.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import grpc
@@ -74,6 +75,12 @@ class KubeletFace:
         self.registered = trio.Event()  # set on every successful registration (tests wait on it)
         self.registrations = 0
         self.owner_liveness = {"pod": self._pod_alive} if api is not None else {}
+        # this node's pods as the watch last said (namespace/name -> pod), read by the reconciler and
+        # GetPreferredAllocation instead of one GET per reservation; a miss (a pod not bound here, or
+        # before the first list) still asks the API server
+        self._pod_cache: dict[str, dict] = {}
+        self._pod_cache_ready = False
+        self._pod_cache_lock = threading.Lock()
         self._server: grpc.Server | None = None
         self._generation = 0
         self._kubelet_id: tuple[int, int] | None = None
@@ -133,7 +140,7 @@ class KubeletFace:
                 unknown.append(gset)
                 continue
             try:
-                pod = self.pods.get_pod(ns, name)
+                pod = self._pod(ns, name)
             except Exception:  # the API server cannot answer: no reason to drop it
                 unknown.append(gset)
                 continue
@@ -143,13 +150,34 @@ class KubeletFace:
         bound.sort(key=lambda t: t[0])  # RFC 3339 UTC timestamps sort as strings
         return [g for _, g in bound] + unknown
 
+    def _pod(self, ns: str, name: str) -> dict | None:
+        """The pod from the watch's cache of this node's pods, else from the API server (blocking)."""
+        with self._pod_cache_lock:
+            if self._pod_cache_ready and f"{ns}/{name}" in self._pod_cache:
+                return self._pod_cache[f"{ns}/{name}"]
+        return self.pods.get_pod(ns, name)
+
+    def _cache_pod(self, kind: str, pod: dict | None) -> None:
+        with self._pod_cache_lock:
+            if kind == "RELIST":
+                self._pod_cache, self._pod_cache_ready = {}, False
+            elif kind == "SYNCED":
+                self._pod_cache_ready = True
+            elif pod is not None:
+                meta = pod.get("metadata") or {}
+                key = f"{meta.get('namespace')}/{meta.get('name')}"
+                if kind == "DELETED":
+                    self._pod_cache.pop(key, None)
+                else:
+                    self._pod_cache[key] = pod
+
     # --- liveness, for the reconciler (a worker thread) -------------------------------------
 
     def _pod_alive(self, r: Reservation) -> bool:
         ns, sep, name = r.name.partition("/")
         if not sep:
             return True  # no name recorded: cannot prove it gone
-        pod = self.pods.get_pod(ns, name)  # raises when the API server cannot answer: kept
+        pod = self._pod(ns, name)  # raises when the API server cannot answer: kept
         if pod is None:
             return False
         meta, status, spec = pod.get("metadata") or {}, pod.get("status") or {}, pod.get("spec") or {}
@@ -298,8 +326,11 @@ class KubeletFace:
             try:
                 if rv is None:
                     items, rv = self.pods.list_pods()
+                    self._cache_pod("RELIST", None)
                     for p in items:
+                        self._cache_pod("LISTED", p)
                         trio.from_thread.run_sync(send.send_nowait, ("LISTED", p), trio_token=token)
+                    self._cache_pod("SYNCED", None)
                 for kind, obj in self.pods.watch_pods(rv, self.watch_timeout_s):
                     if kind == "ERROR":
                         if (obj or {}).get("code") == 410:
@@ -308,6 +339,7 @@ class KubeletFace:
                         break
                     rv = ((obj.get("metadata") or {}).get("resourceVersion")) or rv
                     if kind != "BOOKMARK":
+                        self._cache_pod(kind, obj)
                         trio.from_thread.run_sync(send.send_nowait, (kind, obj), trio_token=token)
             except (PodLookupError, trio.RunFinishedError, trio.WouldBlock) as e:
                 if isinstance(e, trio.RunFinishedError):

@@ -260,6 +260,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import collections
 import copy
 import datetime as _dt
 import ipaddress
@@ -2360,6 +2361,7 @@ class ApiServer:
         self.tokens: dict[str, dict] = {ADMIN_TOKEN: copy.deepcopy(USER_INFO)}
         self.authorize = authorize
         self.audit: list[dict] = []  # every authorization decision (authorize=True), oldest first
+        self.requests: collections.Counter = collections.Counter()  # (method, path without query) -> count
         self._rbac_generation = 0  # bumped by every write of an RBAC object
         self._rbac_index: tuple[int, _RbacIndex] | None = None
         self._sa_key = None  # the service-account token signing key (RSA), made at the first issue_token
@@ -3441,6 +3443,7 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("apiserver_standin_bug", method=self.command, path=self.path)
             self._send(500, ApiError(500, "InternalError", f"stand-in bug: {e!r}").status())
         finally:
+            self.api.requests[(self.command, urlsplit(self.path).path)] += 1
             log.debug("apiserver_standin_request", method=self.command, path=self.path, code=code,
                       ms=round((time.monotonic() - started) * 1000, 2))
 

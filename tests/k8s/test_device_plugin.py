@@ -44,7 +44,7 @@ def test_registers_lists_devices_and_a_vgpu_pod_gets_its_limits(node):
     cfg = node.kubelet.start_container(pod, "main")
     lim = node.limits_of(cfg)
     (dev,) = lim.devices
-    assert dev.memory_bytes == mib(4096) and dev.sm_percent == 30 and dev.slots
+    assert dev.memory_bytes == mib(4096) and dev.sm_percent == 30 and dev.slots == ()  # no time slots: the shim limits by measured busy time
     gpu = cfg.env["NVIDIA_VISIBLE_DEVICES"]
     assert dev.uuid == gpu and [d.path for d in cfg.device_nodes] == []  # simulated GPUs have no nodes
     assert cfg.mount("/usr/local/vgpu/libvgpu.so").read_only and cfg.mount("/etc/ld.so.preload").read_only
@@ -438,3 +438,23 @@ def test_a_pods_region_directory_is_its_users_where_the_pod_says_who_that_is(nod
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 4321, 0o700)
     assert stat.S_IMODE(os.stat(dirs["unknown"]).st_mode) == 0o777
     assert all(regionfs.is_mounted(d) for d in dirs.values())
+
+
+def test_the_reconciler_reads_the_pod_watch_not_one_get_per_reservation(tmp_path, api_server):
+    """Running pods are checked against the watch's cache of the node's pods: a reconciler pass over
+    many reservations costs no GET per pod (it did, one per reservation per pass)."""
+    node = NodeEnv(tmp_path / "n", api_server, split=30).start()  # reconciler every second
+    try:
+        pods = [_gpu_pod(node, f"p{i}", 1000) for i in range(12)]
+        for pod in pods:
+            assert node.kubelet.admit(pod).admitted
+            node.kubelet.start_container(pod, "main")
+        assert len(node.reservations()) == 12
+        time.sleep(1.5)  # the watch has the pods; let a pass or two go by
+        before = sum(n for (m, p), n in api_server.requests.items() if m == "GET" and "/pods/" in p)
+        time.sleep(3.5)  # three passes or more
+        after = sum(n for (m, p), n in api_server.requests.items() if m == "GET" and "/pods/" in p)
+        assert after - before == 0, f"{after - before} pod GETs in 3.5 s of reconciling"
+        assert len(node.reservations()) == 12  # and every running pod is kept
+    finally:
+        node.stop()
