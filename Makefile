@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast venv shim clean proto
+.PHONY: run test test-fast venv shim clean proto install uninstall
 
 $(STAMP): pyproject.toml contrib/docker/hamid-runtime
 	$(PYTHON) -m venv $(VENV)
@@ -49,4 +49,32 @@ proto:
 	$(PY) -m grpc_tools.protoc -I . --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) --grpc_python_out=$(PROTO_OUT) $(PROTOS)
 
 clean:
-	rm -rf $(VENV) shim/build
+	rm -rf $(VENV) shim/build build
+
+# A standalone install for a Docker host (no checkout needed afterwards):
+# a venv of its own at $(PREFIX)/lib/hamid holding hamid, the runtime launcher
+# hamid-runtime, its C client and hamid-runtime-py side by side (the launcher
+# and the client find each other beside their real path, so links work), the
+# shim at $(PREFIX)/lib/hamid/shim/libvgpu.so (where the daemon looks when no
+# shimLibrary is set), and two links in $(PREFIX)/bin: hamid and
+# hamid-runtime, the path contrib/docker/daemon.json names. Run it as root for
+# the default PREFIX; `make uninstall` removes exactly these.
+PREFIX  ?= /usr/local
+HOMEDIR := $(PREFIX)/lib/hamid
+SHIMV    = $(shell cat shim/VERSION)
+
+install: shim
+	$(PYTHON) -m venv $(HOMEDIR)
+	$(HOMEDIR)/bin/python -m pip uninstall -q -y hamid >/dev/null 2>&1 || true
+	$(HOMEDIR)/bin/python -m pip install -q .
+	$(CC) -O2 -Wall -Wextra -Werror -o $(HOMEDIR)/bin/hamid-runtime-client contrib/docker/hamid-runtime-client.c
+	install -d -m 0755 $(HOMEDIR)/shim $(PREFIX)/bin
+	install -m 0644 shim/build/libvgpu.so.$(SHIMV) $(HOMEDIR)/shim/
+	ln -sfn libvgpu.so.$(SHIMV) $(HOMEDIR)/shim/libvgpu.so
+	ln -sfn $(HOMEDIR)/bin/hamid $(PREFIX)/bin/hamid
+	ln -sfn $(HOMEDIR)/bin/hamid-runtime $(PREFIX)/bin/hamid-runtime
+	$(PREFIX)/bin/hamid version
+
+uninstall:
+	rm -f $(PREFIX)/bin/hamid $(PREFIX)/bin/hamid-runtime
+	rm -rf $(HOMEDIR)

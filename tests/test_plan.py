@@ -16,11 +16,11 @@ def plan(cluster, workload, *extra):
                           capture_output=True, text=True, timeout=60)
 
 
-def test_example_plan_in_order_with_reasons():
+def test_example_plan_fits_in_order():
     r = plan(EXAMPLES / "cluster.yaml", EXAMPLES / "workload.yaml", "-o", "json")
-    assert r.returncode == 1, r.stderr  # the last item does not fit
+    assert r.returncode == 0, r.stdout + r.stderr  # the README's first example runs green
     items = json.loads(r.stdout)
-    trainer, notebook, inference, batch, too_big = items
+    trainer, notebook, inference, batch = items
     assert trainer["node"] == "gpu-a" and len(trainer["containers"][0]["devices"]) == 2
     assert all(d["mem_mib"] == 30000 and d["cores"] == 50 for d in trainer["containers"][0]["devices"])
     nb = notebook["containers"][0]["devices"][0]
@@ -30,8 +30,15 @@ def test_example_plan_in_order_with_reasons():
     b = batch["containers"][0]["devices"][0]
     # the 1g.20gb took slices 6-7; the 3g.40gb must go to 0-3 (4-7 overlaps)
     assert b["mig_profile"] == "3g.40gb" and b["mig_placement"] == {"start": 0, "size": 4}
+
+
+def test_refusal_example_says_why_per_node_and_gpu():
+    r = plan(EXAMPLES / "cluster.yaml", EXAMPLES / "workload-refused.yaml", "-o", "json")
+    assert r.returncode == 1, r.stderr  # the second item does not fit
+    small, too_big = json.loads(r.stdout)
+    assert small["node"] == "gpu-a"
     assert too_big["error"] == "does not fit"
-    assert "GPU 0 has 51559 MiB free, 102400 requested" in too_big["reasons"]["gpu-a"]
+    assert "GPU 0 has 73367 MiB free, 102400 requested" in too_big["reasons"]["gpu-a"]
     assert any("no MIG profile holds 102400 MiB" in w for w in too_big["reasons"]["gpu-mig"])
 
 
@@ -39,7 +46,8 @@ def test_table_output_names_gpu_and_share():
     r = plan(EXAMPLES / "cluster.yaml", EXAMPLES / "workload.yaml")
     assert "1. Pod ml/trainer -> node gpu-a" in r.stdout
     assert "MIG 3g.40gb at 0:4" in r.stdout
-    assert "5. Docker too-big: does not fit" in r.stdout
+    r = plan(EXAMPLES / "cluster.yaml", EXAMPLES / "workload-refused.yaml")
+    assert "2. Docker too-big: does not fit" in r.stdout
 
 
 def test_later_items_see_earlier_ones(tmp_path):

@@ -1,13 +1,18 @@
 """Argument parsing for ``hamid`` and the mapping of errors to exit codes.
 
 Exit codes: 0 success, 1 a hamid error (the message says what and why; for
-``plan``, some item did not fit), 2 bad command-line usage.
+``plan``, some item did not fit), 2 bad command-line usage, 130 interrupted
+(Ctrl-C), 141 the reader of our output went away (``| head``), as for a
+program killed by SIGPIPE. No user error ends in a traceback: a permission
+refused (the state directory, sockets and ledger are root's) says to run as
+root.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -257,6 +262,19 @@ def main(argv: list[str] | None = None) -> int:
     except HamidError as e:
         print(f"hamid {args.cmd}: {e}", file=sys.stderr)
         return 1
+    except PermissionError as e:
+        what = f"{e.strerror or 'permission denied'}: {e.filename}" if e.filename else str(e)
+        print(f"hamid {args.cmd}: {what}; hamid's state directory, sockets and ledger are root's only: "
+              f"run it as root (sudo hamid {args.cmd} ...)", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # `hamid ... | head`: the reader has what it wanted. Point stdout at
+        # /dev/null so the interpreter's final flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

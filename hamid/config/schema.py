@@ -253,7 +253,9 @@ class Config(NodeSettings, ResourceNameSettings):
     shimLibrary: str | None = None
     """The built shim (``libvgpu.so``) to install into ``stateDir/shim`` at
     start-up. Unset: ``shim/build/libvgpu.so`` of this source tree, then
-    ``/usr/lib/hamid/libvgpu.so``. Without a shim, containers asking for
+    ``shim/libvgpu.so`` in the Python prefix hamid runs from (where ``make
+    install`` puts it: ``/usr/local/lib/hamid/shim``), then
+    ``/usr/lib/hamid/libvgpu.so`` (the image's). Without a shim, containers asking for
     memory or compute limits are refused rather than run unlimited."""
 
     devRoot: str = "/dev"

@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,7 +175,8 @@ def install_shim_for(config: Config, state_dir: Path) -> dict:
     from ..shiminstall import ShimInstallError, install_shim
 
     candidates = [config.shimLibrary] if config.shimLibrary else [
-        str(Path(__file__).resolve().parents[2] / "shim" / "build" / "libvgpu.so"), "/usr/lib/hamid/libvgpu.so"]
+        str(Path(__file__).resolve().parents[2] / "shim" / "build" / "libvgpu.so"),
+        str(Path(sys.prefix) / "shim" / "libvgpu.so"), "/usr/lib/hamid/libvgpu.so"]
     src = next((c for c in candidates if Path(c).exists()), None)
     if src is None:
         if config.shimLibrary:

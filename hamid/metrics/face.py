@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 from prometheus_client import CollectorRegistry
 
-from ..serving import serve_asgi
+from ..serving import ListenError, serve_asgi
 from .exporter import metrics_app
 
 
@@ -18,6 +18,10 @@ class MetricsFace:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: serve_asgi(metrics_app(self.registry), self.bind,
-                                                               what="the metrics port", task_status=task_status))
+            try:
+                await nursery.start(lambda task_status: serve_asgi(metrics_app(self.registry), self.bind,
+                                                                   what="the metrics port", task_status=task_status))
+            except* ListenError as group:  # most often another exporter (HAMi's vGPU monitor) on 9394
+                raise ListenError(f"{group.exceptions[0]}; pick another port with --metrics-port PORT (metricsPort in the config "
+                                  "file), or 0 to serve no metrics") from None
             task_status.started()
