@@ -44,9 +44,12 @@ def _mknod(path: Path, major: int, minor: int) -> None:
 
 class Env:
     def __init__(self, root: Path, simulate: str = "H100-80GB-HBM3:1,T4:1", mode: str = "mig",
-                 storage_driver: str = "vfs", extra_config: dict | None = None) -> None:
+                 storage_driver: str = "vfs", extra_config: dict | None = None, bin_dir: Path = BIN,
+                 daemon_json: dict | None = None) -> None:
         self.root = root
         self.extra_config = extra_config or {}  # more hamid config keys (gossip, the web view)
+        self.bin_dir = bin_dir  # where hamid and hamid-runtime are (the test venv's, or a `make install`'s)
+        self.daemon_json = daemon_json  # dockerd's config as given; None: hamid-runtime of bin_dir as `hami`
         self.storage_driver = storage_driver  # vfs works on any filesystem; overlay2 is faster where it works
         self.state = root / "hamid"
         self.devroot = root / "dev"
@@ -70,8 +73,8 @@ class Env:
 
     def start_docker(self) -> None:
         cfg = self.root / "daemon.json"
-        cfg.write_text(json.dumps({"runtimes": {"hami": {
-            "path": str(BIN / "hamid-runtime"), "runtimeArgs": ["--state-dir", str(self.state)]}}}))
+        cfg.write_text(json.dumps(self.daemon_json or {"runtimes": {"hami": {
+            "path": str(self.bin_dir / "hamid-runtime"), "runtimeArgs": ["--state-dir", str(self.state)]}}}))
         log = open(self.root / "dockerd.log", "w")
         self.dockerd = subprocess.Popen(
             ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.exec_root),
@@ -146,7 +149,7 @@ class Env:
             "dockerStartGrace: 2\nreconcileInterval: 1\nlogFormat: json\n"
             + "".join(f"{k}: {json.dumps(v)}\n" for k, v in self.extra_config.items()))
         log = open(self.root / "hamid.log", "a")
-        self.hamid = subprocess.Popen([str(BIN / "hamid"), "run", "--config", str(cfg)], stdout=log,
+        self.hamid = subprocess.Popen([str(self.bin_dir / "hamid"), "run", "--config", str(cfg)], stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 30
         while time.time() < deadline:
