@@ -66,6 +66,14 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--cluster", action="store_true",
                     help="every gossip member (alive, suspect, dead) with its GPUs and their use")
 
+    ins = sub.add_parser("inspect", help="what one container or pod was given: GPUs, limits file, live use")
+    ins.add_argument("target", metavar="CONTAINER|POD",
+                     help="a Docker container's name or id (prefix), a pod's namespace/name, name or UID, "
+                          "or an owner key (docker:ID, pod:UID)")
+    ins.add_argument("--state-dir", help=f"the daemon's state dir (default {DEFAULT_STATE_DIR})")
+    ins.add_argument("--config", help="read stateDir from this config file")
+    ins.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
     pl = sub.add_parser("plan", help="what-if placement of a workload on a described cluster")
     src = pl.add_mutually_exclusive_group(required=True)
     src.add_argument("--cluster", help="cluster file: nodes with their GPUs and config")
@@ -191,6 +199,32 @@ def _cmd_status(args) -> int:
     return 0
 
 
+def _cmd_inspect(args) -> int:
+    from ..localapi.client import DaemonUnavailable, LocalClient
+    from . import inspect
+
+    state = _state_dir(args)
+    try:
+        with LocalClient(state) as c:
+            reservations = c.reservations()
+    except DaemonUnavailable as e:
+        from ..daemon.service import LEDGER_NAME
+        from ..ledger import Ledger
+
+        path = state / LEDGER_NAME
+        if not path.exists():
+            raise HamidError(f"{e}, and no ledger at {path}: is hamid running with --state-dir {state}?") from None
+        print(f"note: {e}; reading the ledger at {path} directly", file=sys.stderr)
+        ledger = Ledger(path)
+        try:
+            reservations = [r.to_dict() for r in ledger.list()]
+        finally:
+            ledger.close()
+    doc = inspect.describe(inspect.find(reservations, args.target), state)
+    print(json.dumps(doc, indent=2) if args.output == "json" else inspect.render(doc))
+    return 0
+
+
 def _offline_backend(state: Path) -> str:
     """The devices as the daemon recorded them in node.json at its last start."""
     from ..node.facts import read_facts
@@ -258,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "version":
             print(f"hamid {__version__}")
             return 0
-        return {"run": _cmd_run, "status": _cmd_status, "plan": _cmd_plan, "webhook": _cmd_webhook}[args.cmd](args)
+        return {"run": _cmd_run, "status": _cmd_status, "plan": _cmd_plan, "webhook": _cmd_webhook,
+                "inspect": _cmd_inspect}[args.cmd](args)
     except HamidError as e:
         print(f"hamid {args.cmd}: {e}", file=sys.stderr)
         return 1

@@ -19,6 +19,12 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(out)
 
 
+def short_owner(key: str) -> str:
+    """``docker:<64 hex>`` as ``docker ps`` shows ids (12 characters); other owners whole."""
+    kind, _, uid = key.partition(":")
+    return f"{kind}:{uid[:12]}" if kind == "docker" else key
+
+
 def status_table(doc: dict) -> str:
     lines = [f"node {doc['node']}  devices: {doc['backend']}  reservations: {len(doc['reservations'])}", ""]
     rows = []
@@ -47,8 +53,9 @@ def status_table(doc: dict) -> str:
                 for d in c["devices"]:
                     what = (f"{d['mig_profile']} @ {d['mig_placement']['start']}:{d['mig_placement']['size']}"
                             if d.get("mig_profile") else f"{d['mem_mib']} MiB, {d['cores']}% cores")
-                    rrows.append([r["owner"], c["name"], str(d["index"]), what, r["state"]])
-        lines.append(table(rrows, ["OWNER", "CONTAINER", "GPU", "SHARE", "STATE"]))
+                    rrows.append([r.get("name") or "-", short_owner(r["owner"]), c["name"], str(d["index"]), what,
+                                  r["state"]])
+        lines.append(table(rrows, ["NAME", "OWNER", "CONTAINER", "GPU", "SHARE", "STATE"]))
     return "\n".join(lines)
 
 

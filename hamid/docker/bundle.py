@@ -20,6 +20,7 @@ from ..errors import HamidError
 from ..node.released import check_id
 from . import rootfs
 from . import spec as ocispec
+from .names import docker_name
 
 ENV_NAMES = ("HAMI_VISIBLE_DEVICES=", "HAMI_VGPU_SPEC=")
 
@@ -35,7 +36,11 @@ def prepare_bundle(bundle: str, cid: str, *, runc_root: str, hook: str, state_di
     if not env:
         return False  # not ours: runc gets the spec untouched
     check_id(cid)
-    got = admit(cid, env, ocispec.user(spec), {"id": cid, "runc_root": runc_root, "bundle": bundle})
+    details = {"id": cid, "runc_root": runc_root, "bundle": bundle}
+    name = docker_name(spec, cid)
+    if name:
+        details["name"] = name  # `docker run --name`, for display
+    got = admit(cid, env, ocispec.user(spec), details)
     if not got.get("ours"):
         return False
     try:

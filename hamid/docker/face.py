@@ -35,7 +35,7 @@ from ..node.identity import Owner
 from ..node.layout import RELEASED_DIR
 from ..node.service import NodeService
 from ..request.model import Defaults, Request
-from .liveness import docker_alive
+from .liveness import docker_alive, docker_started
 
 log = get_logger("docker")
 
@@ -80,8 +80,8 @@ class DockerFace:
             if request is None:
                 return {"ours": False}
             try:
-                got = core.admit(Owner("docker", cid, name=cid[:12]), request, user=user, details=details,
-                                 deadline=deadline)
+                got = core.admit(Owner("docker", cid, name=details.get("name") or cid[:12]), request, user=user,
+                                 details=details, deadline=deadline)
             except LedgerConflict as e:
                 if self.elsewhere is None:
                     raise
@@ -113,15 +113,18 @@ class DockerFace:
             except ValueError:
                 return JSONResponse({"error": "request body must be a JSON object"}, 400)
             key = f"docker:{body.get('id')}"
+            cid = str(body.get("id"))[:12]
             try:
                 ours = await self.node.run_blocking(self._create, body)
-            except LedgerConflict as e:
+            except LedgerConflict as e:  # every refusal is logged with its reason, as docker run shows it
                 self.node.announce("conflict", key)
-                log.info("container refused", id=str(body.get("id"))[:12], reason=str(e))
+                log.warning("container refused", id=cid, reason=f"no room for this container: {e}")
                 return JSONResponse({"error": f"no room for this container: {e}"}, 409)
             except Abandoned as e:
+                log.warning("container refused", id=cid, reason=str(e))
                 return JSONResponse({"error": str(e)}, 410)
             except HamidError as e:
+                log.warning("container refused", id=cid, reason=str(e))
                 return JSONResponse({"error": str(e)}, 400)
             except Exception as e:  # a bug: say so, and log it whole
                 log.exception("create failed", bundle=body.get("bundle"))
@@ -142,7 +145,23 @@ class DockerFace:
                                                                    what="the Docker face", task_status=task_status))
                 os.chmod(self.socket_path, 0o600)
             await nursery.start(self._drain)
+            nursery.start_soon(self._follow_starts)
             task_status.started()
+
+    async def _follow_starts(self) -> None:
+        """``allocated`` -> ``running`` once runc has started the container's
+        process (a started container's ``exec.fifo`` is gone,
+        :func:`docker_started`), looked at every second at most as often as
+        markers are polled: a state shown a second late costs nothing, a
+        ledger read per 0.2 s would."""
+        while True:
+            await trio.sleep(max(self.poll_interval, 1.0))
+            for r in await self.node.reservations():
+                if r.kind == "docker" and r.state == "allocated" and docker_started(r):
+                    try:
+                        await self.node.set_state(r.owner, "running")
+                    except HamidError as e:  # released meanwhile: nothing to follow
+                        log.debug("not marked running", owner=r.owner, error=str(e))
 
     async def _drain(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         rdir = os.path.join(self._state_dir, RELEASED_DIR)

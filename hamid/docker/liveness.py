@@ -25,3 +25,13 @@ def docker_alive(grace_s: float) -> Callable[[Reservation], bool]:
         return time.time() - r.created < grace_s
 
     return alive
+
+
+def docker_started(r: Reservation) -> bool:
+    """Has runc started the container's process? runc keeps ``exec.fifo`` in
+    the container's state directory from ``create`` until ``start`` opens it."""
+    root, cid = r.details.get("runc_root"), r.details.get("id")
+    if not root or not cid:
+        return False
+    base = os.path.join(root, cid)
+    return os.path.exists(os.path.join(base, "state.json")) and not os.path.exists(os.path.join(base, "exec.fifo"))

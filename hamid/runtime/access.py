@@ -62,7 +62,8 @@ class NodeAccess:
         """``{"ours": False}``, or ``{"ours": True, "reservation": ..., "edits": {container: cdi edits}}``."""
         ours = [e for e in env if e.startswith(ENV_NAMES)]
         deadline = time.time() + min(DEADLINE_S, self._timeout * 5 / 6)
-        body = {"id": cid, "env": ours, "user": list(user), "details": details, "deadline": deadline}
+        body = {"id": cid, "env": ours, "user": list(user), "details": details, "deadline": deadline,
+                "name": details.get("name") or cid[:12]}
         try:
             return LocalClient(self.state_dir, timeout=self._timeout).call("POST", "/v1/containers", body)
         except Conflict as e:
@@ -82,7 +83,8 @@ class NodeAccess:
         if request is None:
             return {"ours": False}
         try:
-            got = core.admit(Owner("docker", cid, name=cid[:12]), request, user=user, details=details)
+            got = core.admit(Owner("docker", cid, name=details.get("name") or cid[:12]), request, user=user,
+                             details=details)
         except LedgerConflict as e:
             raise HamidError(f"no room for this container: {e}") from None
         return {"ours": True, **got.to_dict()}

@@ -282,3 +282,72 @@ def subprocess_popen(args):
     import subprocess
 
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def hamid_cli(env, *args):
+    import subprocess
+
+    return subprocess.run([str(dh.BIN / "hamid"), *args, "--state-dir", str(env.state)], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_named_container_shows_by_name_runs_and_can_be_inspected(env):
+    import json
+
+    a = env.docker("run", "-d", "--name", "trainer-1", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1",
+                   "-e", "HAMI_VGPU_SPEC=mem=2g,cores=20", dh.IMAGE, "sleep", "60")
+    assert a.returncode == 0, a.stderr
+    cid = a.stdout.strip()
+    try:
+        def running():
+            rows = [r for r in json.loads(hamid_cli(env, "status", "-o", "json").stdout)["reservations"]
+                    if r["owner"] == f"docker:{cid}"]
+            return rows[0] if rows and rows[0]["state"] == "running" else None
+
+        row = env.wait_for(running, timeout=10, what="state running while it runs")
+        assert row["name"] == "trainer-1"
+        table = hamid_cli(env, "status").stdout
+        line = next(ln for ln in table.splitlines() if ln.startswith("trainer-1"))
+        assert f"docker:{cid[:12]}" in line and "running" in line and "2048 MiB, 20% cores" in line
+        for target in ("trainer-1", cid[:8], f"docker:{cid}"):
+            r = hamid_cli(env, "inspect", target, "-o", "json")
+            assert r.returncode == 0, r.stderr
+            doc = json.loads(r.stdout)
+            assert doc["owner"] == f"docker:{cid}" and doc["state"] == "running"
+        (c,) = doc["containers"]
+        (lim,) = c["limits_file"]["devices"]
+        assert lim["memory_bytes"] == 2 << 30 and lim["sm_percent"] == 20 and lim["slots"]
+        assert lim["slots"] == c["devices"][0]["time_slots"]
+        assert "no CUDA process" in c["region"]["error"]
+        text = hamid_cli(env, "inspect", "trainer-1").stdout
+        assert "memory 2048 MiB, compute 20%" in text and "state: running" in text
+        miss = hamid_cli(env, "inspect", "no-such-thing")
+        assert miss.returncode == 1 and "no reservation matches 'no-such-thing'" in miss.stderr
+    finally:
+        env.docker("rm", "-f", cid)
+    env.wait_for(lambda: env.reservations() == [], what="release after docker rm -f")
+
+
+def test_every_refusal_is_logged_by_the_daemon_with_its_reason(env):
+    import json
+
+    r = env.docker("run", "--rm", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1", "-e", "HAMI_VGPU_SPEC=mem=100g",
+                   dh.IMAGE, "true")
+    assert r.returncode != 0
+    r = env.docker("run", "--rm", "--runtime=hami", "-e", "HAMI_VGPU_SPEC=mem=4x", dh.IMAGE, "true")
+    assert r.returncode != 0
+
+    def refusals():
+        out = []
+        for line in (env.root / "hamid.log").read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") == "container refused":
+                out.append(rec["reason"])
+        return out
+
+    got = env.wait_for(lambda: len(refusals()) >= 2 and refusals(), timeout=5, what="two refusals logged")
+    assert any("no room for this container" in x and "102400 requested" in x for x in got), got
+    assert any("'mem=4x'" in x for x in got), got
