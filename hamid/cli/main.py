@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="YAML config file (see README); flags below override it")
     run.add_argument("--state-dir", help=f"ledger, sockets and container dirs (default {DEFAULT_STATE_DIR})")
     run.add_argument("--metrics-port", type=int, help="Prometheus port (default 9394; 0 disables)")
+    run.add_argument("--legacy-metrics", action="store_true", default=None,
+                     help="also export HAMi's pre-2.9 metric names (legacyMetrics)")
     run.add_argument("--node-name", help="this node's name (default $NODE_NAME, then the host name)")
     run.add_argument("--simulate", metavar="MODEL[:COUNT],...",
                      help="simulated GPUs instead of NVML, e.g. H100-80GB-HBM3:2,T4")
@@ -120,7 +122,8 @@ def _cmd_run(args) -> int:
     from ..daemon import service
 
     overrides = {"kubernetes": True if args.kubelet_dir else args.kubernetes, "kubeconfig": args.kubeconfig, "kubeletDir": args.kubelet_dir,
-                 "stateDir": args.state_dir, "metricsPort": args.metrics_port, "nodeName": args.node_name,
+                 "stateDir": args.state_dir, "metricsPort": args.metrics_port,
+                 "legacyMetrics": args.legacy_metrics, "nodeName": args.node_name,
                  "simulate": args.simulate, "logFormat": args.log_format, "logLevel": args.log_level,
                  "gossipListen": args.gossip_listen, "gossipAdvertise": args.gossip_advertise,
                  "gossipKeyFile": args.gossip_key_file,

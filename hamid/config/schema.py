@@ -231,6 +231,12 @@ class Config(NodeSettings, ResourceNameSettings):
     through it. Needs CAP_SYS_ADMIN, which the daemon has as root; false keeps
     region directories on the state directory's file system."""
 
+    legacyMetrics: bool = False
+    """Also export HAMi's pre-2.9 metric names (``GPUDeviceMemoryLimit``,
+    ``vGPU_device_memory_usage_in_bytes``, ...) with their old label names, as
+    HAMi's ``--legacy-metrics`` does, for dashboards and alerts not yet moved
+    to the ``hami_*`` names. Off by default, as in HAMi: twice the series."""
+
     metricsAddress: str = "127.0.0.1"
     """Address the metrics endpoint binds to. Loopback by default: the
     metrics name every tenant and its use, so a host serves them to its own

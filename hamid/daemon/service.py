@@ -223,15 +223,16 @@ def build_faces(d: Daemon):
     every other face's collector is in its registry before it serves."""
     from ..docker.face import DockerFace
     from ..localapi.server import LocalApiFace
-    from ..metrics.exporter import LedgerCollector, SlotLabeler, new_registry
+    from ..metrics.exporter import HostCollector, LedgerCollector, SlotLabeler, new_registry
     from ..metrics.face import MetricsFace
     from ..shimregion import register_collector
 
     c = d.config
     registry, commits = new_registry()
-    registry.register(LedgerCollector(d.ledger, lambda: d.backend_label))
+    registry.register(LedgerCollector(d.ledger, lambda: d.backend_label, legacy=c.legacyMetrics))
+    registry.register(HostCollector(d.node, d.backend.readings, legacy=c.legacyMetrics))
     # what the shim measures inside each container (its region file)
-    register_collector(registry, d.state_dir / CONTAINERS_DIR, SlotLabeler(d.ledger))
+    register_collector(registry, d.state_dir / CONTAINERS_DIR, SlotLabeler(d.ledger), legacy=c.legacyMetrics)
     d.service.subscribe(lambda event, key: commits.labels("conflict" if event == "conflict" else "ok").inc()
                         if event in ("admitted", "committed", "conflict") else None)
     faces: list[Face] = []

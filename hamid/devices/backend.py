@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .errors import DeviceError
-from .types import GpuInfo, MigInstance, MigPlacement
+from .types import GpuInfo, HostReading, MigInstance, MigPlacement
 
 
 class DeviceBackend(Protocol):
@@ -16,6 +16,8 @@ class DeviceBackend(Protocol):
     description: str  # driver version, or the simulated inventory
 
     def gpus(self) -> list[GpuInfo]: ...
+
+    def readings(self) -> list[HostReading]: ...
 
     def create_mig_instance(self, gpu: str, profile_name: str, placement: MigPlacement) -> MigInstance: ...
 

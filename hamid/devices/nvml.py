@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .errors import DeviceError
-from .types import GpuInfo, MigInstance, MigPlacement, MigProfile
+from .types import GpuInfo, HostReading, MigInstance, MigPlacement, MigProfile
 
 try:  # the module is a hard dependency, but the shared library may be absent
     import pynvml
@@ -84,6 +84,36 @@ class NvmlBackend:
             pass
 
     # --- inventory ---------------------------------------------------------
+
+    def readings(self) -> list[HostReading]:
+        """Each GPU's use now (metrics); a value NVML does not answer is None."""
+
+        def ask(fn, *args):
+            try:
+                return fn(*args)
+            except pynvml.NVMLError:
+                return None
+
+        out = []
+        with self._lock:
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = ask(pynvml.nvmlDeviceGetHandleByIndex, i)
+                if h is None:
+                    continue
+                mem = ask(pynvml.nvmlDeviceGetMemoryInfo, h)
+                util = ask(pynvml.nvmlDeviceGetUtilizationRates, h)
+                power = ask(pynvml.nvmlDeviceGetPowerUsage, h)  # milliwatts
+                out.append(HostReading(
+                    index=i, uuid=_text(ask(pynvml.nvmlDeviceGetUUID, h) or ""),
+                    name=_text(ask(pynvml.nvmlDeviceGetName, h) or ""),
+                    memory_used_bytes=None if mem is None else int(mem.used),
+                    utilization_gpu=None if util is None else int(util.gpu),
+                    utilization_memory=None if util is None else int(util.memory),
+                    temperature_c=ask(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+                    power_w=None if power is None else power / 1000.0,
+                    ecc_uncorrected=ask(pynvml.nvmlDeviceGetTotalEccErrors, h,
+                                        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)))
+        return out
 
     def gpus(self) -> list[GpuInfo]:
         with self._lock:

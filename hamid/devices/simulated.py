@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .catalog import Model, lookup, model_keys
 from .errors import DeviceError
-from .types import GpuInfo, MigInstance, MigPlacement
+from .types import GpuInfo, HostReading, MigInstance, MigPlacement
 
 _NS = uuid.UUID("6b1f3c52-9a4e-4d8e-8f0e-5b7a1c2d3e4f")
 
@@ -148,6 +148,12 @@ class SimulatedBackend:
                 marks = set(state.get(_UNHEALTHY_KEY, []))
                 (marks.discard if healthy else marks.add)(idx)
                 state[_UNHEALTHY_KEY] = sorted(marks)
+
+    def readings(self) -> list[HostReading]:
+        """A simulated GPU runs nothing: memory used and utilization read 0;
+        temperature, power and ECC are not simulated (no series)."""
+        return [HostReading(index=i, uuid=gpu_uuid(self._node, i), name=m.nvml_name, memory_used_bytes=0,
+                            utilization_gpu=0, utilization_memory=0) for i, m in enumerate(self._models)]
 
     def gpus(self) -> list[GpuInfo]:
         with self._locked_state() as state:

@@ -99,3 +99,18 @@ class GpuInfo:
             if p.name == name:
                 return p
         return None
+
+
+@dataclass(frozen=True)
+class HostReading:
+    """What one GPU reports of its use right now (for metrics); None: not known."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_used_bytes: int | None = None
+    utilization_gpu: int | None = None  # percent of time a kernel ran over the driver's sample period
+    utilization_memory: int | None = None  # percent of time memory was read or written
+    temperature_c: int | None = None
+    power_w: float | None = None
+    ecc_uncorrected: int | None = None  # volatile: since the driver loaded

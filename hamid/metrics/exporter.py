@@ -1,11 +1,23 @@
 """Collectors of node and GPU metrics, and the ``/metrics`` ASGI app.
 
-Names follow HAMi where the meaning is the same (its device plugin and vGPU monitor):
-``hami_gpu_memory_limit_bytes``, ``hami_gpu_memory_allocated_bytes``,
-``hami_gpu_core_limit_ratio``, ``hami_gpu_core_allocated_ratio``,
-``hami_gpu_shared_count``, ``hami_node_gpu_mig_instance_info``,
-``hami_vgpu_memory_allocated_bytes``, ``hami_vgpu_core_allocated_ratio``,
-``hami_build_info``; hamid's own are ``hamid_*``.
+HAMi's series (names, labels, units: :mod:`hamid.metrics.hami`) from the
+ledger, as HAMi's scheduler exports them: ``hami_gpu_memory_limit_bytes``,
+``hami_gpu_core_limit_ratio``, ``hami_gpu_memory_allocated_bytes``,
+``hami_gpu_shared_count``, ``hami_gpu_core_allocated_ratio``,
+``hami_node_gpu_overview``, ``hami_node_gpu_memory_allocated_ratio``,
+``hami_node_gpu_mig_instance_info``, ``hami_vgpu_memory_allocated_bytes``,
+``hami_vgpu_core_allocated_ratio``, ``hami_build_info``, and the vGPU monitor's
+``hami_mig_device_info``; the host's GPUs (:class:`HostCollector`, from NVML)
+as the monitor exports them; hamid's own are ``hamid_*``
+(``hamid_reservations``, ``hamid_vgpu_allocation_info``,
+``hamid_host_gpu_temperature_celsius``, ``hamid_host_gpu_power_watts``,
+``hamid_host_gpu_ecc_uncorrected_errors``, ``hamid_build_info``).
+
+A Docker container is labelled as HAMi would a pod: namespace ``docker``, pod
+its name (``docker run --name``, else its short id), container ``main``.
+``container_index`` is the container's position in its pod, init containers
+first (HAMi's order); ``hamid_vgpu_allocation_info`` maps it to the
+container's name and the reservation's owner key.
 
 Scrapes run in worker threads of their own (at most ``SCRAPE_THREADS`` at a
 time, not the process's shared pool that the local API uses) and each has a
@@ -15,6 +27,7 @@ answer 503 after the budget, never starves the API of threads.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable
 
 import anyio
@@ -28,61 +41,124 @@ from starlette.routing import Route
 from .. import __version__
 from ..ledger import Ledger
 from ..logs import get_logger
+from .hami import BUILD_INFO_LABELS, Emitter
 
 log = get_logger("metrics")
 
 MIB = 1024 * 1024
-GPU_LABELS = ["node", "device_uuid", "device_index", "device_type"]
+SCHEDULER_SERIES = ("hami_gpu_memory_limit_bytes", "hami_gpu_core_limit_ratio", "hami_gpu_memory_allocated_bytes",
+                    "hami_gpu_shared_count", "hami_gpu_core_allocated_ratio", "hami_node_gpu_overview",
+                    "hami_node_gpu_memory_allocated_ratio", "hami_node_gpu_mig_instance_info",
+                    "hami_vgpu_memory_allocated_bytes", "hami_vgpu_core_allocated_ratio", "hami_mig_device_info")
 
 
 class LedgerCollector:
     """Reads the ledger on each scrape (in the scrape's worker thread)."""
 
-    def __init__(self, ledger: Ledger, backend: Callable[[], str]) -> None:
+    def __init__(self, ledger: Ledger, backend: Callable[[], str], *, legacy: bool = False) -> None:
         self._ledger = ledger
         self._backend = backend
+        self._legacy = legacy
 
     def collect(self):
         view = self._ledger.view()
         res = self._ledger.list()
-        f = {
-            "mem_limit": GaugeMetricFamily("hami_gpu_memory_limit_bytes", "Bookable device memory (after scaling)", labels=GPU_LABELS),
-            "mem_alloc": GaugeMetricFamily("hami_gpu_memory_allocated_bytes", "Device memory reserved in the ledger", labels=GPU_LABELS),
-            "core_limit": GaugeMetricFamily("hami_gpu_core_limit_ratio", "Bookable compute (1.0 = whole GPU)", labels=GPU_LABELS),
-            "core_alloc": GaugeMetricFamily("hami_gpu_core_allocated_ratio", "Compute reserved in the ledger", labels=GPU_LABELS),
-            "shared": GaugeMetricFamily("hami_gpu_shared_count", "Tenants sharing the GPU", labels=GPU_LABELS),
-        }
-        mig = GaugeMetricFamily("hami_node_gpu_mig_instance_info", "MIG instances booked on the GPU",
-                                labels=GPU_LABELS + ["profile", "placement_start", "placement_size"])
+        e = Emitter(self._legacy)
         for g in view.gpus:
-            lab = [view.name, g.uuid, str(g.index), g.name]
-            f["mem_limit"].add_metric(lab, g.mem_total * MIB)
-            f["mem_alloc"].add_metric(lab, g.mem_used * MIB)
-            f["core_limit"].add_metric(lab, g.cores_total / 100)
-            f["core_alloc"].add_metric(lab, g.cores_used / 100)
-            f["shared"].add_metric(lab, g.slots_used)
-            for s in g.mig_used:
-                mig.add_metric(lab + [s.profile, str(s.placement.start), str(s.placement.size)], 1)
-        vlabels = ["namespace", "node", "pod", "container", "device_uuid", "owner"]
-        vmem = GaugeMetricFamily("hami_vgpu_memory_allocated_bytes", "Memory reserved per container and GPU",
-                                 labels=vlabels)
-        vcore = GaugeMetricFamily("hami_vgpu_core_allocated_ratio", "Compute reserved per container and GPU",
-                                  labels=vlabels)
+            idx, typ = str(g.index), g.hami_type
+            lab = (view.name, g.uuid, idx, typ)
+            e.add("hami_gpu_memory_limit_bytes", lab, g.mem_total * MIB)
+            e.add("hami_gpu_core_limit_ratio", lab, g.cores_total)
+            e.add("hami_gpu_memory_allocated_bytes", (view.name, g.uuid, idx, str(g.cores_total), typ),
+                  g.mem_used * MIB)
+            e.add("hami_gpu_shared_count", lab, g.slots_used)
+            e.add("hami_gpu_core_allocated_ratio", lab, g.cores_used)
+            e.add("hami_node_gpu_overview", (view.name, g.uuid, idx, str(g.cores_total), str(g.mem_total), typ),
+                  g.mem_used * MIB)
+            if g.mem_total > 0:
+                e.add("hami_node_gpu_memory_allocated_ratio", lab, g.mem_used / g.mem_total,
+                      legacy_values=(view.name, g.uuid, idx))
+        alloc_info = GaugeMetricFamily("hamid_vgpu_allocation_info", "A container_index of hami_vgpu_*_allocated "
+                                       "named: the container and the reservation's owner key",
+                                       labels=["namespace", "node", "pod", "container_index", "container", "owner"])
         per_kind: dict[str, int] = {}
         for r in res:
             per_kind[r.kind] = per_kind.get(r.kind, 0) + 1
-            for c in r.decision.containers:
-                for d in c.devices:
-                    ns, pod = owner_labels(r)
-                    lab = [ns, view.name, pod, c.name, d.uuid, r.owner]
-                    vmem.add_metric(lab, d.mem_mib * MIB)
-                    vcore.add_metric(lab, d.cores / 100)
+            ns, pod = owner_labels(r)
+            for ci, c in enumerate(r.decision.containers):
+                if not c.devices:
+                    continue
+                ctr = c.name if r.kind == "pod" else "main"
+                alloc_info.add_metric([ns, view.name, pod, str(ci), ctr, r.owner], 1)
+                for vi, d in enumerate(c.devices):
+                    lab = (ns, view.name, pod, str(ci), d.uuid)
+                    e.add("hami_vgpu_memory_allocated_bytes", lab, d.mem_mib * MIB)
+                    e.add("hami_vgpu_core_allocated_ratio", lab, d.cores)
+                    inst = (r.mig or {}).get(d.uuid) or {}
+                    if d.mig_profile and inst.get("uuid") and d.mig_placement is not None:
+                        gi, cid = str(inst.get("gi", "")), str(inst.get("ci", ""))
+                        e.add("hami_node_gpu_mig_instance_info",
+                              (view.name, d.uuid, str(d.index), inst["uuid"], d.mig_profile, gi, cid,
+                               str(d.mig_placement.start), str(d.mig_placement.size)), 1,
+                              legacy_values=(view.name, d.uuid, str(d.index), f"{d.mig_profile}-{gi}"))
+                        e.add("hami_mig_device_info", (ns, pod, ctr, str(vi), d.uuid, inst["uuid"], d.mig_profile,
+                                                       gi, cid), 1,
+                              legacy_values=(ns, pod, ctr, str(vi), d.uuid, gi))
+        yield from e.families(SCHEDULER_SERIES)
+        yield alloc_info
         resv = GaugeMetricFamily("hamid_reservations", "Reservations in the ledger", labels=["kind"])
         for kind in ("docker", "pod"):
             resv.add_metric([kind], per_kind.get(kind, 0))
-        info = InfoMetricFamily("hami_build", "hamid build", value={"version": __version__, "backend": self._backend()})
-        yield from f.values()
-        yield from (mig, vmem, vcore, resv, info)
+        yield resv
+        build = GaugeMetricFamily("hami_build_info", "hami build metadata exposed as labels with a constant value "
+                                  "of 1 (hamid's: no Go, the Python version in go_version)",
+                                  labels=list(BUILD_INFO_LABELS))
+        build.add_metric([__version__, "", "", platform.python_version(), platform.python_implementation().lower(),
+                          f"{platform.system().lower()}/{platform.machine()}"], 1)
+        yield build
+        yield InfoMetricFamily("hamid_build", "hamid build", value={"version": __version__, "backend": self._backend()})
+
+
+class HostCollector:
+    """The host's GPUs as HAMi's vGPU monitor exports them (memory used,
+    utilization, memory-controller utilization), read from the device backend
+    (NVML; the simulated backend reads zeros) on each scrape, and hamid's own
+    temperature, power and uncorrected ECC series where the backend has them."""
+
+    def __init__(self, node: str, readings: Callable[[], list], *, legacy: bool = False) -> None:
+        self._node = node
+        self._readings = readings
+        self._legacy = legacy
+
+    def collect(self):
+        e = Emitter(self._legacy)
+        extra = {"temp": GaugeMetricFamily("hamid_host_gpu_temperature_celsius", "GPU temperature (NVML)",
+                                           labels=["node", "device_index", "device_uuid", "device_type"]),
+                 "power": GaugeMetricFamily("hamid_host_gpu_power_watts", "GPU power draw (NVML)",
+                                            labels=["node", "device_index", "device_uuid", "device_type"]),
+                 "ecc": GaugeMetricFamily("hamid_host_gpu_ecc_uncorrected_errors",
+                                          "Uncorrected ECC errors since the driver loaded (NVML, volatile)",
+                                          labels=["node", "device_index", "device_uuid", "device_type"])}
+        try:
+            readings = self._readings()
+        except Exception as err:  # a GPU that stops answering must not fail the whole scrape
+            log.warning("host GPU readings failed", error=str(err))
+            readings = []
+        for h in readings:
+            idx, typ = str(h.index), "NVIDIA-" + h.name  # the monitor prefixes every name, as HAMi's does
+            lab = (self._node, idx, h.uuid, typ)
+            if h.memory_used_bytes is not None:
+                e.add("hami_host_gpu_memory_used_bytes", lab, h.memory_used_bytes)
+            if h.utilization_gpu is not None:
+                e.add("hami_host_gpu_utilization_ratio", lab, h.utilization_gpu)
+            if h.utilization_memory is not None:
+                e.add("hami_host_gpu_memory_controller_utilization_ratio", (idx, h.uuid, typ), h.utilization_memory)
+            for key, v in (("temp", h.temperature_c), ("power", h.power_w), ("ecc", h.ecc_uncorrected)):
+                if v is not None:
+                    extra[key].add_metric(list(lab), v)
+        yield from e.families(("hami_host_gpu_memory_used_bytes", "hami_host_gpu_utilization_ratio",
+                               "hami_host_gpu_memory_controller_utilization_ratio"))
+        yield from extra.values()
 
 
 def owner_labels(r) -> tuple[str, str]:

@@ -7,17 +7,20 @@ yielding HAMi-compatible gauges at scrape time. It must not write to the
 regions or keep them mapped between scrapes.
 
 Metrics (labels: namespace, pod, container, vdevice_index, device_uuid, as
-HAMi's vGPUmonitor uses them):
+HAMi's vGPUmonitor uses them, plus its zone="vGPU"; names and meaning in
+hamid.metrics.hami, legacy names with ``legacy``):
   hami_vgpu_memory_used_bytes          container's device memory in use
+  hami_container_device_memory_bytes   the same (HAMi exports both)
   hami_vgpu_memory_limit_bytes         its limit (0: none)
   hami_vgpu_memory_context_bytes       the context/overhead part of the use
+  hami_vgpu_memory_module_bytes        0: the shim counts modules in the buffer part
   hami_vgpu_memory_buffer_bytes        the allocation part of the use
-  hami_vgpu_core_limit_ratio           compute limit, 0..1 (0: none)
-  hami_container_last_kernel_elapsed_seconds  since a limited launch was seen
-  hami_container_device_utilization_ratio  the container's share of the GPU's time
-                                       (0..1) since the previous scrape, from the GPU
-                                       time the shim accounted (absent on a container's
-                                       first scrape)
+  hami_container_device_utilization_ratio  percent of the GPU's time the container's kernels used
+                                       since the previous scrape, from the GPU time the shim
+                                       accounted (HAMi's unit: 40 is 40 %; absent on a
+                                       container's first scrape)
+  hami_container_last_kernel_elapsed_seconds  whole seconds since a limited launch was seen
+  hamid_vgpu_core_limit_ratio          compute limit, 0..1 (0: none)
   hamid_vgpu_memory_peak_bytes         high-water mark of used
   hamid_vgpu_oom_refusals_total        allocations refused by the limit
   hamid_vgpu_gpu_time_seconds_total    GPU time charged by the compute limiter
@@ -51,12 +54,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from hamid.logs import get_logger
+from hamid.metrics.hami import Emitter
 from hamid.shimregion.reader import RegionError, RegionRefused, RegionSnapshot, read_region
 
 log = get_logger("shimregion")
 
 Labeler = Callable[[str], tuple[str, str, str]]
 _LABELS = ["namespace", "pod", "container", "vdevice_index", "device_uuid"]
+# HAMi's vGPU monitor series this collector exports (definitions: hamid.metrics.hami)
+REGION_SERIES = ("hami_vgpu_memory_used_bytes", "hami_vgpu_memory_limit_bytes", "hami_container_device_memory_bytes",
+                 "hami_vgpu_memory_context_bytes", "hami_vgpu_memory_module_bytes", "hami_vgpu_memory_buffer_bytes",
+                 "hami_container_device_utilization_ratio", "hami_container_last_kernel_elapsed_seconds")
 
 
 def default_labeler(dirname: str) -> tuple[str, str, str]:
@@ -72,8 +80,9 @@ _LOGGED_MAX = 4096  # distinct (path, reason) pairs logged; later ones are only 
 
 class ShimRegionCollector(Collector):
     def __init__(self, containers_root: str | Path, labeler: Labeler = default_labeler,
-                 budget_s: float = SCRAPE_BUDGET_S) -> None:
+                 budget_s: float = SCRAPE_BUDGET_S, *, legacy: bool = False) -> None:
         self.root = Path(containers_root)
+        self.legacy = legacy  # HAMi's pre-2.9 names beside the hami_* ones
         self.labeler = labeler
         self.budget_s = budget_s
         self.read_errors = 0
@@ -151,23 +160,10 @@ class ShimRegionCollector(Collector):
             os.close(dfd)
 
     def collect(self):  # noqa: C901 - one flat pass over the regions
+        e = Emitter(self.legacy)
         g = {
-            "used": GaugeMetricFamily("hami_vgpu_memory_used_bytes", "vGPU device memory in use", labels=_LABELS),
-            "limit": GaugeMetricFamily("hami_vgpu_memory_limit_bytes", "vGPU device memory limit", labels=_LABELS),
-            "ctx": GaugeMetricFamily(
-                "hami_vgpu_memory_context_bytes", "context and driver overhead part of the use", labels=_LABELS
-            ),
-            "buf": GaugeMetricFamily("hami_vgpu_memory_buffer_bytes", "allocation part of the use", labels=_LABELS),
-            "core": GaugeMetricFamily("hami_vgpu_core_limit_ratio", "compute limit (0..1, 0: none)", labels=_LABELS),
-            "last": GaugeMetricFamily(
-                "hami_container_last_kernel_elapsed_seconds", "seconds since a limited launch", labels=_LABELS
-            ),
+            "core": GaugeMetricFamily("hamid_vgpu_core_limit_ratio", "compute limit (0..1, 0: none)", labels=_LABELS),
             "peak": GaugeMetricFamily("hamid_vgpu_memory_peak_bytes", "high-water mark of use", labels=_LABELS),
-            "util": GaugeMetricFamily(
-                "hami_container_device_utilization_ratio",
-                "share of the GPU's time the container's kernels used since the previous scrape (shim accounting)",
-                labels=_LABELS,
-            ),
             "proc": GaugeMetricFamily(
                 "hamid_vgpu_process_memory_used_bytes", "per-process device memory", labels=_LABELS + ["pid"]
             ),
@@ -190,15 +186,22 @@ class ShimRegionCollector(Collector):
                     ctx_by_dev[dev] = ctx_by_dev.get(dev, 0) + b
             for d in snap.devices:
                 lv = [ns, pod, ctr, str(d.index), d.uuid]
+                t = tuple(lv)
                 ctx = min(ctx_by_dev.get(d.index, 0), d.used_bytes)
-                g["used"].add_metric(lv, d.used_bytes)
-                g["limit"].add_metric(lv, d.limit_bytes)
-                g["ctx"].add_metric(lv, ctx)
-                g["buf"].add_metric(lv, d.used_bytes - ctx)
+                buf = d.used_bytes - ctx
+                e.add("hami_vgpu_memory_used_bytes", t, d.used_bytes)
+                e.add("hami_vgpu_memory_limit_bytes", t, d.limit_bytes)
+                # HAMi's legacy series carries the split as labels: context, module, data, offset
+                e.add("hami_container_device_memory_bytes", t, d.used_bytes,
+                      legacy_values=(*t, str(ctx), "0", str(buf), "0"))
+                e.add("hami_vgpu_memory_context_bytes", t, ctx)
+                e.add("hami_vgpu_memory_module_bytes", t, 0)
+                e.add("hami_vgpu_memory_buffer_bytes", t, buf)
+                if d.last_kernel_realtime_ns:  # whole seconds, as HAMi's monitor gives them
+                    e.add("hami_container_last_kernel_elapsed_seconds", t,
+                          max(0, (now_ns - d.last_kernel_realtime_ns) // 1_000_000_000))
                 g["core"].add_metric(lv, d.sm_limit_percent / 100.0)
                 g["peak"].add_metric(lv, d.peak_used_bytes)
-                if d.last_kernel_realtime_ns:
-                    g["last"].add_metric(lv, max(0.0, (now_ns - d.last_kernel_realtime_ns) / 1e9))
                 c["oom"].add_metric(lv, d.oom_count)
                 c["gpu"].add_metric(lv, d.gpu_time_ns / 1e9)
                 k = (dirname, d.index, d.uuid)
@@ -210,12 +213,14 @@ class ShimRegionCollector(Collector):
         for k, (lv, ns_used) in gpu_now.items():
             prev = self._last_gpu.get(k)
             if prev is not None and mono > prev[0] and ns_used >= prev[1]:
-                g["util"].add_metric(lv, min(1.0, (ns_used - prev[1]) / 1e9 / (mono - prev[0])))
+                e.add("hami_container_device_utilization_ratio", tuple(lv),
+                      min(100.0, 100.0 * (ns_used - prev[1]) / 1e9 / (mono - prev[0])))
         self._last_gpu = {k: (mono, v[1]) for k, v in gpu_now.items()}  # containers gone are forgotten
         refused = CounterMetricFamily("hamid_vgpu_region_refusals", "region files skipped, by reason",
                                       labels=["reason"])
         for reason, n in sorted(self.refusals.items()):
             refused.add_metric([reason], n)
+        yield from e.families(REGION_SERIES)
         yield from g.values()
         yield from c.values()
         yield refused
@@ -223,9 +228,9 @@ class ShimRegionCollector(Collector):
 
 def register_collector(
     registry: CollectorRegistry, containers_root: str | Path, labeler: Labeler = default_labeler,
-    budget_s: float = SCRAPE_BUDGET_S,
+    budget_s: float = SCRAPE_BUDGET_S, legacy: bool = False,
 ) -> ShimRegionCollector:
     """Register a collector of every region under `containers_root`; returns it."""
-    col = ShimRegionCollector(containers_root, labeler, budget_s)
+    col = ShimRegionCollector(containers_root, labeler, budget_s, legacy=legacy)
     registry.register(col)
     return col

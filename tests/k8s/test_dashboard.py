@@ -266,7 +266,7 @@ def test_the_dashboard_covers_what_the_issue_asks():
     for metric in ("hami_gpu_memory_allocated_bytes", "hami_gpu_memory_limit_bytes", "hami_gpu_core_allocated_ratio",
                    "hami_gpu_core_limit_ratio", "hami_gpu_shared_count", "hami_node_gpu_mig_instance_info",
                    "hami_vgpu_memory_used_bytes", "hami_vgpu_memory_limit_bytes", "hamid_vgpu_gpu_time_seconds_total",
-                   "hami_vgpu_core_limit_ratio", "hamid_vgpu_oom_refusals_total", "hamid_vgpu_throttle_seconds_total",
+                   "hamid_vgpu_core_limit_ratio", "hamid_vgpu_oom_refusals_total", "hamid_vgpu_throttle_seconds_total",
                    "hamid_gossip_members", "hamid_gossip_health_score", "hamid_gossip_probes_total",
                    "hamid_gossip_suspicions_total", "hamid_gossip_deaths_total", "hamid_gossip_dropped_frames_total",
                    "hamid_leader", "hamid_pods_placed_total", "hamid_webhook_reviews_total",

@@ -86,11 +86,14 @@ def test_reader_and_collector_on_a_live_container(built, tmp_path):
     col = register_collector(reg, tmp_path / "containers")
     samples = scrape(reg)
     lbl = dict(namespace="", pod="pod-1234", container="web", vdevice_index="0", device_uuid=d0.uuid)
-    assert samples[("hami_vgpu_memory_used_bytes", key(lbl))] == d0.used_bytes
-    assert samples[("hami_vgpu_memory_limit_bytes", key(lbl))] == 2 << 30
-    assert samples[("hami_vgpu_memory_context_bytes", key(lbl))] == 2 * ctx
-    assert samples[("hami_vgpu_memory_buffer_bytes", key(lbl))] == 400 << 20
-    assert samples[("hami_vgpu_core_limit_ratio", key(lbl))] == 0.4
+    hl = dict(lbl, zone="vGPU")  # HAMi's series carry its zone label
+    assert samples[("hami_vgpu_memory_used_bytes", key(hl))] == d0.used_bytes
+    assert samples[("hami_container_device_memory_bytes", key(hl))] == d0.used_bytes
+    assert samples[("hami_vgpu_memory_limit_bytes", key(hl))] == 2 << 30
+    assert samples[("hami_vgpu_memory_context_bytes", key(hl))] == 2 * ctx
+    assert samples[("hami_vgpu_memory_buffer_bytes", key(hl))] == 400 << 20
+    assert samples[("hami_vgpu_memory_module_bytes", key(hl))] == 0
+    assert samples[("hamid_vgpu_core_limit_ratio", key(lbl))] == 0.4
     # no pid namespace here: NVML's pid (nvml_pid) is the process's own
     assert all(by_pid[p.pid].nvml_pid == p.pid for p in procs)
     pl = dict(lbl, pid=str(procs[1].pid))
@@ -105,7 +108,8 @@ def test_reader_and_collector_on_a_live_container(built, tmp_path):
 
 def test_utilization_ratio_is_the_containers_share_of_gpu_time(built, tmp_path):
     """hami_container_device_utilization_ratio: the GPU time the shim accounted between two scrapes over the
-    time between them (issue 22, point 5); a container at 40 % (force) on the stand-in GPU shows about 0.4."""
+    time between them (issue 22, point 5), in percent as HAMi's series is (issue 26); a container at 40 % (force)
+    on the stand-in GPU shows about 40."""
     import time
 
     from shimharness import Shim
@@ -127,5 +131,5 @@ def test_utilization_ratio_is_the_containers_share_of_gpu_time(built, tmp_path):
     p.communicate(timeout=30)
     got = {dict(lbl)["vdevice_index"]: v for (name, lbl), v in second.items()
            if name == "hami_container_device_utilization_ratio"}
-    assert abs(got.pop("0") - 0.40) <= 0.08, got
+    assert abs(got.pop("0") - 40) <= 8, got
     assert all(v == 0 for v in got.values()), got  # the stand-in's other device: nothing ran there
