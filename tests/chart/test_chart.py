@@ -35,6 +35,7 @@ VARIANTS = {
     "admission-policy": {"admissionPolicy": {"enabled": True}},
     "host-network": {"hostNetwork": True, "ports": {"webhook": 9443}},
     "dashboard": {"dashboard": {"enabled": True}},
+    "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "renamed-resources": {"config": {"resourceCountName": "example.com/vgpu",
                                      "resourceMemoryName": "example.com/vgpu-memory"}},
     "existing-secrets": {"gossip": {"existingSecret": "my-keys"},
@@ -112,6 +113,8 @@ def test_every_manifest_validates_strictly_against_every_supported_kubernetes(va
                 continue  # the option says 1.36 and newer; the next test shows older ones refuse it
             if doc["kind"].startswith("ValidatingAdmissionPolicy") and version < "1.30.0":
                 continue  # rendered only where the API server serves it (1.30+): see the node-restriction test
+            if doc["kind"] == "ServiceMonitor":
+                continue  # a CRD (Prometheus Operator): test_service_monitor_scrapes_the_metrics_port checks it
             try:
                 kv.validate(doc, version, strict=True)
             except (kv.ValidationError, kv.SchemaNotFoundError) as e:
@@ -323,6 +326,26 @@ def test_dashboard_configmap_carries_the_dashboard_file():
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["hamid.json"]) == json.loads((CHART / "dashboards" / "hamid.json").read_text())
     assert not [d for d in render() if d["metadata"]["name"] == "hamid-dashboard"]
+
+
+def test_service_monitor_scrapes_the_metrics_port():
+    assert not by_kind(render(), "ServiceMonitor")  # off by default: it needs the operator's CRDs
+    docs = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}})
+    sm = one(docs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1" and sm["metadata"]["labels"]["release"] == "prom"
+    svc = one(docs, "Service", "hamid-metrics")
+    ds = one(docs, "DaemonSet")
+    # the Service selects the daemon's pods, and the ServiceMonitor selects the Service
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
+    (ep,) = sm["spec"]["endpoints"]
+    (port,) = svc["spec"]["ports"]
+    assert ep["port"] == port["name"] == "metrics" and ep["path"] == "/metrics"
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": port["port"], "protocol": "TCP"} in c["ports"]
+    assert port["targetPort"] == "metrics"
 
 
 def test_the_admission_policy_gates_exactly_the_gpu_pods_its_cel_selects():

@@ -334,7 +334,8 @@ def test_every_metric_the_dashboard_queries_is_one_the_daemons_export(tmp_path, 
         n.config.write_text(n.config.read_text().replace(
             "metricsPort: 0\n", f"metricsPort: {ports[-1]}\nmetricsAddress: 127.0.0.1\n"))
     mig = env.nodes[1]
-    mig.config.write_text(mig.config.read_text().replace("operatingMode: hami-core", "operatingMode: mig"))
+    mig.config.write_text(mig.config.read_text().replace("operatingMode: hami-core", "operatingMode: mig")
+                          + "legacyMetrics: true\n")  # HAMi's pre-2.9 names too, checked below
     mig.split = 7  # kubelet sees a MIG-mode H100 as its 7 possible instances
     proc = None
     env.start()
@@ -377,6 +378,28 @@ def test_every_metric_the_dashboard_queries_is_one_the_daemons_export(tmp_path, 
         if proc is not None:
             finish(proc)
         env.stop()
+
+    # every HAMi series as HAMi writes it (tests/hamifacts.py), on both daemons, the region's too
+    sys.path.insert(0, str(ROOT / "tests"))
+    import hamifacts as hf
+
+    region = ("hami_vgpu_memory_used_bytes", "hami_vgpu_memory_limit_bytes", "hami_container_device_memory_bytes",
+              "hami_vgpu_memory_context_bytes", "hami_vgpu_memory_module_bytes", "hami_vgpu_memory_buffer_bytes",
+              "hami_container_device_utilization_ratio", "hami_container_last_kernel_elapsed_seconds")
+    host = ("hami_host_gpu_memory_used_bytes", "hami_host_gpu_utilization_ratio",
+            "hami_host_gpu_memory_controller_utilization_ratio")
+    for n, text in zip(env.nodes, texts):
+        s = hf.parse(text)
+        expect = ("hami_gpu_memory_limit_bytes", "hami_vgpu_memory_allocated_bytes", *host)
+        expect += region if n is node else ()
+        expect += ("hami_node_gpu_mig_instance_info", "hami_mig_device_info") if n is mig else ()
+        found = hf.problems(s, legacy=n is mig, expect=expect)
+        assert not found, f"{n.node}: " + "\n".join(found)
+        if n is node:
+            train = dict(namespace="ml", pod="train", container="main")
+            assert hf.one(s, "hami_vgpu_memory_limit_bytes", **train) == 4000 << 20
+            assert hf.one(s, "hami_vgpu_memory_used_bytes", **train) >= 1 << 30
+            assert hf.one(s, "hami_vgpu_core_allocated_ratio", namespace="ml", pod="train", container_index="0") == 30
 
     declared: set[str] = set()
     exported: dict[str, set[str]] = {}

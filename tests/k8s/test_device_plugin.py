@@ -406,11 +406,13 @@ def test_metrics_carry_the_pods_namespace_name_and_container(node, api_server):
     cfg = node.kubelet.start_container(pod, "main")
     led = Ledger(node.state / "ledger.db")
     try:
-        samples = [s for fam in LedgerCollector(led, lambda: "sim").collect()
-                   if fam.name == "hami_vgpu_memory_allocated_bytes" for s in fam.samples]
-        (s,) = samples
-        assert (s.labels["namespace"], s.labels["pod"], s.labels["container"]) == ("team-a", "metered", "main")
+        fams = {fam.name: fam.samples for fam in LedgerCollector(led, lambda: "sim").collect()}
+        (s,) = fams["hami_vgpu_memory_allocated_bytes"]
+        # HAMi's labels: the container by its index in the pod; hamid_vgpu_allocation_info names it
+        assert (s.labels["namespace"], s.labels["pod"], s.labels["container_index"]) == ("team-a", "metered", "0")
         assert s.value == 2048 << 20
+        (info,) = fams["hamid_vgpu_allocation_info"]
+        assert (info.labels["pod"], info.labels["container_index"], info.labels["container"]) == ("metered", "0", "main")
         slot = cfg.mount("/run/hamid").host_path.rsplit("/", 1)[1]
         assert SlotLabeler(led)(slot) == ("team-a", "metered", "main")  # the region metrics' labels
     finally:
