@@ -1,8 +1,8 @@
 """HAMi's metric definitions, written down as facts, and a checker of a daemon's exposition against them.
 
 The facts are HAMi's own (v2.9 on; the scheduler's ``cmd/scheduler/metrics.go``
-and the vGPU monitor's ``cmd/vGPUmonitor/metrics.go`` at 4707fb0, summarised
-in /work/shared/reference/hami.md §8): each series' name, its label names,
+and the vGPU monitor's ``cmd/vGPUmonitor/metrics.go`` in Project-HAMi/HAMi at
+4707fb0): each series' name, its label names,
 the legacy name and legacy label names ``--legacy-metrics`` adds, and its unit.
 They are written here independently of hamid's own table
 (hamid/metrics/hami.py), so a renamed label or a changed unit there fails the
