@@ -76,3 +76,32 @@ def test_bad_files_are_explained(tmp_path):
     assert "unknown key 'memory'" in json.loads(r.stdout)[0]["error"]
     work.write_text("kind: Deployment\n")
     assert "kind Pod or Docker" in plan(cluster, work).stderr
+
+
+def test_mig_where_there_is_none_says_what_to_do(tmp_path):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes: [{name: n, gpus: 'H100-80GB-HBM3:1,T4:1'}]\n")  # operatingMode hami-core
+    work = tmp_path / "w.yaml"
+    work.write_text("kind: Docker\nname: a\nenv: {HAMI_VISIBLE_DEVICES: '0', HAMI_VGPU_SPEC: 1g.10gb}\n---\n"
+                    "kind: Docker\nname: b\nenv: {HAMI_VISIBLE_DEVICES: '1', HAMI_VGPU_SPEC: 1g.10gb}\n")
+    a, b = json.loads(plan(cluster, work, "-o", "json").stdout)
+    (why_a,) = [w for w in a["reasons"]["n"] if w.startswith("GPU 0")]
+    assert "not in MIG mode" in why_a and "nvidia-smi -i 0 -mig 1" in why_a and "operatingMode: mig" in why_a
+    (why_b,) = [w for w in b["reasons"]["n"] if w.startswith("GPU 1")]
+    assert why_b.startswith("GPU 1 (Tesla T4) has no MIG") and "mig 1" not in why_b
+
+
+def test_cores_without_memory_is_explained_when_refused(tmp_path):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes: [{name: n, gpus: H100-80GB-HBM3}]\n")
+    work = tmp_path / "w.yaml"
+    work.write_text("kind: Docker\nname: a\nenv: {HAMI_VGPU_SPEC: mem=4g}\n---\n"
+                    "kind: Docker\nname: b\nenv: {HAMI_VGPU_SPEC: cores=30}\n")
+    a, b = json.loads(plan(cluster, work, "-o", "json").stdout)
+    assert "81559 requested" in " ".join(b["reasons"]["n"])
+    assert b["note"].startswith("note: HAMI_VGPU_SPEC='cores=30' asks no memory, so the container books each GPU's "
+                                "whole memory") and "add mem=" in b["note"]
+    assert "asks no memory" in plan(cluster, work).stdout
+    work.write_text("kind: Docker\nname: a\nenv: {HAMI_VGPU_SPEC: mem=4g}\n---\n"
+                    "kind: Docker\nname: b\nenv: {HAMI_VGPU_SPEC: 'mem=80000,cores=30'}\n")
+    assert "note" not in json.loads(plan(cluster, work, "-o", "json").stdout)[1]  # it asked memory: no note

@@ -53,6 +53,7 @@ from ..placement.result import NoFit
 from ..placement.usage import with_usage
 from ..placement.view import MODE_MIG, GpuView, restrict_mig_profiles
 from ..request import Defaults, RequestError, parse_docker_env, parse_pod
+from ..request.docker import whole_card_note
 from ..request.kube import ANN_DEVICE_CORDON, parse_device_cordon
 from ..request.model import ResourceNames
 
@@ -244,6 +245,8 @@ def plan(nodes: list, workload: list[dict], source: str = "the cluster file") ->
         if isinstance(got, NoFit):
             item["error"] = "does not fit"
             item["reasons"] = {k: list(v) for k, v in got.reasons.items()}
+            if doc["kind"] != "Pod" and (note := whole_card_note(doc.get("env") or {})):
+                item["note"] = note
         else:
             by_name[got.node].decisions.append(got)
             item.update(got.to_dict())
@@ -276,6 +279,8 @@ def render(results: list[dict], scores: bool = False) -> str:
             for node, why in r.get("reasons", {}).items():
                 for w in why:
                     lines.append(f"     {node}: {w}")
+            if r.get("note"):
+                lines.append(f"     {r['note']}")
             if scores:
                 lines.extend(_score_lines(r))
             continue

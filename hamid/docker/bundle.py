@@ -40,7 +40,16 @@ def prepare_bundle(bundle: str, cid: str, *, runc_root: str, hook: str, state_di
     name = docker_name(spec, cid)
     if name:
         details["name"] = name  # `docker run --name`, for display
-    got = admit(cid, env, ocispec.user(spec), details)
+    try:
+        got = admit(cid, env, ocispec.user(spec), details)
+    except HamidError as e:
+        from ..ledger import LedgerConflict
+        from ..request.docker import whole_card_note
+
+        note = whole_card_note(env) if isinstance(e, LedgerConflict) else None
+        if note:  # "no room" for a container that asked no memory: say why it wanted a whole card
+            raise LedgerConflict(f"{e}\n{note}", e.reasons) from None
+        raise
     if not got.get("ours"):
         return False
     try:

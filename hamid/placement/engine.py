@@ -28,7 +28,7 @@ from operator import attrgetter
 
 from ..request.model import GpuRequest, Request, ScoringWeights
 from . import mig
-from .fit import Use, book, eligible, room, score, try_gpu
+from .fit import Use, book, eligible, not_mig_reason, room, score, try_gpu
 from .result import ContainerAssignment, Decision, DeviceAssignment, NoFit
 from .view import MODE_MIG, GpuView, NodeView
 from .reasons import Reason, in_container
@@ -325,7 +325,8 @@ def check(decision: Decision, node: NodeView) -> list[str]:
             u = use.init_use(g) if c.init else use.app_use(g)
             if d.mig_profile is not None:
                 if g.mode != MODE_MIG or d.mig_placement is None:
-                    problems.append(f"container {c.name}: GPU {g.index} is not in MIG mode")
+                    problems.append(f"container {c.name}: " + (not_mig_reason(g) if g.mode != MODE_MIG else
+                                                                  f"GPU {g.index}: a MIG share without a placement"))
                     continue
                 why = mig.slot_is_valid(g, d.mig_profile, d.mig_placement, u.mig)
             else:

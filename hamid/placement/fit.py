@@ -56,11 +56,20 @@ def eligible(req: GpuRequest, g: GpuView) -> Reason | None:
     if req.nouse_uuids and g.uuid in req.nouse_uuids:
         return Reason("nouseuuid", f"GPU {g.index} ({g.uuid}) is in nouse-gpuuuid", gpu=g.index)
     if req.wants_mig and g.mode != MODE_MIG:
-        return Reason("notmig", f"GPU {g.index} is not in MIG mode (it shares through the shim, mode hami-core)",
-                      gpu=g.index)
+        return Reason("notmig", not_mig_reason(g), gpu=g.index)
     if req.mode == "hami-core" and g.mode == MODE_MIG:
         return Reason("mig", f"GPU {g.index} is in MIG mode; hami-core was requested", gpu=g.index)
     return None
+
+
+def not_mig_reason(g: GpuView) -> str:
+    """Why a MIG request cannot go to a GPU that shares through the shim, and what would change that."""
+    if not g.mig_capable:
+        return (f"GPU {g.index} ({g.name}) has no MIG: it shares through the shim only (MIG needs an A100, A30, "
+                "H100, H200 or newer); ask for memory and cores instead of a MIG profile")
+    return (f"GPU {g.index} is not in MIG mode (it shares through the shim, mode hami-core); to use MIG on it, "
+            f"enable MIG mode (as root, no process on the GPU: nvidia-smi -i {g.index} -mig 1), set "
+            "operatingMode: mig for this node, and restart hamid")
 
 
 def request_mem(req: GpuRequest, g: GpuView) -> int:

@@ -46,6 +46,7 @@ class GpuView:
     exclusive: bool = False  # held by a tenant with cores=100 (on a GPU of 100% cores)
     mig_used: tuple[MigSlot, ...] = ()
     cordoned: bool = False  # hami.io/device-cordon: no new tenants, existing ones stay
+    mig_capable: bool = False  # the GPU can be put in MIG mode (whatever mode it is in now)
     links: tuple[tuple[str, int], ...] = ()  # (peer UUID, HAMi link score), see link_score
 
     def link_score(self, peer: str) -> int:
@@ -185,12 +186,13 @@ def gpu_view_from_info(info: GpuInfo, *, split_count: int = 10, memory_scaling: 
                        cores_total=100, slots_total=max((p.max_instances for p in info.mig_profiles), default=1),
                        numa=info.numa_node, healthy=info.healthy, filtered=filtered,
                        mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
-                       memory_slices=info.memory_slices, links=links)
+                       memory_slices=info.memory_slices, links=links, mig_capable=True)
     return GpuView(uuid=info.uuid, index=info.index, name=info.name, mode=MODE_SHIM,
                    mem_total=int(info.memory_mib * memory_scaling), cores_total=int(round(100 * core_scaling)),
                    slots_total=split_count, numa=info.numa_node, healthy=info.healthy, filtered=filtered,
                    mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
-                   memory_slices=info.memory_slices, links=links)
+                   memory_slices=info.memory_slices, links=links,
+                   mig_capable=bool(info.mig_capable or info.mig_profiles))
 
 
 def gpu_view_to_dict(g: GpuView) -> dict:
@@ -207,6 +209,8 @@ def gpu_view_to_dict(g: GpuView) -> dict:
     }
     if g.cordoned:
         d["cordoned"] = True
+    if g.mig_capable:
+        d["mig_capable"] = True
     if g.links:
         d["links"] = {u: s for u, s in g.links}
     return d
@@ -222,5 +226,5 @@ def gpu_view_from_dict(d: dict) -> GpuView:
                    slots_total=int(d["slots_total"]), numa=d.get("numa"), healthy=bool(d.get("healthy", True)),
                    filtered=bool(d.get("filtered", False)), mig_profiles=profs,
                    compute_slices=int(d.get("compute_slices", 0)), memory_slices=int(d.get("memory_slices", 0)),
-                   cordoned=bool(d.get("cordoned", False)),
+                   cordoned=bool(d.get("cordoned", False)), mig_capable=bool(d.get("mig_capable", False)),
                    links=tuple(sorted((str(u), int(s)) for u, s in (d.get("links") or {}).items())))

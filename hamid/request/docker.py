@@ -163,6 +163,24 @@ def parse_vgpu_spec(text: str) -> dict:
     return seen
 
 
+def whole_card_note(env: Mapping[str, str] | Iterable[str]) -> str | None:
+    """The sentence a refusal needs when the container asked no memory: then it
+    books each GPU's whole memory (as HAMi's gpucores without gpumem does), and
+    only an idle GPU holds it. None when it asked for memory or a MIG profile."""
+    vars_ = _env_map(env)
+    spec_text = vars_.get(ENV_SPEC, "").strip()
+    try:
+        spec = parse_vgpu_spec(spec_text) if spec_text else {}
+    except RequestError:
+        return None
+    if "mem" in spec or "mem_percent" in spec or "profile" in spec or spec.get("mode") == "mig":
+        return None
+    what = f"{ENV_SPEC}={echo(spec_text)}" if spec_text else f"{ENV_DEVICES} without {ENV_SPEC}"
+    return (f"note: {what} asks no memory, so the container books each GPU's whole memory (as HAMi does "
+            "without gpumem) and fits only on a GPU nobody else holds; add mem= (e.g. mem=4g or mem=25%) "
+            "to share a GPU")
+
+
 def parse_docker_env(env: Mapping[str, str] | Iterable[str], container_id: str,
                      defaults: Defaults = Defaults()) -> Request | None:
     """The request of a Docker container, or ``None`` if it asks for nothing of ours."""

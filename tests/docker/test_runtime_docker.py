@@ -112,7 +112,7 @@ def test_a_container_that_exits_on_its_own_is_released(env):
     ("mem=4x", None, ["'mem=4x'", "512m, 4g"]),
     ("memory=1g", None, ["unknown key 'memory'", "cores="]),
     ("mem=1g", "9", ["no GPU with index 9"]),
-    ("1g.10gb", "1", ["GPU 1 is not in MIG mode"]),
+    ("1g.10gb", "1", ["GPU 1 (Tesla T4) has no MIG", "instead of a MIG profile"]),
     ("5g.50gb", "0", ["has no MIG profile 5g.50gb", "1g.10gb"]),
 ])
 def test_bad_requests_fail_docker_run_with_the_reason(env, spec, devices, needles):
@@ -351,3 +351,17 @@ def test_every_refusal_is_logged_by_the_daemon_with_its_reason(env):
     got = env.wait_for(lambda: len(refusals()) >= 2 and refusals(), timeout=5, what="two refusals logged")
     assert any("no room for this container" in x and "102400 requested" in x for x in got), got
     assert any("'mem=4x'" in x for x in got), got
+
+
+def test_cores_without_memory_refused_says_it_wanted_the_whole_card(env):
+    a = env.docker("run", "-d", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1", "-e", "HAMI_VGPU_SPEC=mem=1g",
+                   dh.IMAGE, "sleep", "60")
+    assert a.returncode == 0, a.stderr
+    try:
+        b = env.docker("run", "--rm", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=1", "-e", "HAMI_VGPU_SPEC=cores=30",
+                       dh.IMAGE, "true")
+        assert b.returncode != 0
+        assert "15360 requested" in b.stderr and "asks no memory" in b.stderr and "add mem=" in b.stderr, b.stderr
+    finally:
+        env.docker("rm", "-f", a.stdout.strip())
+    env.wait_for(lambda: env.reservations() == [], what="release after docker rm -f")
