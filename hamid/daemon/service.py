@@ -142,7 +142,13 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
         _clear_stale_socket(state_dir / SOCKET_NAME)
         _clear_stale_socket(state_dir / DOCKER_SOCKET_NAME)
         ledger = Ledger(state_dir / LEDGER_NAME)
-        ledger.set_inventory(node, capacity_views(gpus, settings), settings.gpuSchedulerPolicy)
+        views = capacity_views(gpus, settings)
+        try:
+            _refuse_mode_change_with_tenants(ledger, views, settings.operatingMode, state_dir)
+        except BaseException:
+            ledger.close()
+            raise
+        ledger.set_inventory(node, views, settings.gpuSchedulerPolicy)
         shim = install_shim_for(config, state_dir)
         real = backend.kind == "nvml"
         gpu_nodes = {}
@@ -168,6 +174,41 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
     except BaseException:
         os.close(lock_fd)
         raise
+
+
+def _refuse_mode_change_with_tenants(ledger: Ledger, views: list, operating_mode: str, state_dir: Path) -> None:
+    """A GPU whose sharing mode (shim or MIG) changed since the ledger last saw
+    it cannot keep its tenants: their shares are of the other kind (a MIG
+    instance is no shim share, and would drop out of the GPU's use). Start-up
+    is refused until they leave, naming them; with no tenant the change is
+    taken as is. A Docker container whose poststop marker waits is gone
+    already (the first drain releases it) and holds nothing."""
+    from ..ledger import LedgerError
+    from ..node import released
+
+    try:
+        old = {g.uuid: g.mode for g in ledger.view().gpus}
+    except LedgerError:
+        return  # a new ledger: nothing booked yet
+    changed = {g.uuid: (old[g.uuid], g.mode, g.index) for g in views if g.uuid in old and old[g.uuid] != g.mode}
+    if not changed:
+        return
+    held: dict[str, list[str]] = {}
+    leaving = {f"docker:{cid}" for cid in released.pending(str(state_dir))}
+    for r in ledger.list():
+        if r.owner in leaving:
+            continue
+        for c in r.decision.containers:
+            for d in c.devices:
+                if d.uuid in changed and r.owner not in held.setdefault(d.uuid, []):
+                    held[d.uuid].append(r.owner)
+    busy = {u: owners for u, owners in held.items() if owners}
+    if busy:
+        parts = [f"GPU {changed[u][2]} from {changed[u][0]} to {changed[u][1]} (held by {', '.join(owners)})"
+                 for u, owners in busy.items()]
+        raise HamidError(f"operatingMode {operating_mode} changes the sharing mode of {'; '.join(parts)}; "
+                         "refused while tenants hold these GPUs. Start hamid with operatingMode as it was, "
+                         "stop those containers or pods (the daemon releases them as they go), then change it")
 
 
 def install_shim_for(config: Config, state_dir: Path) -> dict:
