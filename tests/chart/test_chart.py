@@ -328,6 +328,20 @@ def test_dashboard_configmap_carries_the_dashboard_file():
     assert not [d for d in render() if d["metadata"]["name"] == "hamid-dashboard"]
 
 
+def test_the_config_value_is_checked_with_the_daemons_own_schema():
+    from hamid.config.chartschema import CHART_SCHEMA, updated
+
+    doc = json.loads(CHART_SCHEMA.read_text())
+    assert doc == updated(doc), "values.schema.json is stale: run python -m hamid.config.chartschema"
+    for config, needle in (({"devicesplitcount": 3}, "additional properties 'devicesplitcount' not allowed"),
+                           ({"deviceSplitCount": "x"}, "/config/deviceSplitCount"),
+                           ({"nodeconfig": [{"name": "n", "operatingMode": "mix"}]},
+                            "/config/nodeconfig/0/operatingMode")):
+        with pytest.raises(Exception, match=needle):
+            render({"config": config})
+    render({"config": {"deviceSplitCount": 4, "nodeconfig": [{"name": "n", "operatingMode": "mig"}]}})
+
+
 def test_service_monitor_scrapes_the_metrics_port():
     assert not by_kind(render(), "ServiceMonitor")  # off by default: it needs the operator's CRDs
     docs = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}})
