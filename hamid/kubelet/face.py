@@ -416,6 +416,39 @@ class KubeletFace:
             log.info("node resources advertised", resources=self.node_resources())
             return
 
+    # --- HAMi's node annotations (hamid/kubelet/register.py) ------------------------------------
+
+    def hami_annotations(self) -> dict[str, str]:
+        from .register import HANDSHAKE, REGISTER, handshake_value, register_annotation
+
+        view = self.node.core.ledger.view()
+        infos = {g.uuid: g for g in self.node.core.backend.gpus()}
+        return {REGISTER: register_annotation(view.gpus, infos), HANDSHAKE: handshake_value()}
+
+    def _patch_annotations(self) -> dict[str, str]:
+        from kubernetes import client
+
+        ann = self.hami_annotations()
+        client.CoreV1Api(self.pods.api).patch_node(self.pods.node, {"metadata": {"annotations": ann}},
+                                                   _request_timeout=10)
+        return ann
+
+    async def _register_with_hami(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Keep HAMi's register and handshake annotations on this node, every REFRESH_S."""
+        from .register import REFRESH_S, REGISTER
+
+        task_status.started()
+        last = None
+        while True:
+            try:
+                ann = await trio.to_thread.run_sync(self._patch_annotations)
+                if ann[REGISTER] != last:
+                    log.info("HAMi node annotations written", gpus=ann[REGISTER].count('"id"'))
+                    last = ann[REGISTER]
+            except Exception as e:  # the API server down, or RBAC: try again at the next refresh
+                log.warning("cannot write HAMi's node annotations; trying again", error=str(e))
+            await trio.sleep(REFRESH_S)
+
     # --- the face ---------------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -425,6 +458,7 @@ class KubeletFace:
             if self.pods.api is not None:
                 await nursery.start(self._follow_pods)
                 await nursery.start(self._advertise)
+                await nursery.start(self._register_with_hami)
             task_status.started()
 
 
