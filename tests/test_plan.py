@@ -105,3 +105,13 @@ def test_cores_without_memory_is_explained_when_refused(tmp_path):
     work.write_text("kind: Docker\nname: a\nenv: {HAMI_VGPU_SPEC: mem=4g}\n---\n"
                     "kind: Docker\nname: b\nenv: {HAMI_VGPU_SPEC: 'mem=80000,cores=30'}\n")
     assert "note" not in json.loads(plan(cluster, work, "-o", "json").stdout)[1]  # it asked memory: no note
+
+
+def test_a_refused_pod_is_named(tmp_path):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes: [{name: n, gpus: T4}]\n")
+    work = tmp_path / "w.yaml"
+    work.write_text("kind: Pod\nmetadata: {name: web, namespace: ml}\nspec: {containers: [{name: c, resources: "
+                    "{limits: {nvidia.com/gpu: 1, nvidia.com/gpumem-percentage: 120}}}]}\n")
+    r = plan(cluster, work)
+    assert r.stdout.startswith("1. Pod ml/web: ") and "gpumem-percentage" in r.stdout, r.stdout

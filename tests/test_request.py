@@ -71,7 +71,7 @@ def test_requests_fall_back_when_limits_absent():
 
 
 @pytest.mark.parametrize("p,needle", [
-    (pod([ctr(gpu=1, gpucores=150)]), "nvidia.com/gpucores: bad value 150; accepted: 0 to 100"),
+    (pod([ctr(gpu=1, gpucores=-5)]), "nvidia.com/gpucores: expected a non-negative number, got -5"),
     (pod([ctr(gpu=1, gpumem_percentage=120)]), "gpumem-percentage: bad value 120; accepted: 1 to 100"),
     (pod([ctr(gpu=1, gpumem=100, gpumem_percentage=10)]), "not both"),
     (pod([ctr(gpu=0, gpumem=100)]), "nvidia.com/gpu is 0"),
@@ -246,3 +246,12 @@ def test_a_container_may_ask_for_force_never_for_disable():
     assert effective_core_policy("disable", None) == "disable"
     assert effective_core_policy("disable", "default") == "default"
     assert effective_core_policy("default", None) == "default"
+
+
+def test_gpucores_over_100_is_the_whole_gpu_as_in_hami():
+    from hamid.request.kube import cores_clamped
+
+    p = pod([ctr(gpu=1, gpucores=150)])
+    assert parse_pod(p).containers[0].gpu.cores == 100
+    assert cores_clamped(p) == [("containers", 0, p["spec"]["containers"][0]["name"], 150)]
+    assert cores_clamped(pod([ctr(gpu=1, gpucores=100)])) == []

@@ -25,6 +25,11 @@ CREATE
     placement, and hamid's parser applies them the same way wherever the
     pod is read (leader, extender, node), so writing them would only freeze
     a copy;
+  - ``gpucores`` above 100 is taken as 100 (the whole GPU, exclusive), as
+    HAMi does: the pod's value is replaced by 100, the response carries a
+    warning ``kubectl`` prints, and the annotation ``hamid.io/gpucores-clamped``
+    says so, which the leader turns into a Warning Event (``GPUCoresClamped``)
+    once it places the pod;
   - gate mode: the scheduling gate ``hamid.io/placement`` is added (once;
     idempotent when present), unless the pod already names its node
     (``spec.nodeName``: the API server refuses gates on such a pod, and the
@@ -58,6 +63,7 @@ from ..errors import HamidError
 from ..logs import get_logger
 from ..serving import BodyTooLarge, read_body
 from ..request import RequestError, parse_pod
+from ..request.kube import CORES_CLAMPED, clamp_message, cores_clamped
 from ..request.kube import (ANN_GPU_POLICY, ANN_MODE, ANN_NODE_POLICY, ANN_NOUSE_TYPE, ANN_NOUSE_UUID, ANN_NUMA_BIND,
                             ANN_SCORING_WEIGHTS, ANN_USE_TYPE, ANN_USE_UUID, parse_device_cordon)
 from ..request.model import Defaults
@@ -146,6 +152,7 @@ class Webhook:
         names = defaults.names
         self.resources = (names.count, names.memory, names.memory_percentage, names.cores, names.priority)
         self.counts = {"allowed": 0, "patched": 0, "denied": 0, "invalid": 0}
+        self._warnings: list[str] = []
 
     # --- the review ----------------------------------------------------------------------
 
@@ -160,6 +167,7 @@ class Webhook:
         if not isinstance(req, dict) or not isinstance(req.get("uid"), str) or not req["uid"]:
             raise ReviewError("request.uid: an AdmissionReview request needs a uid")
         resp: dict[str, Any] = {"uid": req["uid"], "allowed": True}
+        self._warnings: list[str] = []  # kubectl prints these ("Warning: ..."); set by _create
         try:
             patch = self._admit(req)
         except Denied as d:
@@ -178,6 +186,8 @@ class Webhook:
                 resp["patch"] = base64.b64encode(json.dumps(patch, separators=(",", ":")).encode()).decode()
             else:
                 self.counts["allowed"] += 1
+            if self._warnings:
+                resp["warnings"] = list(self._warnings)
         return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": resp}
 
     def _admit(self, req: dict) -> list[dict]:
@@ -245,7 +255,31 @@ class Webhook:
             parsed = parse_pod(self._named(pod, req), self.defaults)
         except RequestError as e:
             raise Denied(400, str(e)) from None
-        return self._patch(pod, parsed)
+        return self._clamp(pod) + self._patch(pod, parsed)
+
+    def _clamp(self, pod: dict) -> list[dict]:
+        """gpucores over 100 becomes 100 (HAMi's reading) in the pod itself, so
+        kube-scheduler and kubelet count what is booked; said in a warning
+        kubectl prints and in an annotation the leader turns into a Warning
+        Event once the pod exists."""
+        cores = self.defaults.names.cores
+        ops: list[dict] = []
+        notes = []
+        for key, i, name, asked in cores_clamped(pod, self.defaults):
+            notes.append(clamp_message(key, i, name, asked, cores))
+            res = _map(_map(_map(pod.get("spec")).get(key)[i]).get("resources"))
+            for part in ("limits", "requests"):
+                if cores in _map(res.get(part)):
+                    ops.append({"op": "replace", "path": f"/spec/{key}/{i}/resources/{part}/{_ptr(cores)}",
+                                "value": "100"})
+        if notes:
+            self._warnings.extend(notes)
+            text = "; ".join(notes)
+            if not isinstance(_map(pod.get("metadata")).get("annotations"), dict):
+                ops.append({"op": "add", "path": "/metadata/annotations", "value": {CORES_CLAMPED: text}})
+            else:
+                ops.append({"op": "add", "path": f"/metadata/annotations/{_ptr(CORES_CLAMPED)}", "value": text})
+        return ops
 
     @staticmethod
     def _named(pod: dict, req: dict) -> dict:

@@ -131,9 +131,8 @@ def _container(c: Any, where: str, init: bool, ann: dict, defaults: Defaults) ->
                            "not both")
     if pct is not None and not 1 <= pct <= 100:
         raise RequestError(f"{label} {names.memory_percentage}: bad value {pct}; accepted: 1 to 100")
-    if cores is not None and not 0 <= cores <= 100:
-        raise RequestError(f"{label} {names.cores}: bad value {cores}; accepted: 0 to 100 (100 = whole GPU, "
-                           "exclusive)")
+    if cores is not None and cores > 100:
+        cores = 100  # as HAMi: more than the whole GPU is the whole GPU (cores_clamped says so)
     if prio is not None and prio not in (0, 1):
         raise RequestError(f"{label} {names.priority}: bad value {prio}; accepted: 0 (high) or 1 (low)")
     if mem is not None:
@@ -162,6 +161,38 @@ def _container(c: Any, where: str, init: bool, ann: dict, defaults: Defaults) ->
         core_policy=_env_policy(c, label),
     )
     return ContainerRequest(name=name, init=init, gpu=gpu)
+
+
+CORES_CLAMPED = "hamid.io/gpucores-clamped"  # set by the webhook on a pod whose gpucores it lowered to 100
+
+
+def cores_clamped(pod: Any, defaults: Defaults = Defaults()) -> list[tuple[str, int, str, int]]:
+    """The containers asking more than 100 % of a GPU, which HAMi (and hamid)
+    take as 100: (``initContainers``/``containers``, index, name, value
+    asked). Malformed values are left to :func:`parse_pod` to refuse."""
+    out = []
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    for key in ("initContainers", "containers"):
+        items = spec.get(key) if isinstance(spec, dict) else None
+        for i, c in enumerate(items if isinstance(items, list) else ()):
+            res = c.get("resources") if isinstance(c, dict) else None
+            if not isinstance(res, dict):
+                continue
+            for part in ("limits", "requests"):
+                v = (res.get(part) or {}).get(defaults.names.cores) if isinstance(res.get(part), dict) else None
+                try:
+                    n = None if v is None else parse_k8s_int(v, defaults.names.cores)
+                except RequestError:
+                    n = None
+                if n is not None and n > 100:
+                    out.append((key, i, str(c.get("name")), n))
+                    break
+    return out
+
+
+def clamp_message(key: str, i: int, name: str, asked: int, cores_name: str) -> str:
+    return (f"spec.{key}[{i}] ({name}) {cores_name}: {asked} is more than a whole GPU; taken as 100 "
+            "(the whole GPU, exclusive), as HAMi does")
 
 
 def parse_pod(pod: Any, defaults: Defaults = Defaults()) -> Request:

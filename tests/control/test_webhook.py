@@ -227,8 +227,8 @@ async def test_generate_name_pod_is_parsed(serve):
 
 MALFORMED = [
     # (limits, annotations, words the message must hold)
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "120"}, None,
-     ["spec.containers[0] (main) nvidia.com/gpucores", "120", "accepted: 0 to 100"]),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "-20"}, None,
+     ["spec.containers[0] (main) nvidia.com/gpucores", "expected a whole number", "-20"]),
     ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "101"}, None,
      ["nvidia.com/gpumem-percentage", "101", "accepted: 1 to 100"]),
     ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "-3"}, None, ["nvidia.com/gpumem-percentage", "-3"]),
@@ -474,7 +474,7 @@ async def test_through_the_api_server_standin(api_server, serve, webhook_tls):
             assert r.status_code == 201, r.text
             out = {}
             for name, limits in (("plain", {"cpu": "1"}), ("gpu", {"nvidia.com/gpu": "1"}),
-                                 ("bad", {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "120"})):
+                                 ("bad", {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "120"})):
                 p = pod(ctr(limits=limits))
                 p["metadata"]["name"] = name
                 out[name] = c.post("/api/v1/namespaces/default/pods", json=p)
@@ -488,4 +488,22 @@ async def test_through_the_api_server_standin(api_server, serve, webhook_tls):
     assert g["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] == "100"
     bad = got["bad"].json()
     assert got["bad"].status_code == 400 and bad["kind"] == "Status"
-    assert "denied the request" in bad["message"] and "nvidia.com/gpucores: bad value 120" in bad["message"]
+    assert "denied the request" in bad["message"] and "nvidia.com/gpumem-percentage: bad value 120" in bad["message"]
+
+
+async def test_gpucores_over_100_is_taken_as_100_with_a_warning(serve):
+    s = await serve()
+    p = pod(ctr(limits={"nvidia.com/gpu": "1", "nvidia.com/gpucores": "120"},
+                requests={"nvidia.com/gpucores": "150"}))
+    resp = await s.review(p)
+    assert resp["allowed"]
+    (warning,) = resp["warnings"]
+    assert warning.startswith("spec.containers[0] (main) nvidia.com/gpucores: 120 is more than a whole GPU; taken "
+                              "as 100") and "as HAMi does" in warning
+    out = applied(p, resp)
+    res = out["spec"]["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpucores"] == res["requests"]["nvidia.com/gpucores"] == "100"
+    assert out["metadata"]["annotations"]["hamid.io/gpucores-clamped"] == warning
+    assert parse_pod(out).containers[0].gpu.cores == 100
+    ok = pod(ctr(limits={"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}))
+    assert "warnings" not in await s.review(ok)

@@ -241,7 +241,7 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
                 sched = SchedulerStandIn(api, config=config, period=0.2).start()
 
                 # kubectl through the chart's webhook (Service + chart-generated certificate)
-                bad = kubectl(kc, "apply", "-f", "-", stdin=POD_YAML.format(name="bad", mem=4000, cores=120))
+                bad = kubectl(kc, "apply", "-f", "-", stdin=POD_YAML.format(name="bad", mem=4000, cores=-5))
                 assert bad.returncode != 0 and 'admission webhook "pods.hamid.io" denied the request' in bad.stderr, \
                     bad.stderr
                 ok = kubectl(kc, "apply", "-f", "-", stdin=POD_YAML.format(name="good", mem=6000, cores=30))

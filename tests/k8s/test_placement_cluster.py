@@ -260,10 +260,10 @@ def test_kubectl_apply_malformed_is_refused_valid_is_placed_bound_and_started(tm
     sched = SchedulerStandIn(api_server, config=config, period=0.2).start()
     try:
         env.leader()
-        bad = env.kubectl("apply", "-f", "-", stdin=POD_YAML.format(name="bad", mem=4000, cores=120))
+        bad = env.kubectl("apply", "-f", "-", stdin=POD_YAML.format(name="bad", mem=4000, cores=-5))
         assert bad.returncode != 0
         assert 'admission webhook "pods.hamid.io" denied the request' in bad.stderr
-        assert "nvidia.com/gpucores" in bad.stderr and "120" in bad.stderr, bad.stderr
+        assert "nvidia.com/gpucores" in bad.stderr and "-5" in bad.stderr, bad.stderr
         ok = env.kubectl("apply", "-f", "-", stdin=POD_YAML.format(name="good", mem=6000, cores=30))
         assert ok.returncode == 0, ok.stderr
         node = sched.wait_bound("default", "good", timeout=30)
@@ -273,6 +273,20 @@ def test_kubectl_apply_malformed_is_refused_valid_is_placed_bound_and_started(tm
         assert _start_kubelet_side(env, "default", "good", node) == {"mem": 6000, "cores": 30}
         owners = [(n.node, r["owner"]) for n in env.nodes for r in n.reservations()]
         assert owners == [(node, f"pod:{pod['metadata']['uid']}")]
+        # more than a whole GPU: taken as 100 as HAMi does, with a warning kubectl prints
+        big = env.kubectl("apply", "-f", "-", stdin=POD_YAML.format(name="big", mem=4000, cores=120))
+        assert big.returncode == 0, big.stderr
+        assert "Warning:" in big.stderr and "120 is more than a whole GPU; taken as 100" in big.stderr, big.stderr
+        sched.wait_bound("default", "big", timeout=30)
+        if mode == "gate":  # the leader records it on the pod once it exists
+            uid = env.api.get("Pod", "default", "big")["metadata"]["uid"]
+            deadline = time.time() + 10
+            while time.time() < deadline and not [
+                    e for e in env.api.list("Event", "default")
+                    if e.get("reason") == "GPUCoresClamped" and e["involvedObject"].get("uid") == uid]:
+                time.sleep(0.1)
+            (ev,) = [e for e in env.api.list("Event", "default") if e.get("reason") == "GPUCoresClamped"]
+            assert ev["type"] == "Warning" and "taken as 100" in ev["message"]
     finally:
         sched.stop()
         env.stop()
