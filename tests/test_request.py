@@ -255,3 +255,13 @@ def test_gpucores_over_100_is_the_whole_gpu_as_in_hami():
     assert parse_pod(p).containers[0].gpu.cores == 100
     assert cores_clamped(p) == [("containers", 0, p["spec"]["containers"][0]["name"], 150)]
     assert cores_clamped(pod([ctr(gpu=1, gpucores=100)])) == []
+
+
+def test_hamis_old_count_name_is_refused_saying_what_to_write():
+    from hamid.request.model import ResourceNames
+
+    with pytest.raises(RequestError, match=r"nvidia.com/vgpu: the GPU count's name in HAMi's first releases.*"
+                                           r"rename it to nvidia.com/gpu, or set resourceCountName"):
+        parse_pod(pod([{"name": "c", "resources": {"limits": {"nvidia.com/vgpu": 1}}}]))
+    d = Defaults(names=ResourceNames(count="nvidia.com/vgpu"))  # the operator kept the old name: it is the count
+    assert parse_pod(pod([{"name": "c", "resources": {"limits": {"nvidia.com/vgpu": 2}}}]), d).containers[0].gpu.count == 2

@@ -63,7 +63,7 @@ from ..errors import HamidError
 from ..logs import get_logger
 from ..serving import BodyTooLarge, read_body
 from ..request import RequestError, parse_pod
-from ..request.kube import CORES_CLAMPED, clamp_message, cores_clamped
+from ..request.kube import CORES_CLAMPED, LEGACY_COUNT, clamp_message, cores_clamped
 from ..request.kube import (ANN_GPU_POLICY, ANN_MODE, ANN_NODE_POLICY, ANN_NOUSE_TYPE, ANN_NOUSE_UUID, ANN_NUMA_BIND,
                             ANN_SCORING_WEIGHTS, ANN_USE_TYPE, ANN_USE_UUID, parse_device_cordon)
 from ..request.model import Defaults
@@ -220,8 +220,10 @@ class Webhook:
                     yield key, i, c
 
     def _written(self, c: Any) -> set[str]:
+        """The GPU resources a container writes (with HAMi's old count name, which the parser refuses)."""
         res = _map(_map(c).get("resources"))
-        return {k for k in self.resources if k in _map(res.get("limits")) or k in _map(res.get("requests"))}
+        return {k for k in (*self.resources, LEGACY_COUNT)
+                if k in _map(res.get("limits")) or k in _map(res.get("requests"))}
 
     def _check_annotations(self, ann: dict) -> None:
         """The request annotations, checked with the parser's own rules and messages

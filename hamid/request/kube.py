@@ -108,6 +108,11 @@ def _container(c: Any, where: str, init: bool, ann: dict, defaults: Defaults) ->
         v = limits.get(key, requests.get(key))
         return None if v is None else parse_k8s_int(v, f"{where} ({name}) {key}")
 
+    if names.count != LEGACY_COUNT and (LEGACY_COUNT in limits or LEGACY_COUNT in requests):
+        raise RequestError(f"{where} ({name}) {LEGACY_COUNT}: the GPU count's name in HAMi's first releases; "
+                           f"HAMi and hamid count GPUs with {names.count} (resourceCountName) and would leave "
+                           f"this pod pending: rename it to {names.count}, or set resourceCountName: "
+                           f"{LEGACY_COUNT} to keep the old name")
     gpus, mem, pct = get(names.count), get(names.memory), get(names.memory_percentage)
     cores, prio = get(names.cores), get(names.priority)
     if gpus is None and mem is None and pct is None and cores is None:
@@ -163,6 +168,9 @@ def _container(c: Any, where: str, init: bool, ann: dict, defaults: Defaults) ->
     return ContainerRequest(name=name, init=init, gpu=gpu)
 
 
+# The count's name in HAMi's first releases (4paradigm's k8s-vgpu-scheduler); HAMi
+# today ignores it, so such a pod waits forever: refused here, saying what to write.
+LEGACY_COUNT = "nvidia.com/vgpu"
 CORES_CLAMPED = "hamid.io/gpucores-clamped"  # set by the webhook on a pod whose gpucores it lowered to 100
 
 

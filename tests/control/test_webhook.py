@@ -235,6 +235,7 @@ MALFORMED = [
     ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "100", "nvidia.com/gpumem-percentage": "50"}, None,
      ["nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "not both"]),
     ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "100"}, None, ["nvidia.com/gpu is 0"]),
+    ({"nvidia.com/vgpu": "1"}, None, ["nvidia.com/vgpu", "HAMi's first releases", "rename it to nvidia.com/gpu"]),
     ({"nvidia.com/gpu": "lots"}, None, ["nvidia.com/gpu", "lots"]),
     ({"nvidia.com/gpu": "1", "nvidia.com/priority": "7"}, None, ["nvidia.com/priority", "accepted: 0 (high) or 1"]),
     ({"nvidia.com/gpu": "1"}, {"nvidia.com/vgpu-mode": "turbo"},
