@@ -402,6 +402,16 @@ class Config(NodeSettings, ResourceNameSettings):
     ever trusts these annotations; the check keeps tools that read them (and
     the leader, which skips a pod that names a node) from being misled."""
 
+    adoptSchedulerNames: tuple[str, ...] = ("hami-scheduler",)
+    """``spec.schedulerName`` values the webhook resets to ``default-scheduler``
+    on a GPU pod, saying so in the annotation ``hamid.io/scheduler-name`` and in
+    a warning. HAMi's webhook sets ``hami-scheduler`` (and manifests written for
+    HAMi carry it); with no scheduler of that name such a pod would stay
+    pending forever, while hamid places through kube-scheduler's own profile
+    (gate mode: the leader; extender mode: kube-scheduler with the extender).
+    ``[]`` leaves every name alone (HAMi's scheduler still running beside
+    hamid during a move)."""
+
     cdiSpecDir: str = "/var/run/cdi"
     """Where ``cdi-cri`` specs are written: the dynamic spec directory every
     CDI-aware runtime reads."""

@@ -30,6 +30,10 @@ CREATE
     warning ``kubectl`` prints, and the annotation ``hamid.io/gpucores-clamped``
     says so, which the leader turns into a Warning Event (``GPUCoresClamped``)
     once it places the pod;
+  - ``spec.schedulerName: hami-scheduler`` (``adoptSchedulerNames``: what
+    HAMi's webhook sets) is reset to ``default-scheduler``, with a warning and
+    the annotation ``hamid.io/scheduler-name`` keeping the old name: there is
+    no hami-scheduler, and hamid places through kube-scheduler;
   - gate mode: the scheduling gate ``hamid.io/placement`` is added (once;
     idempotent when present), unless the pod already names its node
     (``spec.nodeName``: the API server refuses gates on such a pod, and the
@@ -71,6 +75,9 @@ from . import annotations
 from .gates import GATE
 
 log = get_logger("webhook")
+
+DEFAULT_SCHEDULER = "default-scheduler"  # kube-scheduler's default profile, where hamid's placement happens
+SCHEDULER_NAME_ANNOTATION = "hamid.io/scheduler-name"  # the schedulerName the pod was created with, when reset
 
 API_VERSION = "admission.k8s.io/v1"
 
@@ -145,8 +152,9 @@ class Webhook:
     """The admission logic (pure: one review in, one response out) and its ASGI app."""
 
     def __init__(self, *, defaults: Defaults = Defaults(), gate: bool = True,
-                 writers: frozenset[str] | None = None) -> None:
+                 writers: frozenset[str] | None = None, adopt: frozenset[str] = frozenset({"hami-scheduler"})) -> None:
         self.defaults = defaults
+        self.adopt = adopt  # schedulerName values reset to default-scheduler (adoptSchedulerNames)
         self.gate = gate
         self.writers = writers  # None: allocation annotations not checked on UPDATE
         names = defaults.names
@@ -257,30 +265,45 @@ class Webhook:
             parsed = parse_pod(self._named(pod, req), self.defaults)
         except RequestError as e:
             raise Denied(400, str(e)) from None
-        return self._clamp(pod) + self._patch(pod, parsed)
+        notes: dict[str, str] = {}  # annotations saying what was changed, added in one go below
+        ops = self._clamp(pod, notes) + self._adopt(pod, notes) + self._patch(pod, parsed)
+        if notes:
+            if not isinstance(_map(pod.get("metadata")).get("annotations"), dict):
+                ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
+            else:
+                ops.extend({"op": "add", "path": f"/metadata/annotations/{_ptr(k)}", "value": v}
+                           for k, v in notes.items())
+        return ops
 
-    def _clamp(self, pod: dict) -> list[dict]:
+    def _adopt(self, pod: dict, notes: dict[str, str]) -> list[dict]:
+        """HAMi's ``schedulerName`` (``adoptSchedulerNames``) back to kube-scheduler's default profile."""
+        name = _map(pod.get("spec")).get("schedulerName")
+        if name not in self.adopt:
+            return []
+        note = (f"spec.schedulerName {name} reset to {DEFAULT_SCHEDULER}: hamid places GPU pods through "
+                "kube-scheduler (adoptSchedulerNames)")
+        self._warnings.append(note)
+        notes[SCHEDULER_NAME_ANNOTATION] = name
+        return [{"op": "replace", "path": "/spec/schedulerName", "value": DEFAULT_SCHEDULER}]
+
+    def _clamp(self, pod: dict, notes: dict[str, str]) -> list[dict]:
         """gpucores over 100 becomes 100 (HAMi's reading) in the pod itself, so
         kube-scheduler and kubelet count what is booked; said in a warning
         kubectl prints and in an annotation the leader turns into a Warning
         Event once the pod exists."""
         cores = self.defaults.names.cores
         ops: list[dict] = []
-        notes = []
+        said = []
         for key, i, name, asked in cores_clamped(pod, self.defaults):
-            notes.append(clamp_message(key, i, name, asked, cores))
+            said.append(clamp_message(key, i, name, asked, cores))
             res = _map(_map(_map(pod.get("spec")).get(key)[i]).get("resources"))
             for part in ("limits", "requests"):
                 if cores in _map(res.get(part)):
                     ops.append({"op": "replace", "path": f"/spec/{key}/{i}/resources/{part}/{_ptr(cores)}",
                                 "value": "100"})
-        if notes:
-            self._warnings.extend(notes)
-            text = "; ".join(notes)
-            if not isinstance(_map(pod.get("metadata")).get("annotations"), dict):
-                ops.append({"op": "add", "path": "/metadata/annotations", "value": {CORES_CLAMPED: text}})
-            else:
-                ops.append({"op": "add", "path": f"/metadata/annotations/{_ptr(CORES_CLAMPED)}", "value": text})
+        if said:
+            self._warnings.extend(said)
+            notes[CORES_CLAMPED] = "; ".join(said)
         return ops
 
     @staticmethod
@@ -408,7 +431,8 @@ class WebhookFace:
             if writers is None:
                 log.warning("not in a pod and webhookAllocationWriters unset: pod updates that change allocation "
                             "annotations are not checked (no node trusts them; set webhookAllocationWriters)")
-        return cls(Webhook(defaults=defaults, gate=c.controlMode == "gate", writers=writers), c.webhookListen,
+        return cls(Webhook(defaults=defaults, gate=c.controlMode == "gate", writers=writers,
+                           adopt=frozenset(c.adoptSchedulerNames)), c.webhookListen,
                    certfile=c.webhookCertFile, keyfile=c.webhookKeyFile,
                    tls_dir=os.path.join(c.stateDir, "webhook-tls"), names=tuple(c.webhookNames))
 

@@ -78,8 +78,9 @@ def serve(nursery, webhook_tls):
     """Start a webhook face (gate or extender mode) on 127.0.0.1, TLS from webhook_tls."""
     made = []
 
-    async def start(*, gate: bool = True, defaults: Defaults = Defaults(), writers=frozenset({HAMID_SA})):
-        face = WebhookFace(Webhook(defaults=defaults, gate=gate, writers=writers), "127.0.0.1:0",
+    async def start(*, gate: bool = True, defaults: Defaults = Defaults(), writers=frozenset({HAMID_SA}),
+                    adopt=frozenset({"hami-scheduler"})):
+        face = WebhookFace(Webhook(defaults=defaults, gate=gate, writers=writers, adopt=adopt), "127.0.0.1:0",
                            certfile=webhook_tls["tls.crt"], keyfile=webhook_tls["tls.key"])
         await nursery.start(face.run)
         s = Served(face, webhook_tls["ca.pem"])
@@ -508,3 +509,19 @@ async def test_gpucores_over_100_is_taken_as_100_with_a_warning(serve):
     assert parse_pod(out).containers[0].gpu.cores == 100
     ok = pod(ctr(limits={"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}))
     assert "warnings" not in await s.review(ok)
+
+
+async def test_hami_scheduler_name_is_reset_and_said(serve):
+    s = await serve()
+    p = pod(ctr(limits={"nvidia.com/gpu": "1", "nvidia.com/gpucores": "120"}), schedulerName="hami-scheduler")
+    resp = await s.review(p)
+    out = applied(p, resp)
+    assert out["spec"]["schedulerName"] == "default-scheduler"
+    ann = out["metadata"]["annotations"]
+    assert ann["hamid.io/scheduler-name"] == "hami-scheduler" and "taken as 100" in ann["hamid.io/gpucores-clamped"]
+    assert any("schedulerName hami-scheduler reset to default-scheduler" in w for w in resp["warnings"])
+    assert gates(out) == [GATE]
+    other = pod(ctr(limits={"nvidia.com/gpu": "1"}), schedulerName="my-scheduler")
+    assert applied(other, await s.review(other))["spec"]["schedulerName"] == "my-scheduler"  # not HAMi's: kept
+    keep = await serve(adopt=frozenset())  # HAMi's scheduler still runs beside hamid
+    assert applied(p, await keep.review(p))["spec"]["schedulerName"] == "hami-scheduler"
