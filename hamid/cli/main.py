@@ -88,6 +88,16 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--scores", action="store_true",
                     help="table output: each node's score and each GPU's score for every item")
 
+    cfg = sub.add_parser("config", help="configuration tools")
+    csub = cfg.add_subparsers(dest="config_cmd", required=True, metavar="TOOL")
+    fh = csub.add_parser("from-hami", help="translate HAMi's chart values (and device config) into hamid's values")
+    fh.add_argument("values", metavar="VALUES.yaml", help="HAMi's Helm values (helm get values RELEASE -a)")
+    fh.add_argument("device_config", metavar="DEVICE-CONFIG.yaml", nargs="?",
+                    help="HAMi's device-config.yaml (nvidia: ...) or the device plugin's config.json (nodeconfig)")
+    fh.add_argument("-o", "--output", metavar="FILE", help="write hamid's chart values here (default: stdout)")
+    fh.add_argument("--config-out", metavar="FILE",
+                    help="also write the config part alone, for hamid run --config on a Docker host")
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -228,6 +238,40 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
+def _cmd_config(args) -> int:
+    import yaml
+
+    from ..config.fromhami import translate
+
+    def load(path: str) -> dict:
+        try:
+            with open(path) as f:
+                doc = yaml.safe_load(f)
+        except OSError as e:
+            raise HamidError(f"cannot read {path}: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise HamidError(f"{path} is not YAML: {e}") from None
+        if doc is not None and not isinstance(doc, dict):
+            raise HamidError(f"{path}: expected a mapping at the top, got {type(doc).__name__}")
+        return doc or {}
+
+    values, lines = translate(load(args.values), load(args.device_config) if args.device_config else None)
+    text = "# hamid's chart values, translated from HAMi's by `hamid config from-hami`\n" + \
+        yaml.safe_dump(values, sort_keys=False)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        print(text, end="")
+    if args.config_out:
+        Path(args.config_out).write_text(yaml.safe_dump(values.get("config") or {}, sort_keys=False))
+    for line in lines:
+        print(line, file=sys.stderr)
+    counts = {a: sum(1 for x in lines if x.action == a) for a in ("mapped", "default", "no counterpart")}
+    print(f"{counts['mapped']} mapped, {counts['default']} already hamid's default, "
+          f"{counts['no counterpart']} with no counterpart", file=sys.stderr)
+    return 0
+
+
 def _offline_backend(state: Path) -> str:
     """The devices as the daemon recorded them in node.json at its last start."""
     from ..node.facts import read_facts
@@ -296,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hamid {__version__}")
             return 0
         return {"run": _cmd_run, "status": _cmd_status, "plan": _cmd_plan, "webhook": _cmd_webhook,
-                "inspect": _cmd_inspect}[args.cmd](args)
+                "inspect": _cmd_inspect, "config": _cmd_config}[args.cmd](args)
     except HamidError as e:
         print(f"hamid {args.cmd}: {e}", file=sys.stderr)
         return 1
