@@ -79,11 +79,16 @@ def test_gpu_type_names_as_hami_registers_them(tmp_path, ann, want):
 
 SEMANTICS = [
     # (limits, config, equivalent limits or expected (mem_mib, cores))
-    ("gpumem 0 is unset", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 0}, {}, {"nvidia.com/gpu": 1}),
-    ("gpumem 0 alone still asks for a GPU", {"nvidia.com/gpumem": 0}, {}, {"nvidia.com/gpu": 1}),
+    # gpumem 0 is "not set" for the memory (the whole card), but the key is there, so HAMi's webhook does not
+    # make the container exclusive: defaultCores (pkg/device/nvidia/device.go defaultExclusiveCoreIfNeeded)
+    ("gpumem 0 is unset memory, not exclusive", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 0}, {}, (15360, 0)),
+    ("gpumem 0 alone still asks for a GPU", {"nvidia.com/gpumem": 0}, {}, (15360, 0)),
+    ("gpumem-percentage 0 with a count: not exclusive", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 0},
+     {"defaultCores": 20}, (15360, 20)),
     ("percentage 100 alone is exclusive", {"nvidia.com/gpumem-percentage": 100}, {},
      {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 100}),
-    ("defaultMemory with gpu 1", {"nvidia.com/gpu": 1}, {"defaultMemory": 2048, "defaultCores": 20}, (2048, 20)),
+    # a count, no cores, no memory named: exclusive whatever defaultMemory says (HAMi's webhook)
+    ("defaultMemory with gpu 1", {"nvidia.com/gpu": 1}, {"defaultMemory": 2048, "defaultCores": 20}, (2048, 100)),
     ("memoryFactor multiplies gpumem", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4}, {"memoryFactor": 1024},
      (4096, 0)),
 ]

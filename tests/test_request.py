@@ -40,8 +40,8 @@ def test_pod_defaults_come_from_node_settings():
     r = parse_pod(pod([ctr("a", gpucores=20), ctr("b", gpu=1)]), Defaults(memory_mib=2048, cores=5, gpu_num=2))
     a, b = r.containers
     assert (a.gpu.count, a.gpu.mem_mib, a.gpu.cores) == (2, 2048, 20)
-    # defaultMemory set: not "whole card", so not exclusive
-    assert (b.gpu.mem_mib, b.gpu.cores) == (2048, 5)
+    # a count and no memory named: exclusive whatever defaultMemory says, as HAMi's webhook makes it
+    assert (b.gpu.mem_mib, b.gpu.cores) == (2048, 100)
 
 
 def test_pod_percentage_priority_and_annotations():

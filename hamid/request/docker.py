@@ -223,7 +223,8 @@ def parse_docker_env(env: Mapping[str, str] | Iterable[str], container_id: str,
     elif mode == "mig":
         cores = 0
     else:
-        cores = 100 if (mem_pct == 100 and "mem" not in spec) else defaults.cores
+        # no memory named (or 100%): exclusive, whatever defaultMemory says, as HAMi's webhook does for a pod
+        cores = 100 if ("mem" not in spec and spec.get("mem_percent") in (None, 100)) else defaults.cores
     gpu = GpuRequest(count=count, mem_mib=mem_mib, mem_percent=mem_pct, cores=cores, mig_profile=profile,
                      mode=mode, devices=devices, priority=spec.get("priority"), core_policy=spec.get("policy"))
     return Request(owner=f"docker:{container_id}", containers=(ContainerRequest(name="main", gpu=gpu),))

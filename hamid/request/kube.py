@@ -117,6 +117,12 @@ def _container(c: Any, where: str, init: bool, ann: dict, defaults: Defaults) ->
     cores, prio = get(names.cores), get(names.priority)
     if gpus is None and mem is None and pct is None and cores is None:
         return ContainerRequest(name=name, init=init, gpu=None)
+    # HAMi's webhook (defaultExclusiveCoreIfNeeded) makes a container with a
+    # GPU count and no cores exclusive when it names no memory: with a
+    # percentage, only when it is 100; without one, when gpumem is absent,
+    # whatever defaultMemory says. Decided on what the pod wrote, before the
+    # zeros below become "not set".
+    exclusive_default = pct == 100 if pct is not None else mem is None
     # A written 0 is "not set" for memory and percent (HAMi's request parser);
     # the key being there still asks for a GPU, as HAMi's webhook counts keys.
     if pct == 0:
@@ -147,16 +153,13 @@ def _container(c: Any, where: str, init: bool, ann: dict, defaults: Defaults) ->
                                f"{defaults.memory_factor}) is larger than any GPU")
 
     count = gpus if gpus is not None else defaults.gpu_num
-    # The whole card, as the pod wrote it (no memory, or 100 percent): HAMi's
-    # webhook makes that exclusive whether the GPU count was written or added.
-    whole_card = mem is None and pct in (None, 100)
     if mem is None and pct is None:
         if defaults.memory_mib:
             mem = defaults.memory_mib
         else:
             pct = 100
     if cores is None:
-        cores = 100 if (whole_card and pct == 100) else defaults.cores
+        cores = 100 if exclusive_default else defaults.cores
     mode = _choice(ann, ANN_MODE, MODES)
     gpu = GpuRequest(
         count=count, mem_mib=mem, mem_percent=pct, cores=0 if mode == "mig" else cores, mode=mode,
