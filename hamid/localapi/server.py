@@ -118,12 +118,16 @@ class LocalApiFace:
                 try:
                     return await handler(req)
                 except LedgerConflict as e:
+                    if req.url.path == "/v1/containers":  # the Python runtime's admission: logged as the Docker face's
+                        log.warning("container refused", reason=f"no room for this container: {e}")
                     return _error(409, str(e), e.reasons)
                 except Abandoned as e:
                     return _error(410, str(e))
                 except _TooLarge as e:
                     return _error(413, str(e))
                 except HamidError as e:
+                    if req.url.path == "/v1/containers":
+                        log.warning("container refused", reason=str(e))
                     return _error(400, str(e))
                 except Exception as e:  # a bug: say so, in JSON, and log it whole
                     log.exception("local API handler failed", path=req.url.path)
