@@ -5,7 +5,7 @@ and the vGPU monitor's ``cmd/vGPUmonitor/metrics.go`` in Project-HAMi/HAMi at
 4707fb0): each series' name, its label names,
 the legacy name and legacy label names ``--legacy-metrics`` adds, and its unit.
 They are written here independently of hamid's own table
-(hamid/metrics/hami.py), so a renamed label or a changed unit there fails the
+(hamid/hamimetrics.py), so a renamed label or a changed unit there fails the
 check. Every HAMi series carries ``zone="vGPU"`` but ``hami_build_info``.
 """
 

@@ -1,6 +1,6 @@
 """Collectors of node and GPU metrics, and the ``/metrics`` ASGI app.
 
-HAMi's series (names, labels, units: :mod:`hamid.metrics.hami`) from the
+HAMi's series (names, labels, units: :mod:`hamid.hamimetrics`) from the
 ledger, as HAMi's scheduler exports them: ``hami_gpu_memory_limit_bytes``,
 ``hami_gpu_core_limit_ratio``, ``hami_gpu_memory_allocated_bytes``,
 ``hami_gpu_shared_count``, ``hami_gpu_core_allocated_ratio``,
@@ -41,7 +41,7 @@ from starlette.routing import Route
 from .. import __version__
 from ..ledger import Ledger
 from ..logs import get_logger
-from .hami import BUILD_INFO_LABELS, Emitter
+from ..hamimetrics import BUILD_INFO_LABELS, Emitter
 
 log = get_logger("metrics")
 

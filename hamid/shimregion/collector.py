@@ -8,7 +8,7 @@ regions or keep them mapped between scrapes.
 
 Metrics (labels: namespace, pod, container, vdevice_index, device_uuid, as
 HAMi's vGPUmonitor uses them, plus its zone="vGPU"; names and meaning in
-hamid.metrics.hami, legacy names with ``legacy``):
+hamid.hamimetrics, legacy names with ``legacy``):
   hami_vgpu_memory_used_bytes          container's device memory in use
   hami_container_device_memory_bytes   the same (HAMi exports both)
   hami_vgpu_memory_limit_bytes         its limit (0: none)
@@ -54,14 +54,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from hamid.logs import get_logger
-from hamid.metrics.hami import Emitter
+from hamid.hamimetrics import Emitter
 from hamid.shimregion.reader import RegionError, RegionRefused, RegionSnapshot, read_region
 
 log = get_logger("shimregion")
 
 Labeler = Callable[[str], tuple[str, str, str]]
 _LABELS = ["namespace", "pod", "container", "vdevice_index", "device_uuid"]
-# HAMi's vGPU monitor series this collector exports (definitions: hamid.metrics.hami)
+# HAMi's vGPU monitor series this collector exports (definitions: hamid.hamimetrics)
 REGION_SERIES = ("hami_vgpu_memory_used_bytes", "hami_vgpu_memory_limit_bytes", "hami_container_device_memory_bytes",
                  "hami_vgpu_memory_context_bytes", "hami_vgpu_memory_module_bytes", "hami_vgpu_memory_buffer_bytes",
                  "hami_container_device_utilization_ratio", "hami_container_last_kernel_elapsed_seconds")

@@ -1,5 +1,9 @@
 """HAMi's metric names, labels and legacy names, and one way to emit them.
 
+A shared library (no face, no core): the metrics face's ledger and host
+collectors and the core's region collector (hamid/shimregion) both emit
+through it.
+
 HAMi exports its series from two processes: the scheduler (``:9395``: what is
 allocated, from its view of the cluster) and the vGPU monitor (``:9394``:
 what the host and each container use). hamid's one daemon exports both sets
