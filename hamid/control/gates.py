@@ -172,7 +172,7 @@ class GateController:
             if await self._open_gate(pod, choice.decision):
                 clamped = (meta.get("annotations") or {}).get(CORES_CLAMPED)
                 if clamped:  # the webhook lowered gpucores to 100: say so where kubectl describe shows it
-                    await trio.to_thread.run_sync(self._event, pod, "GPUCoresClamped", clamped)
+                    await trio.to_thread.run_sync(lambda: pod_event(self.core, pod, "GPUCoresClamped", clamped))
                 self._opened[meta["uid"]] = time.monotonic()
                 self.placed += 1
                 self._last_reason.pop(meta["uid"], None)
@@ -220,22 +220,6 @@ class GateController:
             if current["metadata"]["uid"] != pod["metadata"]["uid"]:
                 return False
         return False
-
-    def _event(self, pod: dict, reason: str, message: str, kind: str = "Warning") -> None:
-        """Record an Event on the pod (blocking: call from a thread); a failure is logged, not raised."""
-        from kubernetes import client
-
-        meta = pod["metadata"]
-        ns, name = meta["namespace"], meta["name"]
-        ev = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=ns),
-            involved_object=client.V1ObjectReference(kind="Pod", namespace=ns, name=name, uid=meta.get("uid"),
-                                                     api_version="v1"),
-            reason=reason, message=message[:1024], type=kind, count=1, source=client.V1EventSource(component="hamid"))
-        try:
-            self.core.create_namespaced_event(ns, ev, _request_timeout=10)
-        except Exception as e:
-            log.warning("could not record an event", pod=f"{ns}/{name}", reason=reason, error=str(e))
 
     async def _unschedulable(self, pod: dict, message: str) -> None:
         """The condition and an Event saying why the pod stays gated (only when the reason changes)."""
