@@ -357,7 +357,7 @@ def test_service_monitor_scrapes_the_metrics_port():
     (ep,) = sm["spec"]["endpoints"]
     (port,) = svc["spec"]["ports"]
     assert ep["port"] == port["name"] == "metrics" and ep["path"] == "/metrics"
-    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    (c,) = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "hamid"]  # the daemon's
     assert {"name": "metrics", "containerPort": port["port"], "protocol": "TCP"} in c["ports"]
     assert port["targetPort"] == "metrics"
 

@@ -229,7 +229,7 @@ async def test_generate_name_pod_is_parsed(serve):
 MALFORMED = [
     # (limits, annotations, words the message must hold)
     ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "-20"}, None,
-     ["spec.containers[0] (main) nvidia.com/gpucores", "expected a whole number", "-20"]),
+     ["spec.containers[0] (main) nvidia.com/gpucores", "-20"]),
     ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "101"}, None,
      ["nvidia.com/gpumem-percentage", "101", "accepted: 1 to 100"]),
     ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "-3"}, None, ["nvidia.com/gpumem-percentage", "-3"]),
