@@ -56,7 +56,7 @@ def test_every_key_is_mapped_defaulted_or_explained():
     assert k["scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy"].action == "default"
     assert k["scheduler.nodeLockExpire"].action == "no counterpart" and "no node lock" in k["scheduler.nodeLockExpire"].detail
     assert "another vendor" in k["mluResourceName"].detail and "another vendor" in k["cambricon"].detail
-    assert "gpuCorePolicy" not in cfg and k["nvidia.gpuCorePolicy"].action == "no counterpart"
+    assert cfg["gpuCorePolicy"] == "force" and k["nvidia.gpuCorePolicy"].action == "mapped"
     assert k["devicePlugin.nodeConfiguration.config.nodeconfig[0]"].detail.startswith("HAMi's placeholder")
     assert k["devicePlugin.nodeConfiguration.config.nodeconfig[1].migstrategy"].action == "no counterpart"
     # every leaf of the input has its line

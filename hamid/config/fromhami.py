@@ -43,6 +43,7 @@ CONFIG = {
     "scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy": "gpuSchedulerPolicy",
     "devicePlugin.deviceSplitCount": "deviceSplitCount", "devicePlugin.deviceMemoryScaling": "deviceMemoryScaling",
     "devicePlugin.deviceCoreScaling": "deviceCoreScaling", "devicePlugin.deviceListStrategy": "deviceListStrategy",
+    "devices.nvidia.gpuCorePolicy": "gpuCorePolicy",
 }
 # HAMi chart value -> hamid chart value (dotted), taken whole (maps and lists too)
 CHART = {
@@ -56,7 +57,7 @@ WHOLE = set(CHART) | {"devicePlugin.nodeConfiguration.config"}  # leaves even wh
 # device-config.yaml's nvidia: keys that are hamid config keys of the same name
 SAME_NAME = ("resourceCountName", "resourceMemoryName", "resourceMemoryPercentageName", "resourceCoreName",
              "resourcePriorityName", "defaultMemory", "defaultCores", "defaultGPUNum", "memoryFactor",
-             "deviceSplitCount", "deviceMemoryScaling", "deviceCoreScaling", "migProfileAllowlist")
+             "deviceSplitCount", "deviceMemoryScaling", "deviceCoreScaling", "migProfileAllowlist", "gpuCorePolicy")
 # the device plugin's nodeconfig keys (lower case) -> hamid's nodeconfig keys
 NODE = {"operatingmode": "operatingMode", "devicememoryscaling": "deviceMemoryScaling",
         "devicecorescaling": "deviceCoreScaling", "devicesplitcount": "deviceSplitCount",
@@ -89,8 +90,7 @@ NO_COUNTERPART = (
     ("devicePlugin.monitor", "the daemon exports the vGPU monitor's metrics itself (ports.metrics)"),
     ("devicePlugin.migStrategy", "MIG instances are made on demand for nvidia.com/gpu with vgpu-mode mig; "
                                  "mixed (native MIG resources) is not offered"),
-    ("devicePlugin.disablecorelimit", "the compute limit is always enforced (a container may set "
-                                      "HAMID_SM_LIMIT_MODE=observe)"),
+    ("devicePlugin.disablecorelimit", "HAMi's switch for its own plugin; hamid's is config.gpuCorePolicy: disable"),
     ("devicePlugin.preConfiguredDeviceMemory", "memory is read from NVML"),
     ("devicePlugin.enableNumaTopology", "NUMA nodes are always read (numa-bind, the numa policy)"),
     ("devicePlugin.libPath", "the shim lives in the state directory (hostPaths.state)"),
@@ -100,7 +100,6 @@ NO_COUNTERPART = (
     ("devicePlugin.nodeConfiguration.externalConfigName", "per-node settings go under config.nodeconfig"),
     ("devicePlugin.", "a setting of HAMi's device plugin DaemonSet: see hamid's values.yaml for its own"),
     ("mockDevicePlugin", "hamid simulates GPUs itself (config simulate)"),
-    ("devices.nvidia.gpuCorePolicy", "the compute limit is always enforced (HAMID_SM_LIMIT_MODE per container)"),
     ("devices.nvidia.libCudaLogLevel", "LIBCUDA_LOG_LEVEL is read from each container's own environment"),
     ("devices.", OTHER_VENDOR),
     ("device-config", "its content is read by giving the device config file as the second argument"),
@@ -111,10 +110,9 @@ NVIDIA_NO_COUNTERPART = {
     "overwriteEnv": "hamid sets no CUDA environment beyond the container's limits",
     "preConfiguredDeviceMemory": "memory is read from NVML",
     "enableNumaTopology": "NUMA nodes are always read (numa-bind, the numa policy)",
-    "gpuCorePolicy": "the compute limit is always enforced (HAMID_SM_LIMIT_MODE per container)",
     "libCudaLogLevel": "LIBCUDA_LOG_LEVEL is read from each container's own environment",
     "runtimeClassName": "hamid sets no runtimeClassName on GPU pods (it works with the node's default runtime)",
-    "disableCoreLimit": "the compute limit is always enforced (HAMID_SM_LIMIT_MODE per container)",
+    "disableCoreLimit": "hamid's switch is gpuCorePolicy: disable",
     "knownMigGeometries": "instances are made on demand; migProfileAllowlist restricts the profiles",
 }
 
