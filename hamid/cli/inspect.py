@@ -8,7 +8,7 @@ container id or pod UID (as ``docker`` takes one). A name or prefix that
 matches two reservations is refused, naming them.
 
 For each container it prints the GPUs with memory, cores, MIG profile and
-placement and the GPU time slots; then the container's limits file decoded
+placement; then the container's limits file decoded
 (what the shim enforces, whatever the environment says) and its shared
 region's live use (memory used and peak, OOM refusals, GPU time, throttling,
 processes), both read from the state directory.
@@ -52,7 +52,6 @@ def describe(res: dict, state: Path) -> dict[str, Any]:
     from ..node.realize import slot_name
 
     r = Reservation.from_dict(res)
-    slots = r.details.get("slots") or {}
     out: dict[str, Any] = {"owner": r.owner, "name": r.name, "kind": r.kind, "state": r.state,
                            "node": r.decision.node, "created": r.created, "containers": []}
     for c in r.decision.containers:
@@ -63,7 +62,6 @@ def describe(res: dict, state: Path) -> dict[str, Any]:
         for d in c.devices:
             dev = d.to_dict()
             dev["mode"] = "mig" if d.mig_profile else "hami-core"
-            dev["time_slots"] = [list(s) for s in (slots.get(c.name) or {}).get(d.uuid, ())]
             entry["devices"].append(dev)
         entry["limits_file"] = _limits(layout.limits_file(state, slot))
         entry["region"] = _region(Path(layout.region_dir(state, slot)) / Path(layout.REGION_FILE_IN_CONTAINER).name)
@@ -88,6 +86,7 @@ def _limits(path: str) -> dict[str, Any]:
     except HamidError as e:
         return {"path": path, "error": str(e)}
     return {"path": path, "region_path": lim.region_path, "priority": lim.priority, "sm_mode": lim.sm_mode,
+            "sm_policy": lim.sm_policy,
             "sm_period_us": lim.sm_period_us,
             "devices": [{"uuid": d.uuid, "memory_bytes": d.memory_bytes, "sm_percent": d.sm_percent,
                          "slots": [list(s) for s in d.slots]} for d in lim.devices]}
@@ -123,15 +122,14 @@ def render(doc: dict[str, Any]) -> str:
                 what = f"MIG {d['mig_profile']} at {p['start']}:{p['size']}"
             else:
                 what = f"{d['mem_mib']} MiB, {d['cores']}% cores"
-                if d["time_slots"]:
-                    what += ", time slots " + " ".join(f"{a}-{b}%" for a, b in d["time_slots"])
             lines.append(f"    GPU {d['index']} {d['uuid']}  {d['mode']}: {what}")
         lim = c["limits_file"]
         if "error" in lim:
             lines.append(f"    limits file {lim['path']}: {lim['error']}")
         else:
             lines.append(f"    limits file {lim['path']} (the shim enforces it; priority "
-                         f"{'-' if lim['priority'] is None else lim['priority']}, compute {lim['sm_mode']}):")
+                         f"{'-' if lim['priority'] is None else lim['priority']}, compute {lim['sm_mode']}, "
+                         f"policy {lim['sm_policy']}):")
             for d in lim["devices"]:
                 slots = " ".join(f"{a}-{b}%" for a, b in d["slots"]) or "-"
                 lines.append(f"      {d['uuid']}  memory {_mib(d['memory_bytes'])}, compute "

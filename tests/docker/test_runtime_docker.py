@@ -316,8 +316,9 @@ def test_named_container_shows_by_name_runs_and_can_be_inspected(env):
             assert doc["owner"] == f"docker:{cid}" and doc["state"] == "running"
         (c,) = doc["containers"]
         (lim,) = c["limits_file"]["devices"]
-        assert lim["memory_bytes"] == 2 << 30 and lim["sm_percent"] == 20 and lim["slots"]
-        assert lim["slots"] == c["devices"][0]["time_slots"]
+        assert lim["memory_bytes"] == 2 << 30 and lim["sm_percent"] == 20
+        assert c["limits_file"]["sm_policy"] == "default"  # the node's gpuCorePolicy, as the shim reads it
+        assert (c["devices"][0]["mem_mib"], c["devices"][0]["cores"]) == (2048, 20)
         assert "no CUDA process" in c["region"]["error"]
         text = hamid_cli(env, "inspect", "trainer-1").stdout
         assert "memory 2048 MiB, compute 20%" in text and "state: running" in text
