@@ -408,7 +408,8 @@ def test_each_daemon_may_change_only_its_own_nodes_status():
     binding = one(docs, "ValidatingAdmissionPolicyBinding", "hamid-own-node-status")
     assert binding["spec"] == {"policyName": "hamid-own-node-status", "validationActions": ["Deny"]}
     rules = policy["spec"]["matchConstraints"]["resourceRules"]
-    assert rules == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes/status"]}]
+    assert rules == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                      "resources": ["nodes", "nodes/status"]}]
     env = celpy.Environment()
     (match,) = [env.program(env.compile(c["expression"])) for c in policy["spec"]["matchConditions"]]
     (rule,) = [env.program(env.compile(v["expression"])) for v in policy["spec"]["validations"]]
