@@ -145,7 +145,8 @@ def test_invariants_hold_for_any_workload(sc):
             for c in dec.containers:
                 for d in c.devices:
                     holders.setdefault(d.uuid, set()).add(dec.containers[0].name + "@" + str(id(dec)))
-                    if d.cores >= 100 and d.mig_profile is None and caps[name][0].cores_total == 100:
+                    own = next(g for g in caps[name] if g.uuid == d.uuid)  # this GPU's cores, not the node's first
+                    if d.cores >= 100 and d.mig_profile is None and own.cores_total == 100:
                         exclusive.add(d.uuid)
         for g in view.gpus:
             assert g.mem_used <= g.mem_total, g

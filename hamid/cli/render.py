@@ -25,6 +25,18 @@ def short_owner(key: str) -> str:
     return f"{kind}:{uid[:12]}" if kind == "docker" else key
 
 
+def mode_cell(g: dict) -> str:
+    """A GPU's MODE column: ``mig``, or the share modes it serves (``hami-core|mps``),
+    with the one its tenants use now in brackets when it serves several."""
+    serves = g.get("serves") or []
+    if g["mode"] == "mig" or not serves:
+        return g["mode"]
+    text = "|".join(serves)
+    if len(serves) > 1 and g.get("share_mode"):
+        text += f" [{g['share_mode']}]"
+    return text
+
+
 def status_table(doc: dict) -> str:
     lines = [f"node {doc['node']}  devices: {doc['backend']}  reservations: {len(doc['reservations'])}", ""]
     rows = []
@@ -42,7 +54,7 @@ def status_table(doc: dict) -> str:
         else:
             mem = f"{bar(g['memory_used_mib'], g['memory_total_mib'])} {g['memory_used_mib']}/{g['memory_total_mib']} MiB"
             cores = f"{bar(g['cores_used'], g['cores_total'], 10)} {g['cores_used']}/{g['cores_total']}%"
-        rows.append([str(g["index"]), g["name"], g["mode"], mem, cores,
+        rows.append([str(g["index"]), g["name"], mode_cell(g), mem, cores,
                      f"{g['shares_used']}/{g['shares_total']}", " ".join(flags)])
     lines.append(table(rows, ["GPU", "MODEL", "MODE", "MEMORY", "CORES / MIG", "SHARES", ""]))
     if doc["reservations"]:
@@ -52,9 +64,14 @@ def status_table(doc: dict) -> str:
             for c in r["decision"]["containers"]:
                 for d in c["devices"]:
                     what = (f"{d['mig_profile']} @ {d['mig_placement']['start']}:{d['mig_placement']['size']}"
-                            if d.get("mig_profile") else f"{d['mem_mib']} MiB, {d['cores']}% cores")
+                            if d.get("mig_profile") else
+                            f"mps: {d['mem_mib']} MiB pinned, {d['cores'] or 100}% threads" if d.get("mps") else
+                            f"{d['mem_mib']} MiB, {d['cores']}% cores")
+                    state = r["state"]
+                    if d.get("mps") and (r.get("details") or {}).get("mps_failure"):
+                        state += " (MPS daemon failed, restarted)"
                     rrows.append([r.get("name") or "-", short_owner(r["owner"]), c["name"], str(d["index"]), what,
-                                  r["state"]])
+                                  state])
         lines.append(table(rrows, ["NAME", "OWNER", "CONTAINER", "GPU", "SHARE", "STATE"]))
     return "\n".join(lines)
 

@@ -35,6 +35,8 @@ def doc_from_view(view: NodeView, version: int) -> dict[str, Any]:
             profiles.setdefault(g.name, profs)
         d["use"] = [g.mem_used, g.cores_used, g.slots_used, g.exclusive,
                     [[s.profile, s.placement.start, s.placement.size] for s in g.mig_used]]
+        if g.mps_used:
+            d["use"].append(g.mps_used)  # a sixth item only when some shares are MPS clients
         gpus.append(d)
     return {"node": view.name, "version": version, "policy": view.gpu_policy, "gpus": gpus,
             "profiles": profiles}
@@ -52,9 +54,10 @@ def view_from_doc(doc: dict) -> NodeView:
     for d in doc["gpus"]:
         d = dict(d, mig_profiles=doc.get("profiles", {}).get(d["name"], []))
         cap = gpu_view_from_dict(d)
-        mem, cores, slots, excl, mig = d["use"]
+        mem, cores, slots, excl, mig, *rest = d["use"]
         gpus.append(cap.with_use(int(mem), int(cores), int(slots), bool(excl),
-                                 tuple(MigSlot(p, MigPlacement(int(s), int(z))) for p, s, z in mig)))
+                                 tuple(MigSlot(p, MigPlacement(int(s), int(z))) for p, s, z in mig),
+                                 int(rest[0]) if rest else 0))
     return NodeView(doc["node"], tuple(gpus), doc.get("policy", "spread"))
 
 
@@ -116,7 +119,8 @@ def gpu_rows(doc: dict) -> list[dict[str, Any]]:
                      "filtered": g.filtered, "memory_total_mib": g.mem_total, "memory_used_mib": g.mem_used,
                      "memory_free_mib": g.mem_total - g.mem_used, "cores_total": g.cores_total,
                      "cores_used": g.cores_used, "shares_total": g.slots_total, "shares_used": g.slots_used,
-                     "exclusive": g.exclusive,
+                     "exclusive": g.exclusive, "serves": list(g.serves), "share_mode": g.share_mode,
+                     "mps_shares": g.mps_used,
                      "mig_instances": [{"profile": s.profile, "start": s.placement.start, "size": s.placement.size}
                                        for s in g.mig_used]})
     return rows

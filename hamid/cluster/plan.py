@@ -167,7 +167,9 @@ def gpu_doc(g: GpuView, score) -> dict:
     d = {"uuid": g.uuid, "index": g.index, "model": g.name, "type": g.hami_type, "mode": g.mode, "numa": g.numa,
          "healthy": g.healthy, "cordoned": g.cordoned, "filtered": g.filtered, "memory_mib": g.mem_total,
          "memory_used_mib": g.mem_used, "cores": g.cores_total, "cores_used": g.cores_used,
-         "split_count": g.slots_total, "shares_used": g.slots_used, "exclusive": g.exclusive}
+         "split_count": g.slots_total, "shares_used": g.slots_used, "exclusive": g.exclusive,
+         "serves": list(g.serves) if g.mode != MODE_MIG else [], "share_mode": g.share_mode,
+         "mps_shares": g.mps_used}
     if g.mode == MODE_MIG or g.mig_used:
         d["mig_profiles"] = {p.name: {"memory_mib": p.memory_mib, "max": p.max_instances, "slices": p.slices,
                                       "placements": [[pl.start, pl.size] for pl in p.placements]}
@@ -295,8 +297,10 @@ def render(results: list[dict], scores: bool = False) -> str:
                 if d.get("mig_profile"):
                     pl = d["mig_placement"]
                     share = f"MIG {d['mig_profile']} at {pl['start']}:{pl['size']}"
+                elif d.get("mps"):
+                    share = f"MPS {d['mem_mib']} MiB pinned, {d['cores'] or 100}% threads"
                 else:
-                    share = f"{d['mem_mib']} MiB, {d['cores']}% cores"
+                    share = f"hami-core {d['mem_mib']} MiB, {d['cores']}% cores"
                 tag = " (init)" if c["init"] else ""
                 lines.append(f"     {c['name']}{tag}: GPU {d['index']} {d['uuid']}  {share}")
         if scores:

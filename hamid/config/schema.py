@@ -120,11 +120,40 @@ class NodeSettings(BaseModel):
     """Multiplier on each GPU's 100% of compute for booking. 1.0: the cores of
     all tenants add up to at most the whole GPU."""
 
-    operatingMode: Literal["hami-core", "mig"] = "hami-core"
+    operatingMode: Literal["hami-core", "mig", "mps", "any"] = "hami-core"
     """``hami-core``: share GPUs through the shim's memory and compute limits.
     ``mig``: carve MIG instances on demand (the GPU must already be in MIG
-    mode; hamid never switches it). Shim mode is the default because every
-    NVIDIA GPU supports it."""
+    mode; hamid never switches it). ``mps``: share each GPU among clients of
+    one NVIDIA MPS control daemon per GPU that hamid starts and stops, each
+    client held to its own active thread percentage (hard SM partitions) and
+    pinned-memory limit. ``any``: a GPU serves hami-core and MPS tenants, one
+    mode at a time (whichever its current tenants use; an idle GPU takes
+    either, hami-core for a request that names none). A GPU's real MIG mode
+    always wins over this setting. Shim mode is the default because every
+    NVIDIA GPU supports it; MPS needs Volta or newer and the driver's
+    ``nvidia-cuda-mps-control``."""
+
+    deviceModes: dict[str, Literal["hami-core", "mps", "any"]] = {}
+    """Per GPU, by NVML index (``"0"``) or UUID (``GPU-...``): the share mode
+    that GPU serves, overriding ``operatingMode`` for it (e.g. ``{"0": mps}``
+    keeps GPU 0 for MPS tenants and the rest in hami-core mode). Empty (the
+    default): every GPU follows ``operatingMode``. A GPU in MIG mode is MIG
+    whatever this says."""
+
+    mpsDir: str | None = None
+    """Where each GPU's MPS pipe and log directories go (``<dir>/<GPU uuid>/pipe``).
+    Unset: ``<stateDir>/mps``, private to root like the state directory, which
+    serves containers that run as root (the common case). MPS starts each
+    client's server as the client's UID, and that server opens the pipe
+    directory by its host path: for containers of other users set an
+    absolute directory whose ancestors they may traverse (hamid makes it
+    0711), e.g. ``/run/hamid-mps``. Its control socket's path must fit a unix
+    socket (107 bytes)."""
+
+    mpsControl: str = "nvidia-cuda-mps-control"
+    """The MPS control program: a name looked up on ``PATH`` (the driver
+    installs it in ``/usr/bin``) or an absolute path. Only read where some
+    GPU serves MPS."""
 
     filterDevices: FilterDevices = FilterDevices()
     """GPUs to leave alone; empty by default (use every GPU)."""
@@ -189,6 +218,30 @@ class NodeSettings(BaseModel):
             return parse_gpu_policy(v, "gpuSchedulerPolicy")
         except RequestError as e:
             raise ValueError(str(e)) from None
+
+    @field_validator("mpsDir")
+    @classmethod
+    def _mps_dir(cls, v):
+        if v is not None and (not v.startswith("/") or "\x00" in v):
+            raise ValueError(f"mpsDir {v!r}: expected an absolute directory path")
+        return v
+
+    @field_validator("deviceModes")
+    @classmethod
+    def _device_keys(cls, v):
+        import re
+
+        for k in v:
+            if not (re.fullmatch(r"[0-9]{1,2}", k, re.ASCII)
+                    or re.fullmatch(r"GPU-[0-9a-fA-F-]{36}", k, re.ASCII)):
+                raise ValueError(f"deviceModes key {k!r}: expected a GPU index (\"0\") or a GPU UUID (GPU-...)")
+        return v
+
+    def share_modes(self, index: int, uuid: str) -> tuple[str, ...]:
+        """The share modes a non-MIG GPU serves, its default (for a request
+        that names none) first: ``deviceModes`` for it, else ``operatingMode``."""
+        m = self.deviceModes.get(uuid) or self.deviceModes.get(str(index)) or self.operatingMode
+        return {"mps": ("mps",), "any": ("hami-core", "mps")}.get(m, ("hami-core",))
 
     @field_validator("simulate")
     @classmethod
@@ -283,6 +336,12 @@ class Config(NodeSettings, ResourceNameSettings):
     0.2 s alone was 0.25% of a core). The look is one directory listing; 0.2 s
     returns a GPU to the pool about as fast as Docker reports the exit. Every
     reservation drains them first anyway."""
+
+    mpsCheckInterval: float = Field(5.0, gt=0, le=3600)
+    """Seconds between health checks of the GPUs' MPS control daemons (where
+    some GPU serves MPS). A check is one ``get_server_list`` per daemon with
+    tenants (milliseconds); 5 s finds a dead or wedged daemon, marks its
+    tenants failed and restarts it before most clients' own retries give up."""
 
     nodeconfig: tuple[NodeOverride, ...] = ()
     """Per-node overrides, matched on the node's name."""

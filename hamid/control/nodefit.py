@@ -381,7 +381,9 @@ def _gpu_reason(kind: str, req: str | None, free: int | None, what: str | None) 
         "useuuid": "GPU not in use-gpuuuid",
         "nouseuuid": "GPU in nouse-gpuuuid",
         "notmig": "GPU mode (MIG requested, GPU not in MIG mode)",
-        "mig": "GPU mode (hami-core requested, GPU in MIG mode)",
+        "mig": f"GPU mode ({req} requested, GPU in MIG mode)",
+        "serves": f"GPU mode ({req} not served: set operatingMode or deviceModes to {req} or any)",
+        "onemode": f"GPU mode ({req} requested, GPU busy with {what} tenants)",
         "migcreate": f"GPU MIG ({what} on {req} GPU(s) requested, at most {free} can create it)",
         "migprofile": f"GPU MIG (no profile {what})",
         "migsize": f"GPU MIG (no profile holds {req} MiB)",
@@ -416,9 +418,10 @@ def _node_reasons(reasons: Iterable[str]) -> dict[tuple, int | None]:
 
 
 # which fields of a kind the summary shows (and so tells reasons apart by)
-_HAS_ASKED = {"mem", "cores", "devices", "usetype", "nousetype", "migcreate", "migsize", "count"}
+_HAS_ASKED = {"mem", "cores", "devices", "usetype", "nousetype", "migcreate", "migsize", "count", "mig", "serves",
+              "onemode"}
 _HAS_FREE = {"mem", "cores", "migcreate", "count"}
-_HAS_WHAT = {"migcreate", "migprofile"}
+_HAS_WHAT = {"migcreate", "migprofile", "onemode"}
 
 
 def summarize(reasons_by_node: dict[str, list[str]], total: int) -> str:

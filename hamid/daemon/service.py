@@ -33,6 +33,7 @@ from ..logs import get_logger
 from .supervise import FaceHealth, supervised
 from ..node import devnodes
 from ..node.capacity import capacity_views
+from ..node.mps import find_program as find_mps_program
 from ..node.core import NodeCore
 from ..node.face import Face, collector_of, liveness_of
 from ..node.facts import NodeFacts, write_facts
@@ -151,6 +152,12 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
         ledger.set_inventory(node, views, settings.gpuSchedulerPolicy)
         shim = install_shim_for(config, state_dir)
         real = backend.kind == "nvml"
+        mps_control = None
+        if any("mps" in settings.share_modes(g.index, g.uuid) for g in gpus if not g.mig_enabled):
+            mps_control = find_mps_program(settings.mpsControl)
+            if mps_control is None:
+                log.warning("some GPUs serve MPS but the MPS control program was not found; MPS tenants will be "
+                            "refused until it is installed", mpsControl=settings.mpsControl)
         gpu_nodes = {}
         for g in gpus:
             if g.minor is not None and (n := devnodes.gpu_node(config.devRoot, g.minor)) is not None:
@@ -166,7 +173,7 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
             defaults={"memory_mib": settings.defaultMemory, "cores": settings.defaultCores,
                       "gpu_num": settings.defaultGPUNum},
             node_policy=settings.nodeSchedulerPolicy, region_tmpfs=config.regionTmpfs,
-            core_policy=settings.gpuCorePolicy)
+            core_policy=settings.gpuCorePolicy, mps_control=mps_control, mps_dir=settings.mpsDir)
         write_facts(state_dir, facts)
         (state_dir / CONTAINERS_DIR).mkdir(mode=0o700, exist_ok=True)
         core = NodeCore(ledger, facts, lambda: backend)
@@ -519,6 +526,16 @@ async def _priority_loop(d: Daemon) -> None:
             log.error("priority pass failed", error=repr(e)[:500])
 
 
+async def _mps_loop(d: Daemon) -> None:
+    """Health of the GPUs' MPS control daemons, every ``mpsCheckInterval``."""
+    while True:
+        await trio.sleep(d.config.mpsCheckInterval)
+        try:
+            await d.service.mps_check()
+        except Exception as e:  # a check that failed (the ledger busy): the next one retries
+            log.error("MPS check failed", error=repr(e)[:500])
+
+
 async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled or signalled."""
     sock = d.state_dir / SOCKET_NAME
@@ -533,8 +550,14 @@ async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             for f in faces:
                 await nursery.start(supervised, f, health)
+            try:
+                await d.service.mps_check()  # adopt running control daemons (after the faces subscribed)
+            except Exception as e:
+                log.error("MPS check failed", error=repr(e)[:500])
             nursery.start_soon(_reconcile_loop, d, liveness)
             nursery.start_soon(_priority_loop, d)
+            if d.core.facts.mps_control:
+                nursery.start_soon(_mps_loop, d)
             nursery.start_soon(_wait_for_signal, nursery.cancel_scope)
             log.info("serving", socket=str(sock), faces=[f.name for f in faces],
                      metrics_port=d.config.metricsPort or None)

@@ -22,7 +22,8 @@ Two strategies (``deviceListStrategy``):
   nodes of the GPUs kubelet's IDs belong to, ``NVIDIA_VISIBLE_DEVICES``, the
   shim, ``/etc/ld.so.preload``, the slot's region directory and the slot's
   limits file (empty until ``PreStartContainer``: an empty limits file makes
-  the shim refuse CUDA, so nothing runs unlimited). Since the GPU is kubelet's
+  the shim refuse CUDA, so nothing runs unlimited); for one GPU that serves
+  MPS, also its control daemon's pipe directory. Since the GPU is kubelet's
   choice, the reservation follows it: a pod reserved on other GPUs is moved to
   kubelet's under the ledger's re-check, or its start fails. MIG needs ``cdi-cri``.
 - ``cdi-cri``: ``Allocate`` gives only the CDI device ``hamid.io/vgpu=<slot>``,
@@ -41,7 +42,7 @@ from typing import Any
 
 from ..errors import HamidError
 from ..logs import get_logger
-from ..node import layout
+from ..node import layout, mps
 from ..node.core import NodeCore
 from ..node.identity import Owner
 from ..node.realize import realize, slot_name
@@ -111,6 +112,7 @@ class PodAdmission:
                                (layout.region_dir(st, slot), layout.REGION_DIR_IN_CONTAINER, False),
                                (layout.limits_file(st, slot), layout.LIMITS_IN_CONTAINER, True)):
             resp.mounts.append(pb.Mount(container_path=path, host_path=host, read_only=ro))
+        self._mps_edits(gpus, resp)
         nodes = []
         for g in gpus:
             n = facts.gpu_nodes.get(g)
@@ -124,6 +126,23 @@ class PodAdmission:
             resp.devices.append(pb.DeviceSpec(container_path=n.path, host_path=n.host_path,
                                               permissions=n.permissions))
         return resp
+
+    def _mps_edits(self, gpus: list[str], resp: pb.ContainerAllocateResponse) -> None:
+        """One GPU that may serve MPS: its control daemon's pipe directory, in case the pod
+        turns out to be an MPS share (the shim joins it only when the limits file says so;
+        ``CUDA_MPS_PIPE_DIRECTORY`` is set here only where the GPU serves nothing else, so a
+        hami-core tenant of a GPU serving both never joins an MPS server)."""
+        if len(gpus) != 1 or not self.core.facts.mps_control:
+            return
+        g = next((v for v in self.core.ledger.view().gpus if v.uuid == gpus[0]), None)
+        if g is None or "mps" not in g.serves:
+            return
+        root = self.core.facts.mps_dir
+        mps.ensure_dirs(self.core.state_dir, g.uuid, root)
+        resp.mounts.append(pb.Mount(container_path=mps.PIPE_IN_CONTAINER,
+                                    host_path=mps.pipe_dir(self.core.state_dir, g.uuid, root), read_only=False))
+        if g.serves == ("mps",):
+            resp.envs["CUDA_MPS_PIPE_DIRECTORY"] = mps.PIPE_IN_CONTAINER
 
     def _slot_files(self, slot: str) -> None:
         """The slot's region directory and a placeholder limits file: empty, so the

@@ -451,8 +451,38 @@ class KubeletFace:
 
     # --- the face ---------------------------------------------------------------------------
 
+    async def _tell_mps_failures(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """An Event on each pod whose GPU's MPS control daemon failed (and was restarted)."""
+        send, receive = trio.open_memory_channel(1024)
+
+        def on_change(event: str, key: str) -> None:
+            if event == "mps_failed" and key.startswith("pod:"):
+                try:
+                    send.send_nowait(key)
+                except trio.WouldBlock:
+                    log.warning("too many MPS failure events queued; one not told", owner=key)
+
+        self.node.subscribe(on_change)
+        task_status.started()
+        async for key in receive:
+            await self.node.run_blocking(self._mps_event, key)
+
+    def _mps_event(self, key: str) -> None:
+        res = self.node.core.ledger.get(key)
+        if res is None:
+            return
+        ns, _, name = (res.name or "").partition("/")
+        note = res.details.get("mps_failure") or {}
+        pod = {"metadata": {"namespace": ns, "name": name, "uid": res.uid}}
+        self.pods.event(pod, "HamidMpsFailed",
+                        f"the MPS control daemon of GPU {note.get('gpu')} failed ({note.get('reason')}); hamid "
+                        "restarted it. This pod's CUDA processes lost their MPS server and must be restarted; its "
+                        "reservation is kept.")
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            if self.pods.api is not None:
+                await nursery.start(self._tell_mps_failures)
             await nursery.start(self._watch_health)
             await nursery.start(self._keep_registered)
             if self.pods.api is not None:

@@ -11,7 +11,8 @@ ledger, as HAMi's scheduler exports them: ``hami_gpu_memory_limit_bytes``,
 as the monitor exports them; hamid's own are ``hamid_*``
 (``hamid_reservations``, ``hamid_vgpu_allocation_info``,
 ``hamid_host_gpu_temperature_celsius``, ``hamid_host_gpu_power_watts``,
-``hamid_host_gpu_ecc_uncorrected_errors``, ``hamid_build_info``).
+``hamid_host_gpu_ecc_uncorrected_errors``, ``hamid_build_info``,
+``hamid_gpu_mps_shares``: a GPU's MPS client shares).
 
 A Docker container is labelled as HAMi would a pod: namespace ``docker``, pod
 its name (``docker run --name``, else its short id), container ``main``.
@@ -78,6 +79,10 @@ class LedgerCollector:
             if g.mem_total > 0:
                 e.add("hami_node_gpu_memory_allocated_ratio", lab, g.mem_used / g.mem_total,
                       legacy_values=(view.name, g.uuid, idx))
+        mps_shares = GaugeMetricFamily("hamid_gpu_mps_shares", "Of the GPU's tenants, the MPS client shares",
+                                       labels=["node", "device_uuid", "device_index", "device_type"])
+        for g in view.gpus:
+            mps_shares.add_metric([view.name, g.uuid, str(g.index), g.hami_type], g.mps_used)
         alloc_info = GaugeMetricFamily("hamid_vgpu_allocation_info", "A container_index of hami_vgpu_*_allocated "
                                        "named: the container and the reservation's owner key",
                                        labels=["namespace", "node", "pod", "container_index", "container", "owner"])
@@ -106,6 +111,7 @@ class LedgerCollector:
                               legacy_values=(ns, pod, ctr, str(vi), d.uuid, gi))
         yield from e.families(SCHEDULER_SERIES)
         yield alloc_info
+        yield mps_shares
         resv = GaugeMetricFamily("hamid_reservations", "Reservations in the ledger", labels=["kind"])
         for kind in ("docker", "pod"):
             resv.add_metric([kind], per_kind.get(kind, 0))

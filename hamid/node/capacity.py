@@ -18,11 +18,13 @@ def is_filtered(info: GpuInfo, settings: Any) -> bool:
 
 
 def capacity_views(gpus: Iterable[GpuInfo], settings: Any) -> list[GpuView]:
-    """Each GPU as the node books it: split count, scaling, filterDevices and
-    the MIG profiles ``migProfileAllowlist`` leaves it."""
+    """Each GPU as the node books it: split count, scaling, filterDevices,
+    the share modes it serves (``operatingMode``/``deviceModes``) and the MIG
+    profiles ``migProfileAllowlist`` leaves it."""
     return [restrict_mig_profiles(gpu_view_from_info(g, split_count=settings.deviceSplitCount,
                                                      memory_scaling=settings.deviceMemoryScaling,
                                                      core_scaling=settings.deviceCoreScaling,
-                                                     filtered=is_filtered(g, settings)),
+                                                     filtered=is_filtered(g, settings),
+                                                     serves=settings.share_modes(g.index, g.uuid)),
                                   settings.migProfileAllowlist)
             for g in gpus]

@@ -32,7 +32,7 @@ from ..ledger import Ledger, Reservation, claimant_id
 from ..ledger.report import status_document
 from ..logs import get_logger
 from ..request.model import Request, effective_core_policy
-from . import layout, mig, regionfs, released
+from . import layout, mig, mps, regionfs, released
 from .edits import ContainerEdits
 from .facts import NodeFacts
 from .identity import Owner
@@ -134,6 +134,8 @@ class NodeCore:
             mig.create_instances(self.backend, res, self.facts,
                                  lambda entry: self.ledger.update(res.owner, mig=entry))
             res = self.ledger.get(res.owner) or res
+        for uuid in mps.wanted(res):
+            self._mps_up(uuid)
         done: set[str] = set()
         for c in res.decision.containers:
             slot = slot_name(res, c.name)
@@ -179,12 +181,14 @@ class NodeCore:
         # No time slots in the file: measured on an H200 (bench/gpu/results/h200-2026-11-26-limits.md, issue 22)
         # slots are not work-conserving (a launch-bound tenant got 3 % of a 30 % share); the shim's rate limiter
         # holds each container to its share (the ledger's cores), with the policy below.
+        is_mps = any(d.mps for d in c.devices)
         limits = ContainerLimits(
             devices=tuple(DeviceLimits(uuid=d.uuid, memory_bytes=d.mem_mib << 20,
                                        sm_percent=d.cores if 0 < d.cores < 100 else 0)
                           for d in c.devices),
             region_path=layout.REGION_FILE_IN_CONTAINER, priority=prio,
-            sm_policy=effective_core_policy(self.facts.core_policy, asked))  # type: ignore[arg-type]
+            sm_policy=effective_core_policy(self.facts.core_policy, asked),  # type: ignore[arg-type]
+            mps=is_mps)
         write_limits_file(layout.limits_file(self.state_dir, slot), limits)
 
     def realize(self, key: str, container: str | None = None) -> ContainerEdits:
@@ -225,6 +229,8 @@ class NodeCore:
             return res, False
         if mig.wanted(res):
             mig.destroy_instances(self.backend, res)
+        for uuid in mps.wanted(res):
+            self._mps_down_if_last(uuid, key)
         kind, _, uid = key.partition(":")
         for c in res.decision.containers:  # the slot a face keyed it to, and the default one it had before
             for slot in (lambda: slot_name(res, c.name), lambda: layout.slot(kind, uid, c.name)):
@@ -352,6 +358,82 @@ class NodeCore:
                 self._hold_written[key] = hold
                 written += 1
         return written
+
+    # --- MPS control daemons ----------------------------------------------------
+
+    @property
+    def mps(self) -> mps.MpsControl:
+        if not self.facts.mps_control:
+            raise HamidError("this node has no MPS control program (mpsControl: the driver's "
+                             "nvidia-cuda-mps-control was not found at start-up); MPS shares cannot run here")
+        return mps.MpsControl(self.facts.mps_control, str(self.state_dir), timeout=mps.COMMAND_TIMEOUT_S,
+                              root=self.facts.mps_dir)
+
+    def _mps_tenants(self, without: str | None = None) -> dict[str, list[str]]:
+        """GPU UUID -> owners booking it in MPS mode (rows being released left out)."""
+        out: dict[str, list[str]] = {}
+        for r in self.ledger.list():
+            if r.owner == without or r.state == "releasing":
+                continue
+            for uuid in mps.wanted(r):
+                out.setdefault(uuid, []).append(r.owner)
+        return out
+
+    def _mps_up(self, uuid: str) -> None:
+        """GPU ``uuid``'s control daemon answers (started now if none runs)."""
+        ctl = self.mps
+        with ctl.locked(uuid):
+            if not ctl.running(uuid):  # a wedged one raises: the health check restarts it
+                ctl.start(uuid)
+
+    def _mps_down_if_last(self, uuid: str, leaving: str) -> None:
+        """Stop GPU ``uuid``'s control daemon when ``leaving`` was its last MPS tenant."""
+        try:
+            ctl = self.mps
+            with ctl.locked(uuid):
+                if uuid not in self._mps_tenants(without=leaving):
+                    ctl.stop(uuid)
+        except Exception as e:  # the release goes on; mps_check stops a daemon left without tenants
+            log.error("could not stop the MPS control daemon after its last tenant", gpu=uuid, error=str(e))
+
+    def mps_check(self) -> list[dict[str, Any]]:
+        """Bring every GPU's MPS control daemon in line with the ledger: adopt
+        one that answers and has tenants (a restarted hamid never stops it),
+        stop one left without tenants, and for one that is dead or wedged
+        while it has tenants: record the failure on each tenant's reservation
+        (``details["mps_failure"]``; nothing is released), restart it, and
+        return what happened so faces can tell the owners (an Event for pods)."""
+        if not self.facts.mps_control:
+            return []
+        ctl = self.mps
+        failures = []
+        for uuid in sorted(set(ctl.gpus()) | set(self._mps_tenants())):
+            try:
+                with ctl.locked(uuid):
+                    owners = self._mps_tenants().get(uuid, [])
+                    if not owners:
+                        if ctl.daemon_pids(uuid):
+                            log.info("stopping an MPS control daemon without tenants", gpu=uuid)
+                            ctl.stop(uuid)
+                        continue
+                    why = ctl.health(uuid)
+                    if why is None:
+                        continue
+                    log.error("MPS control daemon failed; restarting it", gpu=uuid, reason=why, tenants=owners)
+                    import time
+
+                    note = {"gpu": uuid, "reason": why, "at": time.time()}
+                    for o in owners:
+                        try:
+                            self.ledger.update(o, details={"mps_failure": note})
+                        except Exception as e:
+                            log.warning("could not record the MPS failure", owner=o, error=str(e))
+                    ctl.stop(uuid)
+                    ctl.start(uuid)
+                    failures.append({**note, "owners": owners})
+            except Exception as e:
+                log.error("MPS check failed", gpu=uuid, error=str(e))
+        return failures
 
     # --- reading ---------------------------------------------------------------
 

@@ -37,6 +37,8 @@ class NodeFacts:
     node_policy: str = "binpack"
     region_tmpfs: bool = True  # region directories on a tmpfs of their own (node/regionfs.py)
     core_policy: str = "default"  # gpuCorePolicy: GPU_CORE_UTILIZATION_POLICY unless a container asks force
+    mps_control: str | None = None  # nvidia-cuda-mps-control's path, where some GPU serves MPS and it was found
+    mps_dir: str | None = None  # mpsDir: where the GPUs' MPS pipe and log directories are (None: stateDir/mps)
 
     @property
     def real(self) -> bool:
@@ -51,7 +53,8 @@ class NodeFacts:
                 "dev_root": self.dev_root, "caps_root": self.caps_root,
                 "shim": {"library": self.shim_library, "preload": self.shim_preload},
                 "defaults": self.defaults, "node_policy": self.node_policy, "region_tmpfs": self.region_tmpfs,
-                "core_policy": self.core_policy}
+                "core_policy": self.core_policy,
+                "mps_control": self.mps_control, "mps_dir": self.mps_dir}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NodeFacts":
@@ -64,7 +67,8 @@ class NodeFacts:
                    caps_root=d.get("caps_root", "/proc/driver/nvidia/capabilities"),
                    shim_library=shim.get("library"), shim_preload=shim.get("preload"),
                    defaults=dict(d.get("defaults") or {}), node_policy=d.get("node_policy", "binpack"),
-                   region_tmpfs=bool(d.get("region_tmpfs", True)), core_policy=d.get("core_policy", "default"))
+                   region_tmpfs=bool(d.get("region_tmpfs", True)), core_policy=d.get("core_policy", "default"),
+                   mps_control=d.get("mps_control"), mps_dir=d.get("mps_dir"))
 
 
 def write_facts(state_dir: str | Path, facts: NodeFacts) -> None:

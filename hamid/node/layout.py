@@ -5,7 +5,9 @@ ledger, the facts the daemon found at start-up, the installed shim, and one
 entry per GPU container in each of ``containers/`` (its shared-region
 directory, owned by the container's user so its processes can share the
 region file) and ``limits/`` (its limits file, owned by root and mounted
-read-only, so no process in the container can change it). ``released/``
+read-only, so no process in the container can change it). ``mps/<GPU uuid>/``
+holds the pipe and log directories of that GPU's MPS control daemon
+(hamid.node.mps). ``released/``
 holds release requests from poststop hooks that could not reach the daemon.
 
 A container's *slot* names its entries: a Docker container's id, or
@@ -28,16 +30,19 @@ CONTAINERS_DIR = "containers"
 LIMITS_DIR = "limits"
 RELEASED_DIR = "released"
 SHIM_DIR = "shim"
+MPS_DIR = "mps"
 
 SHIM_IN_CONTAINER = "/usr/local/vgpu/libvgpu.so"
 LIMITS_IN_CONTAINER = "/usr/local/vgpu/hamid.limits"
 PRELOAD_IN_CONTAINER = "/etc/ld.so.preload"
 REGION_DIR_IN_CONTAINER = "/run/hamid"
 REGION_FILE_IN_CONTAINER = REGION_DIR_IN_CONTAINER + "/vgpu.cache"
+MPS_PIPE_IN_CONTAINER = "/run/hamid-mps"  # an MPS share's GPU pipe directory (hamid.node.mps, the shim's HAMID_MPS_PIPE_DIR)
 
 # Every path hamid mounts over inside a container: a runtime refuses a
 # container whose rootfs has a symbolic link on any of them.
-MOUNTED_IN_CONTAINER = (SHIM_IN_CONTAINER, LIMITS_IN_CONTAINER, PRELOAD_IN_CONTAINER, REGION_DIR_IN_CONTAINER)
+MOUNTED_IN_CONTAINER = (SHIM_IN_CONTAINER, LIMITS_IN_CONTAINER, PRELOAD_IN_CONTAINER, REGION_DIR_IN_CONTAINER,
+                        MPS_PIPE_IN_CONTAINER)
 
 
 # One path component of ours: no separator, no leading dot (so never "." or

@@ -14,7 +14,11 @@ installed NVIDIA toolkit still injects the driver); the shim and
 ``/etc/ld.so.preload`` read-only; its limits file read-only (the shim's only
 source of limits when present); its own region directory; and HAMi-core's
 variables (``CUDA_DEVICE_MEMORY_LIMIT_<i>``, ``CUDA_DEVICE_SM_LIMIT[_<i>]``,
-``CUDA_DEVICE_MEMORY_SHARED_CACHE``) for tools that read them. A MIG share
+``CUDA_DEVICE_MEMORY_SHARED_CACHE``) for tools that read them. An MPS share
+(one GPU) gets the same, without the time-slice variables, plus its GPU's
+MPS pipe directory at ``/run/hamid-mps`` and ``CUDA_MPS_PIPE_DIRECTORY``,
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+(informative: the shim sets them from the limits file). A MIG share
 gets the parent GPU's node, the instance's two capability nodes and
 ``NVIDIA_VISIBLE_DEVICES=MIG-<uuid>``.
 """
@@ -27,7 +31,7 @@ from typing import Any
 from ..errors import HamidError
 from ..ledger import Reservation
 from ..placement.result import ContainerAssignment, DeviceAssignment
-from . import layout
+from . import layout, mps
 from .edits import ContainerEdits, DeviceNode, Mount
 from .facts import NodeFacts
 
@@ -128,12 +132,21 @@ def realize(res: Reservation, facts: NodeFacts, container: str | None = None) ->
         if not facts.shim_library or not facts.shim_preload:
             raise RealizeError("the shim is not installed on this node (the daemon found no libvgpu.so to "
                                "install); memory and compute limits cannot be enforced, so the container is refused")
+        is_mps = any(d.mps for d in c.devices)
         for i, d in enumerate(c.devices):
             env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.mem_mib}m"
-            if 0 < d.cores < 100:
+            if 0 < d.cores < 100 and not is_mps:
                 env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(d.cores)
-        if c.devices and 0 < c.devices[0].cores < 100:
+        if c.devices and 0 < c.devices[0].cores < 100 and not is_mps:
             env["CUDA_DEVICE_SM_LIMIT"] = str(c.devices[0].cores)
+        if is_mps:
+            if len(c.devices) != 1:
+                raise RealizeError(f"{res.owner}: an MPS share has one GPU, this one has {len(c.devices)}")
+            d = c.devices[0]
+            # For tools that read them; the shim sets all three from the limits file before the driver starts.
+            env["CUDA_MPS_PIPE_DIRECTORY"] = mps.PIPE_IN_CONTAINER
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(d.cores if 0 < d.cores < 100 else 100)
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={d.mem_mib}M"
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = layout.REGION_FILE_IN_CONTAINER
         prio = _priority(res, c.name)
         if prio is not None:
@@ -147,6 +160,9 @@ def realize(res: Reservation, facts: NodeFacts, container: str | None = None) ->
             Mount(layout.region_dir(facts.state_dir, slot), layout.REGION_DIR_IN_CONTAINER, RW),
             Mount(layout.limits_file(facts.state_dir, slot), layout.LIMITS_IN_CONTAINER, RO),
         ]
+        if is_mps:  # the GPU's control daemon's pipe directory (its clients connect there)
+            mounts.append(Mount(mps.pipe_dir(facts.state_dir, c.devices[0].uuid, facts.mps_dir),
+                                mps.PIPE_IN_CONTAINER, RW))
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(visible)
     env["HAMI_RESERVATION"] = res.owner
     return ContainerEdits(env=tuple(f"{k}={v}" for k, v in env.items()), device_nodes=tuple(nodes),

@@ -26,7 +26,7 @@ from .identity import Owner
 
 log = get_logger("node")
 
-# (event, owner key): event is one of admitted, committed, released, state, conflict
+# (event, owner key): event is one of admitted, committed, released, state, conflict, mps_failed
 Listener = Callable[[str, str], None]
 
 
@@ -113,6 +113,15 @@ class NodeService:
 
     async def priority_pass(self) -> int:
         return await self._run(self.core.priority_pass)
+
+    async def mps_check(self) -> list[dict[str, Any]]:
+        """Adopt, stop or restart the GPUs' MPS control daemons (NodeCore.mps_check);
+        ``mps_failed`` is announced for each tenant of a daemon that had failed."""
+        failures = await self._run(self.core.mps_check)
+        for f in failures:
+            for owner in f["owners"]:
+                self._notify("mps_failed", owner)
+        return failures
 
     # --- reading -----------------------------------------------------------------
 

@@ -28,9 +28,9 @@ from operator import attrgetter
 
 from ..request.model import GpuRequest, Request, ScoringWeights
 from . import mig
-from .fit import Use, book, eligible, not_mig_reason, room, score, try_gpu
+from .fit import MODE_SETTING, Use, book, eligible, mode_room, not_mig_reason, room, score, try_gpu
 from .result import ContainerAssignment, Decision, DeviceAssignment, NoFit
-from .view import MODE_MIG, GpuView, NodeView
+from .view import MODE_MIG, MODE_SHIM, SHARE_MPS, GpuView, NodeView
 from .reasons import Reason, in_container
 
 
@@ -124,7 +124,7 @@ def _fit_container(req: GpuRequest, node: NodeView, use: _NodeUse, init: bool, p
             reasons.append(Reason("idle", f"GPU {g.index} has {u.slots} tenant(s); the mutex policy takes idle GPUs only",
                                   gpu=g.index))
             continue
-        mem, cores, _, _ = got
+        mem, cores = got[0], got[1]
         cands.append((score(g, u, mem, cores, weights), g, u, got))
     need = req.count if req.count is not None else statically_ok
     if need == 0:
@@ -152,9 +152,9 @@ def _fit_container(req: GpuRequest, node: NodeView, use: _NodeUse, init: bool, p
         cands = next((grp for grp in groups.values() if len(grp) >= need), cands)
     picked = _topology_pick(cands, need, node) if primary == "topology-aware" else cands[:need]
     out = []
-    for _, g, u, (mem, cores, prof, pl) in picked:
-        book(u, g, mem, cores, prof, pl)
-        out.append(DeviceAssignment(g.uuid, g.index, mem, cores, prof, pl))
+    for _, g, u, (mem, cores, prof, pl, mps) in picked:
+        book(u, g, mem, cores, prof, pl, mps)
+        out.append(DeviceAssignment(g.uuid, g.index, mem, cores, prof, pl, mps))
     return None, tuple(out)
 
 
@@ -336,9 +336,14 @@ def check(decision: Decision, node: NodeView) -> list[str]:
                 if d.mem_mib <= 0 or not 0 <= d.cores <= 100:
                     problems.append(f"container {c.name}: GPU {g.index}: bad amounts {d.mem_mib} MiB, {d.cores}%")
                     continue
-                why = room(g, u, d.mem_mib, d.cores)
+                mode = SHARE_MPS if d.mps else MODE_SHIM
+                if mode not in g.serves:
+                    problems.append(f"container {c.name}: GPU {g.index} does not serve {mode} (it serves "
+                                    f"{g.mode_label}); to allow it set {MODE_SETTING} to {mode} or any")
+                    continue
+                why = mode_room(g, u, mode) or room(g, u, d.mem_mib, d.cores)
             if why:
                 problems.append(f"container {c.name}: {why}")
                 continue
-            book(u, g, d.mem_mib, d.cores, d.mig_profile, d.mig_placement)
+            book(u, g, d.mem_mib, d.cores, d.mig_profile, d.mig_placement, d.mps)
     return problems

@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from ..devices.types import MigPlacement
 from ..request.model import GpuRequest, ScoringWeights
 from . import mig
-from .view import MODE_MIG, GpuView, MigSlot, type_matches
 from .reasons import Reason
+from .view import MODE_MIG, MODE_SHIM, SHARE_MPS, GpuView, MigSlot, type_matches
+
+# What a refusal tells the operator to change when a GPU does not serve the mode asked for.
+MODE_SETTING = "operatingMode (node) or deviceModes (per GPU) in the hamid config"
 
 
 @dataclass
@@ -25,13 +28,14 @@ class Use:
     slots: int
     exclusive: bool
     mig: list[MigSlot] = field(default_factory=list)
+    mps: int = 0  # of slots, the MPS client shares
 
     @classmethod
     def of(cls, g: GpuView) -> "Use":
-        return cls(g.mem_used, g.cores_used, g.slots_used, g.exclusive, list(g.mig_used))
+        return cls(g.mem_used, g.cores_used, g.slots_used, g.exclusive, list(g.mig_used), g.mps_used)
 
     def copy(self) -> "Use":
-        return Use(self.mem, self.cores, self.slots, self.exclusive, list(self.mig))
+        return Use(self.mem, self.cores, self.slots, self.exclusive, list(self.mig), self.mps)
 
 
 def eligible(req: GpuRequest, g: GpuView) -> Reason | None:
@@ -57,8 +61,33 @@ def eligible(req: GpuRequest, g: GpuView) -> Reason | None:
         return Reason("nouseuuid", f"GPU {g.index} ({g.uuid}) is in nouse-gpuuuid", gpu=g.index)
     if req.wants_mig and g.mode != MODE_MIG:
         return Reason("notmig", not_mig_reason(g), gpu=g.index)
-    if req.mode == "hami-core" and g.mode == MODE_MIG:
-        return Reason("mig", f"GPU {g.index} is in MIG mode; hami-core was requested", gpu=g.index)
+    if req.mode in (MODE_SHIM, SHARE_MPS) and g.mode == MODE_MIG:
+        return Reason("mig", f"GPU {g.index} is in MIG mode; {req.mode} was requested", gpu=g.index, asked=req.mode)
+    if req.mode in (MODE_SHIM, SHARE_MPS) and req.mode not in g.serves:
+        return Reason("serves", f"GPU {g.index} does not serve {req.mode} (it serves {g.mode_label}); to allow it set "
+                      f"{MODE_SETTING} to {req.mode} or any", gpu=g.index, asked=req.mode)
+    return None
+
+
+def share_mode(req: GpuRequest, g: GpuView, u: "Use") -> str:
+    """The mode a share of ``g`` for ``req`` takes: the one asked for, else
+    the mode the GPU's current tenants use, else the GPU's default."""
+    if req.mode in (MODE_SHIM, SHARE_MPS):
+        return req.mode
+    if u.slots:
+        return SHARE_MPS if u.mps else MODE_SHIM
+    return g.serves[0]
+
+
+def mode_room(g: GpuView, u: "Use", mode: str) -> Reason | None:
+    """One share mode at a time: MPS clients and hami-core tenants never share a GPU
+    (a non-MPS context would time-slice against the MPS server's partitions)."""
+    if mode == SHARE_MPS and u.slots > u.mps:
+        return Reason("onemode", f"GPU {g.index} has {u.slots - u.mps} hami-core tenant(s); an MPS share needs a GPU "
+                      "without them (a GPU serves one mode at a time)", gpu=g.index, asked=mode, what=MODE_SHIM)
+    if mode == MODE_SHIM and u.mps:
+        return Reason("onemode", f"GPU {g.index} has {u.mps} MPS tenant(s); a hami-core share needs a GPU without "
+                      "them (a GPU serves one mode at a time)", gpu=g.index, asked=mode, what=SHARE_MPS)
     return None
 
 
@@ -67,7 +96,7 @@ def not_mig_reason(g: GpuView) -> str:
     if not g.mig_capable:
         return (f"GPU {g.index} ({g.name}) has no MIG: it shares through the shim only (MIG needs an A100, A30, "
                 "H100, H200 or newer); ask for memory and cores instead of a MIG profile")
-    return (f"GPU {g.index} is not in MIG mode (it shares through the shim, mode hami-core); to use MIG on it, "
+    return (f"GPU {g.index} is not in MIG mode (it serves {g.mode_label}); to use MIG on it, "
             f"enable MIG mode (as root, no process on the GPU: nvidia-smi -i {g.index} -mig 1), set "
             "operatingMode: mig for this node, and restart hamid")
 
@@ -120,7 +149,7 @@ def score(g: GpuView, u: Use, mem: int, cores: int, weights: ScoringWeights | No
 
 
 def try_gpu(req: GpuRequest, g: GpuView, u: Use):
-    """Either a reason string, or (mem, cores, mig_profile, mig_placement)."""
+    """Either a reason string, or (mem, cores, mig_profile, mig_placement, mps)."""
     why = eligible(req, g)
     if why:
         return why
@@ -130,15 +159,16 @@ def try_gpu(req: GpuRequest, g: GpuView, u: Use):
         if isinstance(got, str):
             return got
         prof, pl = got
-        return prof.memory_mib, 0, prof.name, pl
-    why = room(g, u, mem, req.cores)
+        return prof.memory_mib, 0, prof.name, pl, False
+    mode = share_mode(req, g, u)
+    why = mode_room(g, u, mode) or room(g, u, mem, req.cores)
     if why:
         return why
-    return mem, req.cores, None, None
+    return mem, req.cores, None, None, mode == SHARE_MPS
 
 
 def book(u: Use, g: GpuView, mem: int, cores: int, mig_profile: str | None,
-         placement: MigPlacement | None) -> None:
+         placement: MigPlacement | None, mps: bool = False) -> None:
     if mig_profile is not None and placement is not None:
         u.mig.append(MigSlot(mig_profile, placement))
         u.slots += 1
@@ -146,5 +176,6 @@ def book(u: Use, g: GpuView, mem: int, cores: int, mig_profile: str | None,
     u.mem += mem
     u.cores += cores
     u.slots += 1
+    u.mps += int(mps)
     if takes_whole(g, cores):
         u.exclusive = True

@@ -22,7 +22,9 @@ KINDS = (
     "devices",    # not among the GPUs the request names (asked: the list)
     "usetype", "nousetype", "useuuid", "nouseuuid",  # the type and UUID selectors (asked: what they say)
     "notmig",     # a MIG request on a GPU not in MIG mode
-    "mig",        # a hami-core request on a GPU in MIG mode
+    "mig",        # a hami-core or MPS request on a GPU in MIG mode (asked: the mode)
+    "serves",     # the GPU does not serve the share mode asked (asked: the mode) under operatingMode/deviceModes
+    "onemode",    # the GPU's tenants use the other share mode (asked: the mode, what: theirs)
     "migcreate",  # too few GPUs that can still create the profile (asked: count, free: how many can, what)
     "migprofile", # the GPU has no such profile (what)
     "migsize",    # no profile holds the memory (asked MiB)

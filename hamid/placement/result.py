@@ -18,11 +18,14 @@ class DeviceAssignment:
     cores: int
     mig_profile: str | None = None
     mig_placement: MigPlacement | None = None
+    mps: bool = False  # an MPS client share: cores is its active thread percentage, mem_mib its pinned limit
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         if self.mig_placement is not None:
             d["mig_placement"] = {"start": self.mig_placement.start, "size": self.mig_placement.size}
+        if not self.mps:
+            del d["mps"]  # absent means hami-core: documents written before MPS existed read the same
         return d
 
     @classmethod
@@ -30,7 +33,8 @@ class DeviceAssignment:
         pl = d.get("mig_placement")
         return cls(uuid=d["uuid"], index=int(d["index"]), mem_mib=int(d["mem_mib"]), cores=int(d["cores"]),
                    mig_profile=d.get("mig_profile"),
-                   mig_placement=MigPlacement(int(pl["start"]), int(pl["size"])) if pl else None)
+                   mig_placement=MigPlacement(int(pl["start"]), int(pl["size"])) if pl else None,
+                   mps=d.get("mps") is True)
 
 
 @dataclass(frozen=True)

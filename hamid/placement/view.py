@@ -16,6 +16,8 @@ from ..devices.types import GpuInfo, MigPlacement, MigProfile
 
 MODE_SHIM = "hami-core"
 MODE_MIG = "mig"
+SHARE_MPS = "mps"  # a share mode of a MODE_SHIM GPU: clients of the GPU's MPS control daemon
+DEFAULT_SERVES = (MODE_SHIM,)
 
 
 class MigSlot(NamedTuple):
@@ -48,6 +50,20 @@ class GpuView:
     cordoned: bool = False  # hami.io/device-cordon: no new tenants, existing ones stay
     mig_capable: bool = False  # the GPU can be put in MIG mode (whatever mode it is in now)
     links: tuple[tuple[str, int], ...] = ()  # (peer UUID, HAMi link score), see link_score
+    serves: tuple[str, ...] = DEFAULT_SERVES  # share modes of a whole GPU ("hami-core", "mps"), default first
+    mps_used: int = 0  # of slots_used, the MPS client shares (the rest are hami-core shares)
+
+    @property
+    def share_mode(self) -> str | None:
+        """The mode the GPU's current tenants share it in (one at a time), None when idle."""
+        if self.mode == MODE_MIG or not self.slots_used:
+            return None
+        return SHARE_MPS if self.mps_used else MODE_SHIM
+
+    @property
+    def mode_label(self) -> str:
+        """What ``status`` and ``plan`` show: ``mig``, ``hami-core``, ``mps`` or ``hami-core|mps``."""
+        return self.mode if self.mode == MODE_MIG else "|".join(self.serves)
 
     def link_score(self, peer: str) -> int:
         """HAMi's link score to GPU ``peer``: n x 100 for n NVLinks, else the
@@ -77,12 +93,14 @@ class GpuView:
                 return p
         return None
 
-    def with_use(self, mem: int, cores: int, slots: int, exclusive: bool, mig: tuple[MigSlot, ...]) -> "GpuView":
+    def with_use(self, mem: int, cores: int, slots: int, exclusive: bool, mig: tuple[MigSlot, ...],
+                 mps: int = 0) -> "GpuView":
         """A copy with the given use (a fast ``dataclasses.replace`` for the hot path)."""
         new = object.__new__(GpuView)
         d = new.__dict__
         d.update(self.__dict__)
         d["mem_used"], d["cores_used"], d["slots_used"], d["exclusive"], d["mig_used"] = mem, cores, slots, exclusive, mig
+        d["mps_used"] = mps
         return new
 
 
@@ -172,7 +190,8 @@ class NodeView:
 
 
 def gpu_view_from_info(info: GpuInfo, *, split_count: int = 10, memory_scaling: float = 1.0,
-                       core_scaling: float = 1.0, filtered: bool = False) -> GpuView:
+                       core_scaling: float = 1.0, filtered: bool = False,
+                       serves: tuple[str, ...] = DEFAULT_SERVES) -> GpuView:
     """Capacity of a GPU under a node's settings, with nothing used yet.
 
     A GPU in MIG mode is booked by MIG instances only; its live instances
@@ -192,7 +211,7 @@ def gpu_view_from_info(info: GpuInfo, *, split_count: int = 10, memory_scaling: 
                    slots_total=split_count, numa=info.numa_node, healthy=info.healthy, filtered=filtered,
                    mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
                    memory_slices=info.memory_slices, links=links,
-                   mig_capable=bool(info.mig_capable or info.mig_profiles))
+                   mig_capable=bool(info.mig_capable or info.mig_profiles), serves=tuple(serves))
 
 
 def gpu_view_to_dict(g: GpuView) -> dict:
@@ -213,6 +232,8 @@ def gpu_view_to_dict(g: GpuView) -> dict:
         d["mig_capable"] = True
     if g.links:
         d["links"] = {u: s for u, s in g.links}
+    if g.serves != DEFAULT_SERVES and g.mode != MODE_MIG:
+        d["serves"] = list(g.serves)
     return d
 
 
@@ -227,4 +248,14 @@ def gpu_view_from_dict(d: dict) -> GpuView:
                    filtered=bool(d.get("filtered", False)), mig_profiles=profs,
                    compute_slices=int(d.get("compute_slices", 0)), memory_slices=int(d.get("memory_slices", 0)),
                    cordoned=bool(d.get("cordoned", False)), mig_capable=bool(d.get("mig_capable", False)),
-                   links=tuple(sorted((str(u), int(s)) for u, s in (d.get("links") or {}).items())))
+                   links=tuple(sorted((str(u), int(s)) for u, s in (d.get("links") or {}).items())),
+                   serves=_serves(d.get("serves")))
+
+
+def _serves(v) -> tuple[str, ...]:
+    if v is None:
+        return DEFAULT_SERVES
+    if (not isinstance(v, list) or not v or any(m not in (MODE_SHIM, SHARE_MPS) for m in v)
+            or len(set(v)) != len(v)):
+        raise ValueError(f"serves={v!r}: expected a list of distinct share modes from hami-core, mps")
+    return tuple(v)

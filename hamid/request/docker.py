@@ -16,6 +16,9 @@
     gpus=2       how many of the visible GPUs to use (default: all listed)
     1g.10gb      a MIG profile (MIG mode; checked against the GPU's table)
     mode=mig     MIG with the smallest profile that holds mem=
+    mode=mps     an MPS client share: cores= is its active thread percentage
+                 and mem= its pinned-memory limit, both set by the daemon; one GPU
+    mode=hami-core  the shim's time-shared limits (the default on most GPUs)
     priority=1   0 high, 1 low (passed to the shim)
     policy=force GPU_CORE_UTILIZATION_POLICY: force limits even alone; default
                  (the node's gpuCorePolicy otherwise) limits only while another
@@ -40,7 +43,7 @@ ENV_SPEC = "HAMI_VGPU_SPEC"
 VISIBLE_DEVICES_FORMS = "an index (0), a list (0,2), a range (0-3), GPU UUIDs (GPU-...), or all"
 VGPU_SPEC_FORMS = (
     "comma-separated lower-case items: mem=<MiB or size such as 512m, 4g> | mem=<1-100>% | cores=<0-100> | "
-    "gpus=<1-64> | mode=hami-core|mig | priority=0|1 | policy=default|force | a MIG profile such as 1g.10gb or "
+    "gpus=<1-64> | mode=hami-core|mig|mps | priority=0|1 | policy=default|force | a MIG profile such as 1g.10gb or "
     "3g.40gb (ASCII digits)"
 )
 
@@ -155,11 +158,14 @@ def parse_vgpu_spec(text: str) -> dict:
             if clash in seen:
                 raise RequestError(f"{whole}: a MIG profile ({seen['profile']}) fixes memory and "
                                    f"compute; remove {clash}=")
-        if seen.get("mode") == "hami-core":
-            raise RequestError(f"{whole}: a MIG profile ({seen['profile']}) needs mode=mig, not hami-core")
+        if seen.get("mode") in ("hami-core", "mps"):
+            raise RequestError(f"{whole}: a MIG profile ({seen['profile']}) needs mode=mig, not {seen['mode']}")
     if seen.get("mode") == "mig" and "cores" in seen:
         raise RequestError(f"{whole}: cores= does not apply to MIG (an instance's compute is fixed "
                            "by its profile); remove cores=")
+    if seen.get("mode") == "mps" and seen.get("gpus", 1) != 1:
+        raise RequestError(f"{whole}: mode=mps takes one GPU (gpus={seen['gpus']}): a process reaches one MPS "
+                           "control daemon and hamid runs one per GPU; remove gpus= or use mode=hami-core")
     return seen
 
 
@@ -208,6 +214,10 @@ def parse_docker_env(env: Mapping[str, str] | Iterable[str], container_id: str,
         devices = ()
         if "gpus" not in spec:
             count = None
+    if spec.get("mode") == "mps" and count != 1:
+        raise RequestError(f"{ENV_SPEC} mode=mps takes one GPU, but {ENV_DEVICES}={echo(dev_text)} gives "
+                           f"{'every GPU' if count is None else count}: a process reaches one MPS control daemon and "
+                           "hamid runs one per GPU; name one GPU or add gpus=1")
 
     profile = spec.get("profile")
     mode = "mig" if profile else spec.get("mode")

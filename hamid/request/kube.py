@@ -17,7 +17,8 @@ HAMi's scheduler gives.
 Pod annotations apply to every container: ``nvidia.com/use-gputype``,
 ``nouse-gputype`` (comma lists, case-insensitive substrings of the card
 name), ``use-gpuuuid``, ``nouse-gpuuuid`` (exact UUIDs), ``nvidia.com/vgpu-mode``
-(``hami-core`` or ``mig``), ``nvidia.com/numa-bind``, and
+(``hami-core``, ``mig`` or ``mps``, as HAMi: an MPS share is one GPU per
+container), ``nvidia.com/numa-bind``, and
 ``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy`` (a policy
 or a chain such as ``binpack,numa``), and ``hami.io/device-scoring-weights``.
 The node annotation ``hami.io/device-cordon`` is parsed here too
@@ -161,6 +162,10 @@ def _container(c: Any, where: str, init: bool, ann: dict, defaults: Defaults) ->
     if cores is None:
         cores = 100 if exclusive_default else defaults.cores
     mode = _choice(ann, ANN_MODE, MODES)
+    if mode == "mps" and count != 1:
+        raise RequestError(f"{label}: annotation {ANN_MODE}: mps takes one GPU per container, {names.count} is "
+                           f"{count}: a process reaches one MPS control daemon and hamid runs one per GPU; set "
+                           f"{names.count} to 1 or use hami-core")
     gpu = GpuRequest(
         count=count, mem_mib=mem, mem_percent=pct, cores=0 if mode == "mig" else cores, mode=mode,
         use_types=_list(ann, ANN_USE_TYPE), nouse_types=_list(ann, ANN_NOUSE_TYPE),

@@ -8,7 +8,8 @@ from typing import Any
 
 from ..errors import HamidError
 
-MODES = ("hami-core", "mig")
+MODES = ("hami-core", "mig", "mps")
+SHARE_MODES = ("hami-core", "mps")  # the ways a whole (non-MIG) GPU is shared
 POLICIES = ("binpack", "spread")  # node policies
 GPU_POLICIES = ("spread", "binpack", "topology-aware", "mutex")  # one of these, optionally with "numa"
 GPU_POLICY_FORMS = ("spread, binpack, topology-aware, mutex or numa, or a comma-separated chain of one of the "
@@ -124,7 +125,9 @@ class GpuRequest:
     (scaled) memory; exactly one is set. ``cores`` is a percent of each GPU's
     compute; 100 means exclusive use. ``mig_profile`` names a MIG profile
     explicitly; otherwise in MIG mode the smallest profile that holds the
-    memory is chosen. ``devices`` restricts the candidates to GPU indexes or
+    memory is chosen. ``mode`` ``mps`` asks for an MPS client share of one
+    GPU (``cores`` becomes its active thread percentage, the memory its
+    pinned-memory limit); ``None`` takes whatever mode the GPU serves. ``devices`` restricts the candidates to GPU indexes or
     UUIDs (Docker's ``HAMI_VISIBLE_DEVICES``); ``count`` ``None`` means every
     listed device.
     """
@@ -149,6 +152,10 @@ class GpuRequest:
     @property
     def wants_mig(self) -> bool:
         return self.mode == "mig" or self.mig_profile is not None
+
+    @property
+    def wants_mps(self) -> bool:
+        return self.mode == "mps"
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class ContainerLimits:
     sm_mode: SmMode = "enforce"  # "observe": charge and count, never hold a launch back
     sm_period_us: int = 100_000  # the limiter's period; slots are parts of it
     sm_policy: SmPolicy = "default"  # HAMi's chart default; ABI 1 files (no field) meant force
+    mps: bool = False  # an MPS client share: one device, its sm_percent is the active thread percentage
 
 
 def header_path() -> Path:
@@ -81,7 +82,8 @@ def _consts() -> dict[str, int]:
     lib = _ffi().dlopen(None)
     names = ("HAMID_LIMITS_MAGIC", "HAMID_LIMITS_ABI_VERSION", "HAMID_LIMITS_ABI_MIN", "HAMID_LIMITS_MAX_DEVICES",
              "HAMID_LIMITS_MAX_HOLD",
-             "HAMID_LIMITS_MAX_SLOTS", "HAMID_LIMITS_UUID_LEN", "HAMID_LIMITS_PATH_LEN", "HAMID_LIMITS_FLAG_PRIORITY")
+             "HAMID_LIMITS_MAX_SLOTS", "HAMID_LIMITS_UUID_LEN", "HAMID_LIMITS_PATH_LEN", "HAMID_LIMITS_FLAG_PRIORITY",
+             "HAMID_LIMITS_FLAG_MPS")
     return {n: int(getattr(lib, n)) for n in names}
 
 
@@ -152,6 +154,11 @@ def validate(limits: ContainerLimits) -> None:
     if limits.sm_mode not in _SM_MODES:
         raise LimitsFormatError(f"sm_mode={limits.sm_mode!r}: expected one of {', '.join(_SM_MODES)}")
     _int("sm_period_us", limits.sm_period_us, 1000, 10_000_000)
+    if not isinstance(limits.mps, bool):
+        raise LimitsFormatError(f"mps={limits.mps!r}: expected True or False")
+    if limits.mps and (len(devs) != 1 or devs[0].slots):
+        raise LimitsFormatError(f"mps=True with {len(devs)} device(s): an MPS share has exactly one device and "
+                                "no time slots")
 
 
 def encode(limits: ContainerLimits) -> bytes:
@@ -166,6 +173,8 @@ def encode(limits: ContainerLimits) -> bytes:
     if limits.priority is not None:
         buf.flags |= c["HAMID_LIMITS_FLAG_PRIORITY"]
         buf.priority = limits.priority
+    if limits.mps:
+        buf.flags |= c["HAMID_LIMITS_FLAG_MPS"]
     buf.sm_mode = _SM_MODES[limits.sm_mode]
     buf.sm_policy = SM_POLICIES[limits.sm_policy]
     buf.sm_period_us = limits.sm_period_us
@@ -205,7 +214,7 @@ def decode(data: bytes) -> ContainerLimits:
     n = buf.device_count
     if n > c["HAMID_LIMITS_MAX_DEVICES"]:
         raise LimitsFormatError(f"device_count {n}: at most {c['HAMID_LIMITS_MAX_DEVICES']}")
-    if buf.flags & ~c["HAMID_LIMITS_FLAG_PRIORITY"]:
+    if buf.flags & ~(c["HAMID_LIMITS_FLAG_PRIORITY"] | c["HAMID_LIMITS_FLAG_MPS"]):
         raise LimitsFormatError(f"flags {buf.flags:#x}: unknown bits")
     modes = {v: k for k, v in _SM_MODES.items()}
     if buf.sm_mode not in modes:
@@ -238,6 +247,7 @@ def decode(data: bytes) -> ContainerLimits:
         sm_mode=modes[buf.sm_mode],  # type: ignore[arg-type]
         sm_period_us=int(buf.sm_period_us),
         sm_policy=policy,  # type: ignore[arg-type]
+        mps=bool(buf.flags & c["HAMID_LIMITS_FLAG_MPS"]),
     )
     validate(out)
     return out

@@ -33,6 +33,13 @@
 #define HAMID_LIMITS_PATH "/usr/local/vgpu/hamid.limits"
 #endif
 
+/* Where an MPS container's GPU pipe directory is mounted. With
+   HAMID_LIMITS_FLAG_MPS the shim points CUDA_MPS_PIPE_DIRECTORY here whatever
+   the environment says, and refuses CUDA when no control daemon listens. */
+#ifndef HAMID_MPS_PIPE_DIR
+#define HAMID_MPS_PIPE_DIR "/run/hamid-mps"
+#endif
+
 /* HAMID_CDEF_BEGIN */
 #define HAMID_LIMITS_MAGIC 0x48414d49444c4d31
 #define HAMID_LIMITS_ABI_VERSION 2
@@ -46,6 +53,12 @@
 #define HAMID_LIMITS_UUID_LEN 96
 #define HAMID_LIMITS_PATH_LEN 1024
 #define HAMID_LIMITS_FLAG_PRIORITY 1
+/* An MPS client share (one device): the shim sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+   from devices[0].sm_percent (0: 100) and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT from
+   each device's memory_bytes before the driver initialises, forces
+   CUDA_MPS_PIPE_DIRECTORY to HAMID_MPS_PIPE_DIR, and runs no compute limiter of its own
+   (MPS partitions the SMs). A shim that predates it refuses the file (unknown flag). */
+#define HAMID_LIMITS_FLAG_MPS 2
 #define HAMID_LIMITS_SM_ENFORCE 0
 #define HAMID_LIMITS_SM_OBSERVE 1
 
@@ -54,7 +67,7 @@
 struct hamid_limits_device {
     char uuid[96];              /* "GPU-..." as NVML prints it, NUL-terminated; "" = not named */
     uint64_t memory_bytes;      /* memory limit; 0 = none */
-    uint32_t sm_percent;        /* compute limit, 1..99; 0 = none */
+    uint32_t sm_percent;        /* compute limit, 1..99; 0 = none (MPS: the active thread percentage) */
     uint32_t nslots;            /* used entries of slots[]; 0 = no time slots */
     uint8_t slots[16][2];       /* [start, end) in percent of the period, sorted, disjoint, 0 <= start < end <= 100 */
     int32_t hold_pids[16];      /* HAMID_LIMITS_MAX_HOLD; ABI 2, live (the daemon rewrites it in place while the container runs): NVML
@@ -68,7 +81,7 @@ struct hamid_limits {
     uint32_t abi_version;       /* HAMID_LIMITS_ABI_VERSION */
     uint32_t struct_size;       /* sizeof(struct hamid_limits) of the writer */
     uint32_t device_count;      /* devices[0 .. device_count) are the container's */
-    uint32_t flags;             /* HAMID_LIMITS_FLAG_PRIORITY: priority is set */
+    uint32_t flags;             /* HAMID_LIMITS_FLAG_PRIORITY: priority is set; HAMID_LIMITS_FLAG_MPS: an MPS client */
     int32_t priority;           /* the task priority (CUDA_TASK_PRIORITY), when the flag says so */
     uint32_t sm_mode;           /* HAMID_LIMITS_SM_ENFORCE or HAMID_LIMITS_SM_OBSERVE */
     uint32_t sm_period_us;      /* the limiter's period (slots are parts of it), 1000..10000000 */

@@ -181,13 +181,21 @@ static void config_from_file(const struct hamid_limits *l)
     g_cfg.hold_capable = l->abi_version >= 2 && !(g_cfg.has_priority && g_cfg.priority <= 0);
     /* ABI 1 files predate the policy: they always limited (force) */
     g_cfg.sm_policy = l->abi_version < 2 ? HAMID_POLICY_FORCE : (int)l->sm_policy;
+    if (l->flags & HAMID_LIMITS_FLAG_MPS) {
+        /* MPS partitions the SMs: the share is the client's active thread percentage, not time slices. */
+        g_cfg.mps = 1;
+        g_cfg.mps_thread_percent = l->devices[0].sm_percent ? l->devices[0].sm_percent : 100;
+        g_cfg.sm_limit[0] = 0;
+        g_cfg.sm_nslots[0] = 0;
+    }
     finish_sm();
     if (g_cfg.sm_policy == HAMID_POLICY_DISABLE) g_cfg.any_sm_limit = 0;
     /* Nothing a process of the container sets may weaken what the file says. */
     static const char *ignored[] = {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "HAMID_SM_SLOTS",
                                     "HAMID_SM_LIMIT_MODE", "GPU_CORE_UTILIZATION_POLICY", "HAMID_SM_PERIOD_US",
                                     "HAMID_SM_AHEAD_US", "HAMID_CONTEXT_SIZE", "HAMID_NVML_RECONCILE",
-                                    "CUDA_DEVICE_MEMORY_SHARED_CACHE", NULL};
+                                    "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", NULL};
     for (int i = 0; ignored[i]; i++)
         if (getenv(ignored[i])) LOG_INFO("%s ignored: the limits come from %s", ignored[i], limits_path());
 }

@@ -3,7 +3,8 @@
  * (a child is a new process: it gets its own slot on first use, none of the
  * parent's allocations, events or context counts) and the cuInit wrapper,
  * where a shim that must refuse CUDA (shim_refused(): a limit it cannot
- * parse, a limits file it must not trust) says so. Loading
+ * parse, a limits file it must not trust) says so, and where an MPS share's
+ * limits reach the driver (mps.c) before it initialises. Loading
  * the shim does no other work: everything else starts lazily on the first
  * intercepted call, so programs that never use CUDA pay nothing.
  */
@@ -28,6 +29,7 @@ EXPORT CUresult cuInit(unsigned int flags)
 {
     ensure_cuda();
     if (g_cfg.from_file) acct_init(); /* the container's region must be usable: else refused here */
+    if (g_cfg.mps) mps_before_init(); /* may refuse: no control daemon to hold the partition */
     if (UNLIKELY(shim_refused())) return CUDA_ERROR_NOT_INITIALIZED;
     if (UNLIKELY(!g_cu.cuInit)) return CUDA_ERROR_NOT_FOUND;
     return g_cu.cuInit(flags);

@@ -46,7 +46,10 @@ static int check(const struct hamid_limits *l, char *err, size_t errlen)
              HAMID_LIMITS_POLICY_DEFAULT, HAMID_LIMITS_POLICY_FORCE, HAMID_LIMITS_POLICY_DISABLE);
     if (l->device_count > HAMID_LIMITS_MAX_DEVICES)
         FAIL("%s: device_count %u, at most %d", p, l->device_count, HAMID_LIMITS_MAX_DEVICES);
-    if (l->flags & ~(uint32_t)HAMID_LIMITS_FLAG_PRIORITY) FAIL("%s: unknown flags %#x", p, l->flags);
+    if (l->flags & ~(uint32_t)(HAMID_LIMITS_FLAG_PRIORITY | HAMID_LIMITS_FLAG_MPS))
+        FAIL("%s: unknown flags %#x", p, l->flags);
+    if ((l->flags & HAMID_LIMITS_FLAG_MPS) && (l->device_count != 1 || l->devices[0].nslots))
+        FAIL("%s: an MPS share has exactly one device and no time slots (device_count %u)", p, l->device_count);
     if (l->sm_mode != HAMID_LIMITS_SM_ENFORCE && l->sm_mode != HAMID_LIMITS_SM_OBSERVE)
         FAIL("%s: sm_mode %u, expected %d (enforce) or %d (observe)", p, l->sm_mode, HAMID_LIMITS_SM_ENFORCE,
              HAMID_LIMITS_SM_OBSERVE);

@@ -70,6 +70,10 @@ struct shim_config {
      * there but not right, refuses CUDA (shim_refused()). */
     int refused;
     char refused_msg[1024];
+    /* An MPS client share (HAMID_LIMITS_FLAG_MPS, file only): mps.c hands the
+     * limits to the driver through its MPS variables; no time-slice limiter. */
+    int mps;
+    uint32_t mps_thread_percent;           /* 1..100 */
 };
 extern HIDDEN struct shim_config g_cfg;
 HIDDEN void config_load(void);
@@ -79,6 +83,7 @@ HIDDEN int parse_mem_size(const char *s, uint64_t *out);
 struct hamid_limits;
 HIDDEN int limits_read(struct hamid_limits *out, char *err, size_t errlen); /* 0 absent, 1 read, -1 refused */
 HIDDEN const char *limits_path(void);
+HIDDEN void mps_before_init(void);        /* mps.c: an MPS share's driver variables, set before the real cuInit */
 HIDDEN uint64_t mono_ns(void);
 HIDDEN uint64_t real_ns(void);
 

@@ -35,6 +35,7 @@ class Built:
     shim_limits: Path  # a test build of the shim that reads its limits file at limits_path
     limits_path: Path
     limitsdump: Path  # the shim's own limits reader (shim/src/limits.c), printing what it read
+    mps_pipe: Path  # the test build's HAMID_MPS_PIPE_DIR
 
 
 def build_all(tmp_path_factory) -> Built:
@@ -53,13 +54,15 @@ def build_all(tmp_path_factory) -> Built:
         f"-L{d}", "-Wl,--no-as-needed", "-l:libnext_b.so", f"-Wl,-rpath,{d}", "-ldl")
     limits_path = d / "limits" / "hamid.limits"
     limits_path.parent.mkdir()
-    define = f"EXTRA_CFLAGS=-DHAMID_LIMITS_PATH='\"{limits_path}\"'"
+    mps_pipe = d / "mpspipe"  # where the test build looks for an MPS share's control socket
+    mps_pipe.mkdir()
+    define = f"EXTRA_CFLAGS=-DHAMID_LIMITS_PATH='\"{limits_path}\"' -DHAMID_MPS_PIPE_DIR='\"{mps_pipe}\"'"
     subprocess.run(["make", "-s", "-C", str(SHIM_DIR), f"BUILD={d / 'shimbuild'}", define], check=True,
                    capture_output=True, text=True)
     _cc(*CFLAGS, f"-I{SHIM_DIR / 'src'}", f"-DHAMID_LIMITS_PATH=\"{limits_path}\"", "-DHAMID_SHIM_VERSION=\"test\"",
         "-o", str(d / "limitsdump"), str(CSRC / "limitsdump.c"), str(SHIM_DIR / "src" / "limits.c"))
     return Built(d, shim, d / "shimtest", d / "libfake_unrelated.so", d / "libnext_a.so",
-                 (d / "shimbuild" / "libvgpu.so").resolve(), limits_path, d / "limitsdump")
+                 (d / "shimbuild" / "libvgpu.so").resolve(), limits_path, d / "limitsdump", mps_pipe)
 
 
 @dataclass

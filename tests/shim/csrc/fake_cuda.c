@@ -91,7 +91,23 @@ static CUresult fake_free(int kind, uint64_t key)
 }
 
 /* ---- init, devices, contexts ---- */
-API CUresult cuInit(unsigned int flags) { (void)flags; fake_state_get(); map_devices(); g_inited = 1; return CUDA_SUCCESS; }
+/* FAKE_CUINIT_ENV: a file where cuInit writes the MPS variables it sees, as the real driver reads
+   them when it connects to an MPS control daemon (tests of what the shim hands the driver). */
+static void record_mps_env(void)
+{
+    const char *out = getenv("FAKE_CUINIT_ENV");
+    if (!out || !*out) return;
+    FILE *f = fopen(out, "w");
+    if (!f) return;
+    static const char *names[] = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+                                  "CUDA_MPS_PIPE_DIRECTORY", NULL};
+    for (int i = 0; names[i]; i++) {
+        const char *v = getenv(names[i]);
+        fprintf(f, "%s=%s\n", names[i], v ? v : "<unset>");
+    }
+    fclose(f);
+}
+API CUresult cuInit(unsigned int flags) { (void)flags; record_mps_env(); fake_state_get(); map_devices(); g_inited = 1; return CUDA_SUCCESS; }
 API CUresult cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
 API CUresult cuDeviceGetCount(int *n) { if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED; map_devices(); *n = g_count; return CUDA_SUCCESS; }
 API CUresult cuDeviceGet(CUdevice *d, int ord) { map_devices(); if (ord < 0 || ord >= g_count) return CUDA_ERROR_INVALID_VALUE; *d = ord; return CUDA_SUCCESS; }
