@@ -141,7 +141,7 @@ def test_a_gpu_serving_any_mode_keeps_one_mode_at_a_time(node_of):
 
 
 def test_plan_shows_the_mode(tmp_path):
-    from hamid.cli.plan import load_cluster, plan, render
+    from hamid.cluster.plan import load_cluster, plan, render
 
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("nodes:\n  - name: n1\n    gpus: H100:1\n    config: {operatingMode: mps}\n")
