@@ -574,7 +574,9 @@ def test_a_launchs_own_cpu_time_is_not_charged_as_gpu_time(shim, limit):
     r = shim.run("direct", "init", "run:0.3:100:k", "run:1.5:100:k", CUDA_DEVICE_SM_LIMIT=str(limit),
                  FAKE_LAUNCH_US="40")
     share = rate(type(r)(r.rc, r.lines[-1:], r.stderr)) / bare
-    assert abs(share - limit / 100) <= 0.05, share
+    # 0.07: the two rates are measured in separate processes on a shared CPU (0.654 seen at 60 under
+    # load); the defect this catches is 0.21 / 0.43
+    assert abs(share - limit / 100) <= 0.07, share
 
 
 def test_waiting_for_a_backlog_is_bounded(shim):

@@ -56,8 +56,8 @@ def test_a_container_appears_within_2s_and_leaves_when_removed(env):
         browser = launch(p)
         page = open_page(browser, env.web_url)
         assert page.locator("#no-tenants").count() == 1
-        r = env.docker("run", "-d", "--runtime=hami", "-e", "HAMI_VGPU_SPEC=mem=4g,cores=30", dh.IMAGE,
-                       "sleep", "60")
+        r = env.docker("run", "-d", "--name", "web-tenant", "--runtime=hami", "-e",
+                       "HAMI_VGPU_SPEC=mem=4g,cores=30", dh.IMAGE, "sleep", "60")
         t0 = time.monotonic()
         assert r.returncode == 0, r.stderr
         cid = r.stdout.strip()
@@ -66,7 +66,7 @@ def test_a_container_appears_within_2s_and_leaves_when_removed(env):
         took = time.monotonic() - t0
         assert took < 2.0, f"the container showed after {took:.2f} s"
         text = page.locator(row).inner_text()
-        assert cid[:12] in text and "4096 MiB, 30% cores" in text and "docker" in text
+        assert "web-tenant" in text and "4096 MiB, 30% cores" in text and "docker" in text  # Docker's own name
 
         env.docker("rm", "-f", cid, check=True)
         t0 = time.monotonic()
