@@ -46,6 +46,7 @@ function gpuCard(node, g) {
   if (g.filtered) chips.push('<span class="chip warn">filtered</span>');
   if (g.exclusive) chips.push('<span class="chip info">exclusive</span>');
   if (g.mode === "mig") chips.push('<span class="chip info">MIG</span>');
+  if (g.share_mode === "mps") chips.push(`<span class="chip info">MPS${g.mps_shares ? ` (${g.mps_shares})` : ""}</span>`);
   const usedSlices = (g.mig_instances || []).reduce((a, m) => a + m.size, 0);
   const mig = g.mode === "mig" && g.mig_slices;
   const memText = mig ? `${usedSlices}/${g.mig_slices} memory slices` : `${g.memory_used_mib}/${g.memory_total_mib} MiB`;
