@@ -26,6 +26,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ephemeral() -> range:
+    try:
+        lo, hi = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return range(lo, hi + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports for daemons to listen on, outside the kernel's ephemeral range: a port
+    from bind(0) is ephemeral, so a daemon's outgoing connection may take it as its own source port
+    before the daemon meant to listen there binds it ("Address already in use"; seen in CI). Each is
+    checked bindable, and all are held until all are chosen, so none is handed out twice."""
+    import random
+
+    eph = _ephemeral()
+    pool = [p for p in range(10000, 65536) if p not in eph]
+    random.shuffle(pool)
+    held: list[socket.socket] = []
+    try:
+        for port in pool:
+            if len(held) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        if len(held) < n:
+            raise RuntimeError(f"only {len(held)} free ports outside the ephemeral range {eph}")
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 # A GPU pod as a user writes it for `kubectl apply` (format with name, mem in MiB, cores in %).
 POD_YAML = """apiVersion: v1
 kind: Pod
@@ -73,9 +111,10 @@ class ClusterEnv:
         key = root / "gossip.key"
         key.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
         os.chmod(key, 0o600)
-        self.ports = [(free_port(), free_port(), free_port(), free_port()) for _ in range(nodes)]
+        ports = free_ports(5 * nodes)
+        self.ports = [tuple(ports[4 * i:4 * i + 4]) for i in range(nodes)]
         first_gossip = f"127.0.0.1:{self.ports[0][0]}"
-        self.web_ports = [free_port() for _ in range(nodes)] if web else []
+        self.web_ports = ports[4 * nodes:] if web else []
         self.nodes: list[NodeEnv] = []
         for i in range(nodes):
             gossip, peer, webhook, extender = self.ports[i]
