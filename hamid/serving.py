@@ -187,7 +187,10 @@ class CappedListener(trio.abc.Listener):
 async def serve_asgi(app, bind: str, *, what: str = "", certfile: str | None = None, keyfile: str | None = None,
                      client_ca: str | None = None, deadline_s: float = REQUEST_DEADLINE_S,
                      max_connections: int | None = None, counts: ConnectionCount | None = None,
-                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+                     unix_group: int | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """``unix_group``: for a ``unix:PATH`` bind, the group given read and write on
+    the socket (mode 0660; without it the process umask decides), the one way a
+    process of another user (``hamid front``) is let in."""
     from hypercorn.trio.tcp_server import TCPServer
     from hypercorn.trio.worker_context import WorkerContext
     from hypercorn.utils import repr_socket_addr, wrap_app
@@ -219,6 +222,11 @@ async def serve_asgi(app, bind: str, *, what: str = "", certfile: str | None = N
         sockets = cfg.create_sockets()
     except OSError as e:
         raise ListenError(f"cannot listen on {what + ' ' if what else ''}{bind}: {e.strerror or e}") from None
+    if unix_group is not None and bind.startswith("unix:"):
+        import os
+
+        os.chown(bind[5:], -1, unix_group)  # nobody but root could connect before this (umask 077)
+        os.chmod(bind[5:], 0o660)
     listeners: list = []
     binds: list[str] = []
     counts = counts if counts is not None else ConnectionCount()

@@ -56,8 +56,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="serve the web view here, e.g. 127.0.0.1:7949 (webListen; off by default)")
     run.add_argument("--web-token-file", metavar="FILE", help="the web view's token, one line (webTokenFile)")
 
-    wh = sub.add_parser("webhook", help="serve only the admission webhook (the chart's unprivileged container)")
-    wh.add_argument("--config", help="the daemon's config file (webhook* keys, node defaults)")
+    wh = sub.add_parser("front", aliases=["webhook"],
+                        help="serve the webhook, extender and metrics for a daemon, unprivileged (the chart's "
+                             "front container; see frontDir)")
+    wh.add_argument("--config", help="the daemon's config file (webhook*, extender*, metrics*, frontDir, node defaults)")
     wh.add_argument("--node-name", help="this node's name (default: NODE_NAME, else the host name)")
     wh.add_argument("--log-format", choices=["auto", "json", "console"], help="logFormat")
 
@@ -102,30 +104,41 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cmd_webhook(args) -> int:
+def _trio_run(fn, *args, what: str) -> None:
+    """``trio.run``, with a face's error (inside the nursery's exception group) said in one line."""
     import trio
 
+    try:
+        trio.run(fn, *args)
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:
+        raise HamidError(f"{what} stopped: {e}") from None
+    except BaseExceptionGroup as group:
+        mine, _ = group.split(HamidError)
+        if mine is None:
+            raise
+        first = mine
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise HamidError(str(first)) from None
+
+
+def _cmd_front(args) -> int:
     from .. import logs
     from ..config import load_config, resolve_node
     from ..config.load import node_name
-    from ..daemon import webhook
+    from ..daemon import front
 
     config = load_config(args.config, {"nodeName": args.node_name, "logFormat": args.log_format})
     logs.configure(config.logFormat, config.logLevel)
     settings = resolve_node(config, node_name(config))
-    webhook.webhook_face(config, settings)  # refuse a config it cannot serve before starting
-    try:
-        trio.run(webhook.run, config, settings)
-    except KeyboardInterrupt:
-        pass
-    except OSError as e:
-        raise HamidError(f"webhook stopped: {e}") from None
+    front.front_faces(config, settings)  # refuse a config it cannot serve before starting
+    _trio_run(front.run, config, settings, what="front")
     return 0
 
 
 def _cmd_run(args) -> int:
-    import trio
-
     from .. import logs
     from ..config import load_config, resolve_node
     from ..config.load import node_name
@@ -148,20 +161,7 @@ def _cmd_run(args) -> int:
     if args.simulate:  # the flag beats a per-node override too
         settings = settings.model_copy(update={"simulate": args.simulate})
     daemon = service.prepare(config, settings, node)
-    try:
-        trio.run(service.run, daemon)
-    except KeyboardInterrupt:
-        pass
-    except OSError as e:
-        raise HamidError(f"daemon stopped: {e}") from None
-    except BaseExceptionGroup as group:  # a face failed inside the nursery: say why, in one line
-        mine, _ = group.split(HamidError)
-        if mine is None:
-            raise
-        first = mine
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        raise HamidError(str(first)) from None
+    _trio_run(service.run, daemon, what="daemon")
     return 0
 
 
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "version":
             print(f"hamid {__version__}")
             return 0
-        return {"run": _cmd_run, "status": _cmd_status, "plan": _cmd_plan, "webhook": _cmd_webhook,
+        return {"run": _cmd_run, "status": _cmd_status, "plan": _cmd_plan, "front": _cmd_front, "webhook": _cmd_front,
                 "inspect": _cmd_inspect, "config": _cmd_config}[args.cmd](args)
     except HamidError as e:
         print(f"hamid {args.cmd}: {e}", file=sys.stderr)

@@ -429,10 +429,22 @@ class Config(NodeSettings, ResourceNameSettings):
     serves it, so it survives the leader's death. 9443 is the port
     controller-runtime webhooks use; above 1024 so no capability is needed."""
 
-    webhookSeparate: bool = False
-    """The webhook is served by ``hamid webhook`` in a process of its own (the
-    chart's unprivileged ``webhook`` container), so ``hamid run`` does not serve
-    it. Off: ``hamid run`` serves it (a host without the chart)."""
+    frontDir: str = ""
+    """A directory shared with ``hamid front``, the unprivileged process that
+    serves this node's network faces for callers outside the node (the
+    webhook, the extender, ``/metrics``; the chart's ``front`` container).
+    Set: ``hamid run`` serves none of them on TCP; it answers the extender and
+    the metrics on unix sockets in this directory (``extender.sock``,
+    ``metrics.sock``, mode 0660, group ``frontGroup``) and ``hamid front``
+    serves ``webhookListen``, ``extenderListen`` and the metrics port, doing the
+    TLS, client certificates, deadlines, size limits and JSON parsing as
+    nobody. Empty: ``hamid run`` serves them itself (a host without the
+    chart)."""
+
+    frontGroup: int = Field(65534, ge=0)
+    """The group whose members may connect to the sockets in ``frontDir``: the
+    group ``hamid front`` runs as. 65534 (``nogroup``) is the group the
+    chart's ``front`` container runs as; nothing else in the pod has it."""
 
     webhookCertFile: str | None = None
     """PEM certificate (chain) the webhook serves; with ``webhookKeyFile``.

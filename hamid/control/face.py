@@ -36,11 +36,13 @@ class ControlFace:
     def __init__(self, *, api, peer, cluster: ClusterView, elector, mode: str, defaults: Defaults,
                  node_policy: str, ignored: set[str], extender_listen: str | None = None,
                  extender_of=None, extender_tls=None, extender_client_ca: str | None = None,
-                 extender_forward_tls: tuple[str, str, str] | None = None,
+                 extender_forward_tls: tuple[str, str, str] | None = None, extender_group: int | None = None,
                  scheduler_names: tuple[str, ...] = ("default-scheduler",)) -> None:
         """``extender_tls``: a blocking callable giving the (certificate, key)
         files the extender serves (the webhook's), None for plain HTTP;
-        ``extender_client_ca``: the CA whose client certificates may call it."""
+        ``extender_client_ca``: the CA whose client certificates may call it;
+        ``extender_group``: with a ``unix:`` ``extender_listen`` (``hamid front``
+        serves the port), the group that may connect to the socket."""
         self.api = api
         self.peer = peer
         self.cluster = cluster
@@ -55,6 +57,7 @@ class ControlFace:
         self.leader_node: str | None = None  # the node the leader runs on (its identity may be a pod name)
         self.extender_tls = extender_tls
         self.extender_client_ca = extender_client_ca
+        self.extender_group = extender_group
         self.extender = Extender(api, peer, cluster, defaults=defaults, node_policy=node_policy,
                                  is_leader=lambda: self.elector.is_leader,
                                  leader_url=lambda: self.extender_of(self.leader_node) if self.leader_node else None,
@@ -111,10 +114,11 @@ class ControlFace:
                 certfile = keyfile = None
                 if self.extender_tls is not None:
                     certfile, keyfile = await trio.to_thread.run_sync(self.extender_tls)
-                else:
+                elif not self.extender_listen.startswith("unix:"):  # a socket: hamid front does TLS and callers
                     log.warning("extender on plain HTTP without authentication (extenderInsecure): anyone who "
                                 "reaches it can bind pods", listen=self.extender_listen)
                 await nursery.start(lambda task_status: serve_asgi(
                     self.extender.app(), self.extender_listen, what="extenderListen", certfile=certfile,
-                    keyfile=keyfile, client_ca=self.extender_client_ca, task_status=task_status))
+                    keyfile=keyfile, client_ca=self.extender_client_ca, unix_group=self.extender_group,
+                    task_status=task_status))
             task_status.started()

@@ -37,6 +37,8 @@ from ..node.mps import find_program as find_mps_program
 from ..node.core import NodeCore
 from ..node.face import Face, collector_of, liveness_of
 from ..node.facts import NodeFacts, write_facts
+from .front import EXTENDER_SOCKET, METRICS_SOCKET
+from .front import socket_path as front_socket
 from ..node.layout import CONTAINERS_DIR, DOCKER_SOCKET_NAME, LEDGER_NAME, LOCK_NAME, SHIM_DIR, SOCKET_NAME
 from ..node.service import NodeService
 from ..request.model import Defaults, ResourceNames
@@ -95,6 +97,30 @@ def _take_lock(state_dir: Path) -> int:
     return fd
 
 
+def _front_dir(path: Path, group: int) -> None:
+    """``frontDir``: a real directory (never a link) that ``frontGroup`` may enter
+    and root alone may write; made so when it is not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o750)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise HamidError(f"frontDir {path} is not a directory (a symbolic link?); remove it or pick another")
+        if st.st_uid != 0 and os.geteuid() == 0:
+            raise HamidError(f"frontDir {path} belongs to uid {st.st_uid}, not root: its owner could replace the "
+                             "daemon's sockets; remove it or pick another")
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            if os.geteuid() == 0:
+                os.fchown(fd, 0, group)
+            os.fchmod(fd, 0o750)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise HamidError(f"cannot use frontDir {path}: {e.strerror}") from None
+    for name in (EXTENDER_SOCKET, METRICS_SOCKET):
+        _clear_stale_socket(path / name)
+
+
 def _clear_stale_socket(path: Path) -> None:
     if not path.exists():
         return
@@ -142,6 +168,8 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
                             gpu=g.index, mig_enabled=g.mig_enabled, operating_mode=settings.operatingMode)
         _clear_stale_socket(state_dir / SOCKET_NAME)
         _clear_stale_socket(state_dir / DOCKER_SOCKET_NAME)
+        if config.frontDir:
+            _front_dir(Path(config.frontDir), config.frontGroup)
         ledger = Ledger(state_dir / LEDGER_NAME)
         views = capacity_views(gpus, settings)
         try:
@@ -357,7 +385,9 @@ def build_faces(d: Daemon):
         col = collector_of(f)
         if col is not None:
             registry.register(col)
-    if c.metricsPort:
+    if c.metricsPort and c.frontDir:  # hamid front serves the port, as nobody
+        faces.append(MetricsFace(registry, "unix:" + front_socket(c.frontDir, METRICS_SOCKET), unix_group=c.frontGroup))
+    elif c.metricsPort:
         faces.append(MetricsFace(registry, f"{c.metricsAddress}:{c.metricsPort}"))
     return faces
 
@@ -476,7 +506,7 @@ def control_faces(d: Daemon, api, gossip, keyring=None, identity=None) -> list:
         from ..control.webhook import WebhookFace
     except ImportError:  # pragma: no cover - the webhook module ships with the control face
         WebhookFace = None
-    if WebhookFace is not None and not c.webhookSeparate:  # else `hamid webhook` serves it, unprivileged
+    if WebhookFace is not None and not c.frontDir:  # else `hamid front` serves it, unprivileged
         faces.append(WebhookFace.from_config(c, defaults=request_defaults(d)))
     def serving_files() -> tuple[str, str]:
         """The extender serves the webhook's certificate (the chart's, or the self-made one)."""
@@ -492,11 +522,15 @@ def control_faces(d: Daemon, api, gossip, keyring=None, identity=None) -> list:
         if c.extenderClientCertFile:
             forward_tls = (c.extenderClientCertFile, c.extenderClientKeyFile,
                            c.extenderServerCAFile or c.extenderClientCAFile)
+    if c.frontDir:  # hamid front serves extenderListen (TLS, client certificates) and hands us the calls
+        listen, tls, client_ca = "unix:" + front_socket(c.frontDir, EXTENDER_SOCKET), None, None
+    else:
+        listen, tls, client_ca = (c.extenderListen, serving_files if c.extenderClientCAFile else None,
+                                  c.extenderClientCAFile)
     faces.append(ControlFace(api=api, peer=peer, cluster=cluster, elector=elector, mode=c.controlMode,
                              defaults=request_defaults(d), node_policy=d.settings.nodeSchedulerPolicy,
-                             ignored=ignored, extender_listen=c.extenderListen, extender_of=extender_of,
-                             extender_tls=serving_files if c.extenderClientCAFile else None,
-                             extender_client_ca=c.extenderClientCAFile,
+                             ignored=ignored, extender_listen=listen, extender_of=extender_of,
+                             extender_tls=tls, extender_client_ca=client_ca, extender_group=c.frontGroup,
                              extender_forward_tls=forward_tls,
                              scheduler_names=tuple(c.extenderSchedulerNames)))
     return faces

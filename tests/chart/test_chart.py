@@ -82,17 +82,30 @@ def test_renders_one_daemonset_and_no_scheduler_workload(variant):
     ds = one(docs, "DaemonSet")
     c, *rest = ds["spec"]["template"]["spec"]["containers"]
     assert c["command"] == ["hamid"] and c["args"][:3] == ["run", "--config", "/etc/hamid/config.yaml"]
-    if VARIANTS[variant].get("mode") == "none":
-        assert rest == []
-    else:  # the webhook alone, unprivileged, in a container of its own
-        (w,) = rest
-        assert w["name"] == "webhook" and w["args"] == ["webhook", "--config", "/etc/hamid/config.yaml"]
-        sc = w["securityContext"]
-        assert sc["runAsNonRoot"] and sc["runAsUser"] != 0 and sc["allowPrivilegeEscalation"] is False
-        assert sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]} and "privileged" not in sc
-        assert {m["name"] for m in w["volumeMounts"]} == {"config", "webhook-tls"}  # nothing of the node
+    # every port a caller outside the node reaches (webhook, extender, metrics) is served by the
+    # front container, unprivileged; the privileged daemon serves them only on frontDir's sockets
+    (w,) = rest
+    mode = VARIANTS[variant].get("mode", "gate")
+    assert w["name"] == "front" and w["args"] == ["front", "--config", "/etc/hamid/config.yaml"]
+    sc = w["securityContext"]
+    assert sc["runAsNonRoot"] and sc["runAsUser"] != 0 and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]} and "privileged" not in sc
+    mounts = {m["name"]: m for m in w["volumeMounts"]}
+    assert set(mounts) <= {"config", "webhook-tls", "extender-client-ca", "front"}  # nothing of the node
+    assert all(m.get("readOnly") for m in mounts.values())
+    front_ports = {p["name"] for p in w["ports"]}
+    assert "metrics" in front_ports and ("webhook" in front_ports) == (mode != "none")
+    assert ("extender" in front_ports) == (mode == "extender")
+    assert not {"metrics", "webhook", "extender"} & {p["name"] for p in c["ports"]}
+    vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert vols["front"]["emptyDir"]["medium"] == "Memory"
+    assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["front"] == mounts["front"]["mountPath"]
+    cfg = yaml.safe_load(one(docs, "ConfigMap", "hamid-config")["data"]["config.yaml"])
+    assert cfg["frontDir"] == mounts["front"]["mountPath"] and cfg["frontGroup"] == sc["runAsGroup"]
+    if mode == "extender":  # the client CA, never the daemon's client key
+        assert vols["extender-client-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    if mode != "none":
         assert w["readinessProbe"]["httpGet"]["port"] == "webhook"
-        assert "webhook" not in {p["name"] for p in c["ports"]}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -357,7 +370,7 @@ def test_service_monitor_scrapes_the_metrics_port():
     (ep,) = sm["spec"]["endpoints"]
     (port,) = svc["spec"]["ports"]
     assert ep["port"] == port["name"] == "metrics" and ep["path"] == "/metrics"
-    (c,) = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "hamid"]  # the daemon's
+    (c,) = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "front"]  # serves /metrics
     assert {"name": "metrics", "containerPort": port["port"], "protocol": "TCP"} in c["ports"]
     assert port["targetPort"] == "metrics"
 

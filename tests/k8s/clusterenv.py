@@ -86,8 +86,10 @@ spec:
 
 class ClusterEnv:
     def __init__(self, root: Path, api, *, nodes: int = 3, simulate: str = "H100:2", split: int = 10,
-                 mode: str = "gate", extra_config: str = "", web: bool = False) -> None:
-        """``web``: every daemon serves the web view on loopback, at ``web_ports[i]``."""
+                 mode: str = "gate", extra_config: str = "", web: bool = False, front: bool = False) -> None:
+        """``web``: every daemon serves the web view on loopback, at ``web_ports[i]``;
+        ``front``: each daemon's webhook and extender ports served by ``hamid front``
+        with no capabilities, as in the chart (:class:`NodeEnv`)."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.api = api
@@ -127,7 +129,7 @@ class ClusterEnv:
                    f"leaderElectionLeaseDuration: 3\nleaderElectionRenewDeadline: 2\n"
                    f"leaderElectionRetryPeriod: 0.5\n{web_line}{extra_config}")
             self.nodes.append(NodeEnv(root / f"n{i}", api, node=f"node-{i}", simulate=simulate, split=split,
-                                      extra_config=cfg))
+                                      extra_config=cfg, front=front))
 
     def extender_tls(self) -> dict:
         """kube-scheduler's tlsConfig for this cluster's extender."""

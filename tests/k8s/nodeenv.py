@@ -25,12 +25,16 @@ from kubelet import KubeletStandIn
 RESOURCE = "nvidia.com/gpu"
 NODE_RESOURCES = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 HAMID = [sys.executable, "-m", "hamid.cli.main"]
+SETPRIV = shutil.which("setpriv")  # util-linux: drops the front's capabilities, as the chart's securityContext
 
 
 class NodeEnv:
     def __init__(self, root: Path, api, *, node: str = "node-a", simulate: str = "H100:2", split: int = 10,
                  strategy: str = "envvar", pick: str = "first", seed: int = 0, mode: str = "hami-core",
-                 extra_config: str = "", reconcile_interval: float = 1.0) -> None:
+                 extra_config: str = "", reconcile_interval: float = 1.0, front: bool = False) -> None:
+        """``front``: as the chart runs it, ``hamid front`` beside the daemon with every
+        capability dropped serves the webhook and extender ports; the daemon answers
+        on ``frontDir``'s sockets only."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.api = api
@@ -43,6 +47,10 @@ class NodeEnv:
         self.cdi = root / "cdi"
         self.kubeconfig = api.write_kubeconfig(root / "kubeconfig")
         self.config = root / "hamid.yaml"
+        self.front_dir = Path(tempfile.mkdtemp(prefix="hf-")) / "front" if front else None
+        if self.front_dir is not None:
+            extra_config += f"frontDir: {self.front_dir}\n"
+        self.front_proc: subprocess.Popen | None = None
         self.config.write_text(
             f"simulate: {simulate}\ndeviceSplitCount: {split}\noperatingMode: {mode}\n"
             f"deviceListStrategy: {strategy}\ncdiSpecDir: {self.cdi}\nhealthCheckInterval: 0.2\n"
@@ -83,6 +91,11 @@ class NodeEnv:
         self.wait_for_api()
         self.wait_for_devices()
         self.publish_device_capacity()
+        if self.front_dir is not None and (self.front_proc is None or self.front_proc.poll() is not None):
+            drop = [SETPRIV, "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"] if SETPRIV else []
+            self.front_proc = subprocess.Popen([*drop, *HAMID, "front", "--config", str(self.config), "--node-name",
+                                                self.node, "--log-format", "json"],
+                                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def publish_device_capacity(self) -> None:
         """What kubelet's node status does for a device plugin's resource (the kubelet
@@ -131,8 +144,17 @@ class NodeEnv:
 
     def stop(self) -> None:
         self.stop_hamid()
+        if self.front_proc is not None and self.front_proc.poll() is None:
+            self.front_proc.terminate()
+            try:
+                self.front_proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.front_proc.kill()
+                self.front_proc.wait()
         self.kubelet.stop()
         shutil.rmtree(self.kubelet_dir, ignore_errors=True)
+        if self.front_dir is not None:
+            shutil.rmtree(self.front_dir.parent, ignore_errors=True)
 
     # --- pods ------------------------------------------------------------------------
 

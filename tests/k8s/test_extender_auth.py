@@ -18,6 +18,7 @@ import ssl
 import httpx
 import pytest
 
+import nodeenv
 from clusterenv import ClusterEnv
 from test_placement_cluster import SCHEDULER_CONFIG, gpu_pod
 
@@ -40,17 +41,29 @@ def _bind(client, env, i, pod, node):
         "PodUID": pod["metadata"]["uid"], "Node": node})
 
 
-def test_extender_needs_a_client_certificate_and_refuses_binds_that_are_not_kube_schedulers(tmp_path, api_server):
+@pytest.mark.parametrize("front", [False, True], ids=["daemon-serves", "front-serves"])
+def test_extender_needs_a_client_certificate_and_refuses_binds_that_are_not_kube_schedulers(tmp_path, api_server,
+                                                                                            front):
+    """Served by the daemon itself, and as the chart runs it: by ``hamid front`` with no
+    capabilities, the daemon answering only on its frontDir socket."""
     from hamid.control.certs import issue, make_ca
     from scheduler import SchedulerStandIn
 
-    env = ClusterEnv(tmp_path / "c", api_server, nodes=2, mode="extender").start(webhook=False)
+    env = ClusterEnv(tmp_path / "c", api_server, nodes=2, mode="extender", front=front).start(webhook=False)
     config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
     (ext,) = config["extenders"]
     leader = None
     sched = None
     try:
         leader = env.leader()
+        if front:  # the port is the front's; the daemon holds only its socket
+            n = env.nodes[leader]
+            assert n.front_proc is not None and n.front_proc.poll() is None
+            assert (n.front_dir / "extender.sock").is_socket()
+            assert oct((n.front_dir / "extender.sock").stat().st_mode & 0o777) == "0o660"
+            status = dict(line.split(":", 1) for line in open(f"/proc/{n.front_proc.pid}/status").read().splitlines())
+            if nodeenv.SETPRIV:
+                assert int(status["CapEff"], 16) == 0 and status["NoNewPrivs"].strip() == "1"
         ext["urlPrefix"] = f"https://127.0.0.1:{env.ports[leader][3]}"
         ext["tlsConfig"] = {**ext["tlsConfig"], **env.extender_tls()}
         sched = SchedulerStandIn(api_server, config=config, period=0.2).start()

@@ -71,6 +71,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
       "cdiSpecDir" .Values.hostPaths.cdi
       "metricsPort" (int .Values.ports.metrics)
       "metricsAddress" "0.0.0.0"
+      "frontDir" "/run/hamid-front"
+      "frontGroup" 65534
       "gossipListen" (printf "0.0.0.0:%d" (int .Values.ports.gossip))
       "gossipKeyFile" "/etc/hamid/gossip/gossip.keys"
       "peerListen" (printf "0.0.0.0:%d" (int .Values.ports.peer))
@@ -85,7 +87,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $_ := set $owned "webhookListen" (printf "0.0.0.0:%d" (int .Values.ports.webhook)) -}}
 {{- $_ := set $owned "webhookCertFile" "/etc/hamid/webhook-tls/tls.crt" -}}
 {{- $_ := set $owned "webhookKeyFile" "/etc/hamid/webhook-tls/tls.key" -}}
-{{- $_ := set $owned "webhookSeparate" true -}}
 {{- end -}}
 {{- if eq .Values.mode "extender" -}}
 {{- $_ := set $owned "extenderClientCAFile" "/etc/hamid/extender-client/ca.crt" -}}

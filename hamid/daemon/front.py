@@ -1,0 +1,184 @@
+"""``hamid front``: the node's faces for callers outside the node, in a process with no rights.
+
+Three listeners take calls from outside the node's trust: the admission
+webhook (the API server sends it every pod of the cluster), the scheduler
+extender (kube-scheduler's ``filter``/``prioritize``/``bind``) and
+``/metrics`` (whoever can reach the pod network). They are where untrusted
+bytes arrive, so in the chart they run in a container of their own beside the
+privileged daemon: not root, no capabilities, no privilege escalation, a
+read-only root file system, RuntimeDefault seccomp, and nothing mounted but
+the config file, the certificates and ``frontDir``.
+
+- The webhook needs nothing of the node (no state directory, GPUs or ledger):
+  it is served here whole.
+- The extender and the metrics need the daemon's state. This process does
+  the parts exposed to the caller (TLS and the client certificate check,
+  header and body deadlines, connection caps, body size limits, JSON
+  parsing) and hands the daemon a parsed, re-encoded body over
+  ``frontDir/extender.sock``; ``/metrics`` is read from
+  ``frontDir/metrics.sock`` for each scrape. The daemon serves those sockets
+  only to ``frontGroup`` (see :mod:`hamid.config.schema`).
+
+A certificate (``webhookCertFile``) is required for the webhook and the
+extender: with no state directory there is nowhere to keep a CA of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import httpx
+import trio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from ..config import Config, NodeSettings
+from ..errors import HamidError
+from ..logs import get_logger
+from ..serving import BodyTooLarge, read_body, serve_asgi
+from .supervise import FaceHealth, supervised
+
+log = get_logger("front")
+
+EXTENDER_SOCKET = "extender.sock"
+METRICS_SOCKET = "metrics.sock"
+VERBS = ("filter", "prioritize", "bind")
+FORWARDED = "x-hamid-forwarded"  # the extender's own header (a follower's call the leader must not forward)
+EXTENDER_MAX_BODY = 8 * 1024 * 1024  # the extender's own limit (a NodeList of thousands of nodes)
+UPSTREAM_TIMEOUT_S = 25.0  # under the listener's 30 s request deadline: a bind's own calls take up to ~20 s
+METRICS_TIMEOUT_S = 10.0  # a scrape of the daemon's registry takes milliseconds; Prometheus' default timeout is 10 s
+
+
+def socket_path(front_dir: str, name: str) -> str:
+    return os.path.join(front_dir, name)
+
+
+def _unix_client(path: str, timeout: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path), base_url="http://hamid",
+                             timeout=httpx.Timeout(timeout), trust_env=False)
+
+
+def extender_app(daemon_socket: str) -> Starlette:
+    """kube-scheduler's extender verbs, checked here and answered by the daemon."""
+    client = _unix_client(daemon_socket, UPSTREAM_TIMEOUT_S)
+
+    async def handle(req: Request):
+        verb = req.path_params["verb"]
+        if verb not in VERBS:
+            return JSONResponse({"Error": f"unknown verb {verb!r}; accepted: {', '.join(VERBS)}"}, 404)
+        try:
+            body = await read_body(req, EXTENDER_MAX_BODY)
+        except BodyTooLarge as e:
+            return JSONResponse({"Error": str(e)}, 413)
+        try:  # parsed here, as nobody, off the event loop; the daemon gets our own encoding of it
+            args = await trio.to_thread.run_sync(json.loads, body)
+        except (ValueError, RecursionError):
+            return JSONResponse({"Error": "request body is not JSON"}, 400)
+        if not isinstance(args, dict):
+            return JSONResponse({"Error": f"request body must be a JSON object (kube-scheduler's "
+                                          f"ExtenderArgs / ExtenderBindingArgs), not {type(args).__name__}"}, 400)
+        headers = {"content-type": "application/json"}
+        if req.headers.get(FORWARDED) is not None:
+            headers[FORWARDED] = "1"
+        try:
+            r = await client.post(f"/{verb}", content=json.dumps(args, separators=(",", ":")), headers=headers)
+            return JSONResponse(r.json(), status_code=r.status_code)
+        except (httpx.HTTPError, ValueError) as e:
+            log.warning("the daemon did not answer the extender call", verb=verb, error=str(e)[:200])
+            return JSONResponse({"Error": f"hamid: this node's daemon is not answering ({daemon_socket})"}, 503)
+
+    return Starlette(routes=[Route("/{verb}", handle, methods=["POST"])])
+
+
+def metrics_app(daemon_socket: str) -> Starlette:
+    """``/metrics``, read from the daemon's registry for each scrape."""
+    client = _unix_client(daemon_socket, METRICS_TIMEOUT_S)
+
+    async def scrape(req: Request):
+        try:
+            r = await client.get("/metrics", params=req.query_params.multi_items())
+        except httpx.HTTPError as e:
+            log.warning("the daemon did not answer a scrape", error=str(e)[:200])
+            return PlainTextResponse(f"this node's daemon is not answering ({daemon_socket})\n", 503)
+        return Response(r.content, status_code=r.status_code,
+                        media_type=r.headers.get("content-type", "text/plain; version=0.0.4"))
+
+    return Starlette(routes=[Route("/metrics", scrape, methods=["GET"])])
+
+
+class ProxyFace:
+    """One listener of this process: an app served on a TCP address."""
+
+    def __init__(self, name: str, app, listen: str, *, certfile: str | None = None, keyfile: str | None = None,
+                 client_ca: str | None = None) -> None:
+        self.name = name
+        self.app = app
+        self.listen = listen
+        self.certfile, self.keyfile, self.client_ca = certfile, keyfile, client_ca
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await serve_asgi(self.app, self.listen, what=self.name, certfile=self.certfile, keyfile=self.keyfile,
+                         client_ca=self.client_ca, task_status=task_status)
+
+
+def front_faces(config: Config, settings: NodeSettings) -> list:
+    """What this process serves, by configuration; a config it cannot serve is refused here."""
+    from dataclasses import replace
+
+    from ..control.webhook import WebhookFace
+    from ..request.model import Defaults, ResourceNames
+
+    c = config
+    faces: list = []
+    if c.controlMode != "none":
+        if not c.webhookCertFile:
+            raise HamidError("hamid front needs webhookCertFile and webhookKeyFile (it keeps no state directory, "
+                             "so it cannot make a CA of its own)")
+        defaults = replace(Defaults.from_settings(settings), names=ResourceNames.from_settings(config))
+        faces.append(WebhookFace.from_config(config, defaults=defaults))
+    if c.controlMode == "extender" or c.metricsPort:
+        if not c.frontDir:
+            raise HamidError("hamid front serves the extender and the metrics from the daemon's frontDir sockets: "
+                             "set frontDir (the same directory for hamid run and hamid front), or metricsPort: 0 "
+                             "and a controlMode other than extender")
+    if c.controlMode == "extender":
+        if c.extenderClientCAFile:
+            tls = {"certfile": c.webhookCertFile, "keyfile": c.webhookKeyFile, "client_ca": c.extenderClientCAFile}
+        elif c.extenderInsecure:
+            log.warning("extender on plain HTTP without authentication (extenderInsecure): anyone who reaches "
+                        "it can bind pods", listen=c.extenderListen)
+            tls = {}
+        else:
+            raise HamidError("the extender needs extenderClientCAFile (only kube-scheduler's certificate may call "
+                             "it), or extenderInsecure: true for a test cluster on one machine")
+        faces.append(ProxyFace("extender", extender_app(socket_path(c.frontDir, EXTENDER_SOCKET)),
+                               c.extenderListen, **tls))
+    if c.metricsPort:
+        faces.append(ProxyFace("metrics", metrics_app(socket_path(c.frontDir, METRICS_SOCKET)),
+                               f"{c.metricsAddress}:{c.metricsPort}"))
+    if not faces:
+        raise HamidError("hamid front has nothing to serve: controlMode is none and metricsPort is 0")
+    return faces
+
+
+async def run(config: Config, settings: NodeSettings, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until SIGINT or SIGTERM."""
+    faces = front_faces(config, settings)
+    async with trio.open_nursery() as nursery:
+        for face in faces:
+            await nursery.start(supervised, face, FaceHealth())
+
+        async def stop_on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    log.info("shutting down", signal=signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(stop_on_signal)
+        log.info("front serving", faces=[f.name for f in faces])
+        task_status.started()
