@@ -54,7 +54,8 @@ class NodeEnv:
         self.config.write_text(
             f"simulate: {simulate}\ndeviceSplitCount: {split}\noperatingMode: {mode}\n"
             f"deviceListStrategy: {strategy}\ncdiSpecDir: {self.cdi}\nhealthCheckInterval: 0.2\n"
-            f"reconcileInterval: {reconcile_interval:g}\nmetricsPort: 0\n{extra_config}")
+            f"reconcileInterval: {reconcile_interval:g}\n"
+            f"{'' if 'metricsPort' in extra_config else 'metricsPort: 0' + chr(10)}{extra_config}")
         if "controlMode" not in extra_config:  # one node alone: no cluster placement
             self.config.write_text(self.config.read_text() + "controlMode: none\n")
         self.kubelet = KubeletStandIn(self.kubelet_dir, node_name=node, cdi_dirs=[self.cdi], pick=pick, seed=seed)
