@@ -77,6 +77,30 @@ def test_imports_go_one_way():
     assert not bad, "\n".join(bad)
 
 
+def test_faces_reach_the_node_through_its_service():
+    """No face imports the ledger or the node core: the node service (and the
+    types it re-exports) is the only door, so every change is announced."""
+    bad = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT.parent)
+        if rel.parts[1] not in FACES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level:
+                    base = list(rel.with_suffix("").parts[:-1])
+                    base = base[:len(base) - (node.level - 1)]
+                    mod = ".".join(base + ([mod] if mod else []))
+                if mod == "hamid.ledger" or mod.startswith("hamid.ledger.") or mod == "hamid.node.core" or (
+                        mod == "hamid.node" and any(a.name == "core" for a in node.names)):
+                    bad.append(f"{rel}:{node.lineno}: face imports {mod}")
+            elif isinstance(node, ast.Attribute) and node.attr == "core" and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "node":
+                bad.append(f"{rel}:{node.lineno}: face reaches self.node.core")
+    assert not bad, "\n".join(bad)
+
+
 def test_no_cycle_between_packages():
     graph: dict[str, set[str]] = {}
     for src, dst, _, _ in _imports():

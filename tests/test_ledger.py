@@ -11,7 +11,7 @@ import pytest
 
 from simnodes import node_view
 
-from hamid.ledger import Abandoned, IllegalTransition, Ledger, LedgerConflict, LedgerError, claimant_id
+from hamid.ledger import Abandoned, Details, IllegalTransition, Ledger, LedgerConflict, LedgerError, claimant_id
 from hamid.node.identity import Owner, OwnerError
 from hamid.placement import place
 from hamid.request import parse_docker_env
@@ -33,8 +33,8 @@ def req(cid, spec="mem=4g", devices=None):
 
 def test_reserve_release_and_idempotence(tmp_path):
     led = new_ledger(tmp_path / "l.db")
-    r1 = led.reserve(req("a"), kind="docker", details={"dir": "/x"})
-    assert r1.state == "reserved" and r1.details == {"dir": "/x"}
+    r1 = led.reserve(req("a"), kind="docker", details=Details(runc_root="/x"))
+    assert r1.state == "reserved" and r1.details.runc_root == "/x"
     assert led.reserve(req("a"), kind="docker") == r1  # same owner: same reservation
     assert [r.owner for r in led.list()] == ["docker:a"]
     assert led.view().gpus[0].mem_used + led.view().gpus[1].mem_used == 4096

@@ -227,7 +227,7 @@ def test_a_failed_daemon_marks_its_tenants_and_is_restarted(node_of, monkeypatch
     for who in ("a", "b"):
         r = d.ledger.get(f"docker:{who}")
         assert r is not None and r.state == "allocated"  # no reservation lost
-        assert r.details["mps_failure"]["reason"] == got[0]["reason"]
+        assert r.details.mps_failure["reason"] == got[0]["reason"]
     assert d.core.mps_check() == []  # healthy again
     assert "(MPS daemon failed, restarted)" in status_table(d.core.status("test"))
 

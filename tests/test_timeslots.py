@@ -79,7 +79,7 @@ def test_ledger_slots_never_overlap_through_reserves_and_releases(tmp_path_facto
         spans, total = [], 0
         for r in led.list():
             cores_of = r.decision.containers[0].devices[0].cores
-            got = r.details["slots"]["c"]["GPU-a"]
+            got = r.details.slots["c"]["GPU-a"]
             assert sum(b - a for a, b in got) == cores_of
             spans += [tuple(x) for x in got]
             total += cores_of

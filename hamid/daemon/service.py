@@ -305,10 +305,10 @@ def build_faces(d: Daemon):
 
     c = d.config
     registry, commits = new_registry()
-    registry.register(LedgerCollector(d.ledger, lambda: d.backend_label, legacy=c.legacyMetrics))
+    registry.register(LedgerCollector(d.service.door(), lambda: d.backend_label, legacy=c.legacyMetrics))
     registry.register(HostCollector(d.node, d.backend.readings, legacy=c.legacyMetrics))
     # what the shim measures inside each container (its region file)
-    register_collector(registry, d.state_dir / CONTAINERS_DIR, SlotLabeler(d.ledger), legacy=c.legacyMetrics)
+    register_collector(registry, d.state_dir / CONTAINERS_DIR, SlotLabeler(d.service.door()), legacy=c.legacyMetrics)
     d.service.subscribe(lambda event, key: commits.labels("conflict" if event == "conflict" else "ok").inc()
                         if event in ("admitted", "committed", "conflict") else None)
     faces: list[Face] = []
@@ -355,7 +355,8 @@ def build_faces(d: Daemon):
                                identity_key=identity.public_b64 if identity is not None else None)
         d.service.subscribe(lambda event, key: gossip.poke() if event != "conflict" else None)
     faces.append(LocalApiFace(d.service, str(d.state_dir / SOCKET_NAME), defaults=request_defaults(d),
-                              cluster=gossip.cluster_document if gossip is not None else None))
+                              cluster=gossip.cluster_document if gossip is not None else None,
+                              elsewhere=elsewhere_hint(d.node, gossip) if gossip is not None else None))
     faces.append(DockerFace(d.service, poll_interval=c.releasePollInterval, net_interval=c.reconcileInterval,
                             start_grace=c.dockerStartGrace, socket_path=str(d.state_dir / DOCKER_SOCKET_NAME),
                             defaults=request_defaults(d),

@@ -43,7 +43,7 @@ def prepare_bundle(bundle: str, cid: str, *, runc_root: str, hook: str, state_di
     try:
         got = admit(cid, env, ocispec.user(spec), details)
     except HamidError as e:
-        from ..ledger import LedgerConflict
+        from ..node.service import LedgerConflict
         from ..request.docker import whole_card_note
 
         note = whole_card_note(env) if isinstance(e, LedgerConflict) else None

@@ -28,12 +28,11 @@ import trio
 
 from ..dirwatch import DirWatch
 from ..errors import HamidError
-from ..ledger import Abandoned, LedgerConflict
 from ..logs import get_logger
 from ..node import released
-from ..node.identity import Owner
+from ..node.callers import container_details
 from ..node.layout import RELEASED_DIR
-from ..node.service import NodeService
+from ..node.service import Abandoned, LedgerConflict, NodeService, container_answer
 from ..request.model import Defaults, Request
 from .liveness import docker_alive, docker_started
 
@@ -58,13 +57,12 @@ class DockerFace:
         self.poll_interval = poll_interval
         self.net_interval = net_interval
         self.owner_liveness = {"docker": docker_alive(start_grace)}
-        self._state_dir = str(node.core.state_dir)
+        self._state_dir = node.state_dir
 
     # --- creates -----------------------------------------------------------------------
 
     def _create(self, body: dict) -> bool:
         """Prepare one bundle (blocking; the node service's threads)."""
-        from ..request import parse_docker_env
         from .bundle import prepare_bundle
 
         for k in ("bundle", "id", "runc_root", "hook"):
@@ -73,24 +71,13 @@ class DockerFace:
         deadline = body.get("deadline")
         if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))):
             raise HamidError(f"deadline: expected seconds since the epoch, got {deadline!r}")
-        core = self.node.core
-
         def admit(cid: str, env: list, user: tuple, details: dict) -> dict:
-            request = parse_docker_env(env, cid, self.defaults)
-            if request is None:
-                return {"ours": False}
-            try:
-                got = core.admit(Owner("docker", cid, name=details.get("name") or cid[:12]), request, user=user,
-                                 details=details, deadline=deadline)
-            except LedgerConflict as e:
-                if self.elsewhere is None:
-                    raise
-                # the hint first: runc's log line (how docker run shows it) is cut at 4 KiB
-                raise LedgerConflict(f"{self.elsewhere(request)}; on this node: {e}", e.reasons) from None
-            return {"ours": True, **got.to_dict()}
+            return container_answer(self.node.admit_container_blocking(
+                cid, env, user=user, details=container_details(details, cid), defaults=self.defaults,
+                deadline=deadline, elsewhere=self.elsewhere))
 
         return prepare_bundle(body["bundle"], body["id"], runc_root=body["runc_root"], hook=body["hook"],
-                              state_dir=self._state_dir, admit=admit, release=core.release)
+                              state_dir=self._state_dir, admit=admit, release=self.node.release_blocking)
 
     def app(self):
         import json
@@ -112,12 +99,10 @@ class DockerFace:
                     raise ValueError
             except ValueError:
                 return JSONResponse({"error": "request body must be a JSON object"}, 400)
-            key = f"docker:{body.get('id')}"
             cid = str(body.get("id"))[:12]
             try:
                 ours = await self.node.run_blocking(self._create, body)
             except LedgerConflict as e:  # every refusal is logged with its reason, as docker run shows it
-                self.node.announce("conflict", key)
                 log.warning("container refused", id=cid, reason=f"no room for this container: {e}")
                 return JSONResponse({"error": f"no room for this container: {e}"}, 409)
             except Abandoned as e:
@@ -129,9 +114,6 @@ class DockerFace:
             except Exception as e:  # a bug: say so, and log it whole
                 log.exception("create failed", bundle=body.get("bundle"))
                 return JSONResponse({"error": f"internal error in the daemon: {e!r}"}, 500)
-            if ours:
-                self.node.announce("admitted", key)
-                log.info("container admitted", id=body["id"][:12])
             return JSONResponse({"ours": ours})
 
         return Starlette(routes=[Route("/v1/create", create, methods=["POST"])])

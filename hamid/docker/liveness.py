@@ -12,12 +12,12 @@ import os
 import time
 from collections.abc import Callable
 
-from ..ledger import Reservation
+from ..node.service import Reservation
 
 
 def docker_alive(grace_s: float) -> Callable[[Reservation], bool]:
     def alive(r: Reservation) -> bool:
-        root, cid = r.details.get("runc_root"), r.details.get("id")
+        root, cid = r.details.runc_root, r.details.container_id
         if not root or not cid:
             return True  # cannot prove it gone
         if os.path.exists(os.path.join(root, cid, "state.json")):
@@ -30,7 +30,7 @@ def docker_alive(grace_s: float) -> Callable[[Reservation], bool]:
 def docker_started(r: Reservation) -> bool:
     """Has runc started the container's process? runc keeps ``exec.fifo`` in
     the container's state directory from ``create`` until ``start`` opens it."""
-    root, cid = r.details.get("runc_root"), r.details.get("id")
+    root, cid = r.details.runc_root, r.details.container_id
     if not root or not cid:
         return False
     base = os.path.join(root, cid)

@@ -43,9 +43,9 @@ from typing import Any
 from ..errors import HamidError
 from ..logs import get_logger
 from ..node import layout, mps
-from ..node.core import NodeCore
+from ..node.service import NodeDoor
 from ..node.identity import Owner
-from ..node.realize import realize, slot_name
+from ..node.realize import realize
 from ..request import parse_pod
 from ..request.model import Defaults, Request
 from . import cdi
@@ -76,15 +76,15 @@ def _gpus(ids: tuple[str, ...]) -> tuple[str, ...]:
 
 
 class PodAdmission:
-    def __init__(self, core: NodeCore, pods: PodDirectory, *, strategy: str, cdi_dir: str,
+    def __init__(self, node: NodeDoor, pods: PodDirectory, *, strategy: str, cdi_dir: str,
                  defaults: Defaults) -> None:
         if strategy not in STRATEGIES:
             raise HamidError(f"deviceListStrategy: bad value {strategy!r}; accepted: {', '.join(STRATEGIES)}")
-        self.core = core
+        self.node = node
         self.pods = pods
         self.strategy = strategy
         self.cdi_dir = cdi_dir
-        core.own_file_dir(cdi_dir)  # release may delete the CDI specs written there, and nothing else
+        node.own_file_dir(cdi_dir)  # release may delete the CDI specs written there, and nothing else
         self.defaults = defaults
 
     # --- Allocate: what depends on the devices alone ----------------------------------
@@ -93,7 +93,7 @@ class PodAdmission:
         slot = slot_of(ids)
         if self.strategy == "cdi-cri":
             return pb.ContainerAllocateResponse(cdi_devices=[pb.CDIDevice(name=cdi.device_name(slot))])
-        facts = self.core.facts
+        facts = self.node.facts
         if facts.backend.get("mig_enabled"):
             raise AdmissionError("this node is in MIG mode: MIG instances on Kubernetes need "
                                  "deviceListStrategy: cdi-cri (the instance exists only once the pod is known)")
@@ -106,7 +106,7 @@ class PodAdmission:
             "NVIDIA_VISIBLE_DEVICES": ",".join(gpus),
             "CUDA_DEVICE_MEMORY_SHARED_CACHE": layout.REGION_FILE_IN_CONTAINER,
         })
-        st = str(self.core.state_dir)
+        st = str(self.node.state_dir)
         for host, path, ro in ((facts.shim_library, layout.SHIM_IN_CONTAINER, True),
                                (facts.shim_preload, layout.PRELOAD_IN_CONTAINER, True),
                                (layout.region_dir(st, slot), layout.REGION_DIR_IN_CONTAINER, False),
@@ -132,22 +132,22 @@ class PodAdmission:
         turns out to be an MPS share (the shim joins it only when the limits file says so;
         ``CUDA_MPS_PIPE_DIRECTORY`` is set here only where the GPU serves nothing else, so a
         hami-core tenant of a GPU serving both never joins an MPS server)."""
-        if len(gpus) != 1 or not self.core.facts.mps_control:
+        if len(gpus) != 1 or not self.node.facts.mps_control:
             return
-        g = next((v for v in self.core.ledger.view().gpus if v.uuid == gpus[0]), None)
+        g = next((v for v in self.node.view().gpus if v.uuid == gpus[0]), None)
         if g is None or "mps" not in g.serves:
             return
-        root = self.core.facts.mps_dir
-        mps.ensure_dirs(self.core.state_dir, g.uuid, root)
+        root = self.node.facts.mps_dir
+        mps.ensure_dirs(self.node.state_dir, g.uuid, root)
         resp.mounts.append(pb.Mount(container_path=mps.PIPE_IN_CONTAINER,
-                                    host_path=mps.pipe_dir(self.core.state_dir, g.uuid, root), read_only=False))
+                                    host_path=mps.pipe_dir(self.node.state_dir, g.uuid, root), read_only=False))
         if g.serves == ("mps",):
             resp.envs["CUDA_MPS_PIPE_DIRECTORY"] = mps.PIPE_IN_CONTAINER
 
     def _slot_files(self, slot: str) -> None:
         """The slot's region directory and a placeholder limits file: empty, so the
         shim refuses CUDA until ``PreStartContainer`` writes the real one."""
-        st = self.core.state_dir
+        st = self.node.state_dir
         for d in (layout.CONTAINERS_DIR, layout.LIMITS_DIR):
             os.makedirs(st / d, mode=0o700, exist_ok=True)
         rdir = layout.region_dir(st, slot)
@@ -190,16 +190,14 @@ class PodAdmission:
                 containers.append(init)
         try:
             self._reserve(owner, pod, held, slots)
-            res = self.core.prepare(owner.key, user=None)
+            res = self.node.prepare(owner.key, user=None)
             for c in containers:
                 if not _is_mig(res, c):  # (re)written from the reservation as it stands now
                     # the region directory is the container's user's where the pod says who that is
-                    self.core.write_container_files(owner.key, c, pod_user(pod, c))
+                    self.node.write_container_files(owner.key, c, pod_user(pod, c))
             if self.strategy == "cdi-cri":
-                path = cdi.write_spec(self.cdi_dir, slot, realize(res, self.core.facts, containers[0]))
-                files = list(res.details.get("extra_files") or ())
-                if path not in files:
-                    self.core.ledger.update(owner.key, details={"extra_files": files + [path]})
+                path = cdi.write_spec(self.cdi_dir, slot, realize(res, self.node.facts, containers[0]))
+                self.node.attach_file(owner.key, path)
         except HamidError as e:
             self.pods.event(pod, "HamidAdmissionFailed", str(e))
             raise AdmissionError(str(e)) from None
@@ -207,8 +205,8 @@ class PodAdmission:
         return owner.key
 
     def _known_slots(self, key: str) -> dict[str, str]:
-        res = self.core.ledger.get(key)
-        return dict(res.details.get("container_slots") or {}) if res is not None else {}
+        res = self.node.get(key)
+        return dict(res.details.container_slots) if res is not None else {}
 
     def _unlisted_inits(self, pod: dict[str, Any], held: dict, n: int, known: dict[str, str],
                         slot: str) -> list[str]:
@@ -251,40 +249,30 @@ class PodAdmission:
                  slots: dict[str, str]) -> None:
         """Make sure the ledger holds ``owner`` with its containers keyed to kubelet's slots
         (and, with ``envvar``, on the GPUs kubelet's devices belong to)."""
-        led = self.core.ledger
         gpus = {c: _gpus(i) for c, i in held.items()}
-        res = led.get(owner.key)
+        res = self.node.get(owner.key)
         if res is None:  # node-local admission: the pod came with spec.nodeName, or without a reservation
             request = self._request(pod)
             if self.strategy == "envvar":
                 request = _restricted(request, gpus)
-            self.core.admit(owner, request, user=None, details={"container_slots": slots})
+            self.node.admit(owner, request, slots=slots)
             return
         if res.state == "releasing":
             raise HamidError(f"{owner} is being released")
-        details = {"container_slots": {**(res.details.get("container_slots") or {}), **slots}}
         if self.strategy == "envvar":
             placed = {c.name: tuple(d.uuid for d in c.devices) for c in res.decision.containers}
             if any(set(placed.get(c, ())) != set(g) for c, g in gpus.items()):
-                self._follow_kubelet(res, gpus, details)
+                self._follow_kubelet(res, gpus, slots)
                 return
-        led.update(owner.key, details=details)
+        self.node.bind_slots(owner.key, slots)
 
-    def _follow_kubelet(self, res, gpus: dict[str, tuple[str, ...]], details: dict) -> None:
+    def _follow_kubelet(self, res, gpus: dict[str, tuple[str, ...]], slots: dict[str, str]) -> None:
         """Move a reservation onto the GPUs kubelet chose, re-checked by the ledger."""
-        from ..placement import place
-        from ..placement.result import NoFit
-
         request = _restricted(Request.from_dict(res.request), gpus) if res.request else None
         if request is None:
             raise HamidError(f"{res.owner} was placed on other GPUs than kubelet chose and records no request "
                              "to place it again")
-        view = self.core.ledger.view_without(res.owner)
-        got = place(request, [view], self.core.facts.node_policy)
-        if isinstance(got, NoFit):
-            raise HamidError(f"{res.owner} does not fit on the GPUs kubelet gave it: "
-                             + "; ".join(got.reasons.get(view.name, ())))
-        self.core.recommit(res.owner, got, details=details)
+        self.node.move(res.owner, request, slots)
         log.info("reservation follows kubelet's devices", owner=res.owner,
                  gpus={c: list(g) for c, g in gpus.items()})
 

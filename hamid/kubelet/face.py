@@ -39,9 +39,8 @@ import grpc
 import trio
 
 from ..dirwatch import DirWatch
-from ..ledger import Reservation
 from ..logs import get_logger
-from ..node.service import NodeService
+from ..node.service import NodeService, Reservation
 from ..request.model import Defaults
 from .admission import AdmissionError, PodAdmission
 from .api import API_VERSION, DEVICE_PLUGINS_DIR, KUBELET_SOCKET
@@ -67,7 +66,8 @@ class KubeletFace:
         self.dir = os.path.join(kubelet_dir, DEVICE_PLUGINS_DIR)
         self.resource = resource
         self.pods = PodDirectory(node.name, kubelet_dir, resource, api)
-        self.admission = PodAdmission(node.core, self.pods, strategy=strategy, cdi_dir=cdi_dir, defaults=defaults)
+        self.door = node.door()  # the node's verbs for this face's blocking work (gRPC handlers, threads)
+        self.admission = PodAdmission(self.door, self.pods, strategy=strategy, cdi_dir=cdi_dir, defaults=defaults)
         self.health_interval = health_interval
         self.check_interval = check_interval
         self.watch_timeout_s = watch_timeout_s
@@ -105,13 +105,13 @@ class KubeletFace:
         for i in available:
             if i not in chosen:
                 by_gpu.setdefault(gpu_of(i), []).append(i)
-        view = self.node.core.ledger.view()
+        view = self.door.view()
         free = {g.uuid: g.mem_total - g.mem_used for g in view.gpus}
         candidates: list[tuple[Reservation, tuple[str, ...]]] = []
-        for r in self.node.core.ledger.list():
+        for r in self.door.reservations():
             if r.kind != "pod" or r.state != "reserved":
                 continue
-            keyed = r.details.get("container_slots") or {}
+            keyed = r.details.container_slots
             for c in r.decision.containers:
                 if c.name not in keyed and len(c.devices) == size - len(must):
                     candidates.append((r, tuple(d.uuid for d in c.devices)))
@@ -292,12 +292,12 @@ class KubeletFace:
     # --- health --------------------------------------------------------------------------
 
     def _read_devices(self) -> list[pb.Device]:
-        view = self.node.core.ledger.view()
-        health = {g.uuid: g.healthy for g in self.node.core.backend.gpus()}
+        view = self.door.view()
+        health = {g.uuid: g.healthy for g in self.door.gpus()}
         return advertised(view.gpus, health)
 
     async def _watch_health(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        events = getattr(self.node.core.backend, "watch_health_events", None)
+        events = self.node.health_events()
         if events is not None:  # NVML: critical XID and ECC events, between readings too
             await self.node.run_blocking(events)
         first = True
@@ -387,7 +387,7 @@ class KubeletFace:
 
     def node_resources(self) -> dict[str, str]:
         """What the node's status advertises besides the device plugin's own resource."""
-        view = self.node.core.ledger.view()
+        view = self.door.view()
         gpus = [g for g in view.gpus if not g.filtered]
         n = self.defaults.names
         return {n.memory: str(sum(g.mem_total for g in gpus) // max(1, self.defaults.memory_factor)),
@@ -421,8 +421,8 @@ class KubeletFace:
     def hami_annotations(self) -> dict[str, str]:
         from .register import HANDSHAKE, REGISTER, handshake_value, register_annotation
 
-        view = self.node.core.ledger.view()
-        infos = {g.uuid: g for g in self.node.core.backend.gpus()}
+        view = self.door.view()
+        infos = {g.uuid: g for g in self.door.gpus()}
         return {REGISTER: register_annotation(view.gpus, infos), HANDSHAKE: handshake_value()}
 
     def _patch_annotations(self) -> dict[str, str]:
@@ -468,11 +468,11 @@ class KubeletFace:
             await self.node.run_blocking(self._mps_event, key)
 
     def _mps_event(self, key: str) -> None:
-        res = self.node.core.ledger.get(key)
+        res = self.door.get(key)
         if res is None:
             return
         ns, _, name = (res.name or "").partition("/")
-        note = res.details.get("mps_failure") or {}
+        note = res.details.mps_failure
         pod = {"metadata": {"namespace": ns, "name": name, "uid": res.uid}}
         self.pods.event(pod, "HamidMpsFailed",
                         f"the MPS control daemon of GPU {note.get('gpu')} failed ({note.get('reason')}); hamid "

@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from ..placement.result import NoFit
 from ..placement.usage import with_usage
 from ..placement.view import GpuView, gpu_view_from_dict, gpu_view_to_dict
 from ..request.model import Request
+from .details import Details
 
 SCHEMA_VERSION = 2
 
@@ -105,7 +106,7 @@ class Reservation:
     request: dict[str, Any]
     decision: Decision
     mig: dict[str, dict[str, Any]] = field(default_factory=dict)  # gpu uuid -> {gi, ci, uuid, caps}
-    details: dict[str, Any] = field(default_factory=dict)
+    details: Details = field(default_factory=Details)
     name: str = ""  # for display: "namespace/name" or the container's name
 
     @property
@@ -115,19 +116,19 @@ class Reservation:
     def to_dict(self) -> dict[str, Any]:
         return {"owner": self.owner, "kind": self.kind, "name": self.name, "state": self.state,
                 "created": self.created, "request": self.request, "decision": self.decision.to_dict(),
-                "mig": self.mig, "details": self.details}
+                "mig": self.mig, "details": self.details.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Reservation":
         return cls(owner=d["owner"], kind=d["kind"], state=d["state"], created=d["created"],
                    request=d.get("request") or {}, decision=Decision.from_dict(d["decision"]),
-                   mig=d.get("mig") or {}, details=d.get("details") or {}, name=d.get("name") or "")
+                   mig=d.get("mig") or {}, details=Details.from_dict(d.get("details")), name=d.get("name") or "")
 
 
 def _row(r: sqlite3.Row) -> Reservation:
     return Reservation(owner=r["owner"], kind=r["kind"], state=r["state"], created=r["created"],
                        request=json.loads(r["request"]), decision=Decision.from_dict(json.loads(r["decision"])),
-                       mig=json.loads(r["mig"]), details=json.loads(r["details"]), name=r["name"])
+                       mig=json.loads(r["mig"]), details=Details.from_dict(json.loads(r["details"])), name=r["name"])
 
 
 def claimant_id(pid: int | None = None) -> str:
@@ -307,16 +308,13 @@ class Ledger:
         return _row(r) if r else None
 
     def _insert(self, db: sqlite3.Connection, owner: str, kind: str, request: dict, decision: Decision,
-                details: dict, name: str) -> Reservation:
+                details: Details, name: str) -> Reservation:
         others = (json.loads(r[0]).get("slots", {}) for r in db.execute("SELECT details FROM reservations"))
-        details = dict(details)
-        slots = timeslots.assign(decision, others)
-        if slots:
-            details["slots"] = slots
+        details = replace(details, slots=timeslots.assign(decision, others) or {})
         db.execute("INSERT INTO reservations(owner, kind, state, created, request, decision, mig, details, name) "
                    "VALUES (?, ?, 'reserved', ?, ?, ?, '{}', ?, ?)",
                    (owner, kind, time.time(), json.dumps(request), json.dumps(decision.to_dict()),
-                    json.dumps(details), name))
+                    json.dumps(details.to_dict()), name))
         return self._existing(db, owner)  # as stored, so every caller sees one shape
 
     @staticmethod
@@ -332,7 +330,7 @@ class Ledger:
         return owner.key, owner.kind, owner.name
 
     def reserve(self, request: Request, *, kind: str | None = None, owner: Any = None,
-                node_policy: str = "binpack", details: dict | None = None,
+                node_policy: str = "binpack", details: Details | None = None,
                 deadline: float | None = None) -> Reservation:
         """Place ``request`` on this node and commit it, in one transaction.
 
@@ -353,12 +351,12 @@ class Ledger:
             if isinstance(got, NoFit):
                 reasons = got.reasons.get(view.name, ())
                 raise LedgerConflict(f"{key} does not fit on {view.name}:\n" + got.message(), reasons)
-            return self._insert(db, key, kind, request.to_dict(), got, details or {}, name)
+            return self._insert(db, key, kind, request.to_dict(), got, details or Details(), name)
 
         return self._write(tx)
 
     def commit(self, owner: Any, decision: Decision, *, kind: str | None = None, request: dict | None = None,
-               details: dict | None = None, deadline: float | None = None) -> Reservation:
+               details: Details | None = None, deadline: float | None = None) -> Reservation:
         """Commit a decision someone else proposed, after re-checking it here."""
         key, kind, name = self._key(owner, kind)
 
@@ -375,11 +373,11 @@ class Ledger:
             problems = check(decision, view)
             if problems:
                 raise LedgerConflict(f"{key} does not fit on {view.name}: " + "; ".join(problems), problems)
-            return self._insert(db, key, kind, request or {}, decision, details or {}, name)
+            return self._insert(db, key, kind, request or {}, decision, details or Details(), name)
 
         return self._write(tx)
 
-    def recommit(self, owner: str, decision: Decision, *, details: dict | None = None) -> Reservation:
+    def recommit(self, owner: str, decision: Decision, *, details: Details | None = None) -> Reservation:
         """Replace ``owner``'s decision with ``decision``, re-checked against
         everything else on the node in one transaction (its time slots are
         given anew); refused while MIG instances exist for it or once it is
@@ -402,13 +400,9 @@ class Ledger:
                 raise LedgerConflict(f"{owner} cannot move on {view.name}: " + "; ".join(problems), problems)
             others = (json.loads(r[0]).get("slots", {})
                       for r in db.execute("SELECT details FROM reservations WHERE owner != ?", (owner,)))
-            new_details = {**existing.details, **(details or {})}
-            new_details.pop("slots", None)
-            slots = timeslots.assign(decision, others)
-            if slots:
-                new_details["slots"] = slots
+            new_details = replace(existing.details.merged(details), slots=timeslots.assign(decision, others) or {})
             db.execute("UPDATE reservations SET decision=?, details=? WHERE owner=?",
-                       (json.dumps(decision.to_dict()), json.dumps(new_details), owner))
+                       (json.dumps(decision.to_dict()), json.dumps(new_details.to_dict()), owner))
             return self._existing(db, owner)
 
         return self._write(tx)
@@ -456,7 +450,7 @@ class Ledger:
 
         return self._write(tx)
 
-    def transition(self, owner: str, to: str, *, mig: dict | None = None, details: dict | None = None,
+    def transition(self, owner: str, to: str, *, mig: dict | None = None, details: Details | None = None,
                    deadline: float | None = None) -> Reservation:
         """Move a reservation to state ``to`` (checked against :data:`TRANSITIONS`;
         staying in the same state is allowed and only records ``mig``/``details``)."""
@@ -472,14 +466,14 @@ class Ledger:
                 raise IllegalTransition(f"{owner}: {existing.state} -> {to} is not allowed; from "
                                         f"{existing.state}: {', '.join(sorted(TRANSITIONS[existing.state])) or 'none'}")
             new_mig = {**existing.mig, **(mig or {})}
-            new_details = {**existing.details, **(details or {})}
+            new_details = existing.details.merged(details)
             db.execute("UPDATE reservations SET state=?, mig=?, details=? WHERE owner=?",
-                       (to, json.dumps(new_mig), json.dumps(new_details), owner))
+                       (to, json.dumps(new_mig), json.dumps(new_details.to_dict()), owner))
             return self._existing(db, owner)
 
         return self._write(tx)
 
-    def update(self, owner: str, *, mig: dict | None = None, details: dict | None = None) -> Reservation:
+    def update(self, owner: str, *, mig: dict | None = None, details: Details | None = None) -> Reservation:
         """Record progress on a reservation (MIG instances made, details), state unchanged."""
         existing = self.get(owner)
         if existing is None:

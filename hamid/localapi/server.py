@@ -20,14 +20,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..errors import HamidError
-from ..ledger import Abandoned, LedgerConflict
 from ..logs import get_logger
 from ..serving import BodyTooLarge, read_body
-from ..node.callers import caller_details
+from ..node.callers import caller_details, container_details
 from ..node.identity import KINDS, Owner
-from ..node.service import NodeService
+from ..node.service import Abandoned, LedgerConflict, NodeService, container_answer
 from ..placement import Decision
-from ..request import parse_docker_env
 from ..request.model import Defaults, Request
 
 log = get_logger("localapi")
@@ -83,32 +81,20 @@ def _user(body: dict) -> tuple[int, int]:
     return u[0], u[1]
 
 
-def _runtime_details(d, cid: str) -> dict[str, str]:
-    """What the Docker runtime records beside a container it admits: its id,
-    and the runc root and bundle (absolute paths, read for liveness only)."""
-    d = d or {}
-    if not isinstance(d, dict) or set(d) - {"id", "runc_root", "bundle"}:
-        raise HamidError("details: accepted keys for a container: id, runc_root, bundle")
-    for k in ("runc_root", "bundle"):
-        v = d.get(k)
-        if v is not None and (not isinstance(v, str) or not v.startswith("/") or "\0" in v or len(v) > 4096):
-            raise HamidError(f"details.{k}: expected an absolute path")
-    if d.get("id", cid) != cid:
-        raise HamidError("details.id: must be the container's id")
-    return dict(d)
-
-
 class LocalApiFace:
     """Serves the app on ``socket_path`` (mode 0600) until cancelled."""
 
     name = "localapi"
 
     def __init__(self, node: NodeService, socket_path: str, *, defaults: Defaults,
-                 cluster: Callable[[], dict] | None = None) -> None:
+                 cluster: Callable[[], dict] | None = None,
+                 elsewhere: Callable[[Request], str] | None = None) -> None:
+        """``elsewhere``: as the Docker face's (a refused container is told where it fits)."""
         self.node = node
         self.socket_path = socket_path
         self.defaults = defaults
         self.cluster = cluster
+        self.elsewhere = elsewhere
 
     def app(self) -> Starlette:
         node = self.node
@@ -156,13 +142,12 @@ class LocalApiFace:
             cid, env = body.get("id"), body.get("env")
             if not isinstance(cid, str) or not isinstance(env, list) or not all(isinstance(e, str) for e in env):
                 raise HamidError("expected {id: <container id>, env: [NAME=value, ...]}")
-            owner = Owner("docker", cid, name=str(body.get("name") or cid[:12]))
-            request = parse_docker_env(env, cid, self.defaults)
-            if request is None:
-                return JSONResponse({"ours": False})
-            got = await node.admit(owner, request, user=_user(body), details=_runtime_details(body.get("details"), cid),
-                                   deadline=_deadline(body))
-            return JSONResponse({"ours": True, **got.to_dict()})
+            details = body.get("details") or {}
+            if body.get("name") and isinstance(details, dict):  # older runtimes sent the name beside the details
+                details = {**details, "name": body["name"]}
+            got = await node.admit_container(cid, env, user=_user(body), details=container_details(details, cid),
+                                             defaults=self.defaults, deadline=_deadline(body), elsewhere=self.elsewhere)
+            return JSONResponse(container_answer(got))
 
         async def commit(req: HttpRequest):
             body = await _body(req)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable
+from typing import Protocol
 
 import anyio
 import anyio.to_thread
@@ -40,7 +41,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..ledger import Ledger
 from ..logs import get_logger
 from ..hamimetrics import BUILD_INFO_LABELS, Emitter
 
@@ -53,10 +53,21 @@ SCHEDULER_SERIES = ("hami_gpu_memory_limit_bytes", "hami_gpu_core_limit_ratio", 
                     "hami_vgpu_memory_allocated_bytes", "hami_vgpu_core_allocated_ratio", "hami_mig_device_info")
 
 
+class LedgerReader(Protocol):
+    """What the collectors read of the node: the node service's door (:class:`hamid.node.service.NodeDoor`),
+    or a ledger opened read-only beside a daemon."""
+
+    def view(self): ...
+
+    def list(self) -> list: ...
+
+    def change_stamp(self): ...
+
+
 class LedgerCollector:
     """Reads the ledger on each scrape (in the scrape's worker thread)."""
 
-    def __init__(self, ledger: Ledger, backend: Callable[[], str], *, legacy: bool = False) -> None:
+    def __init__(self, ledger: "LedgerReader", backend: Callable[[], str], *, legacy: bool = False) -> None:
         self._ledger = ledger
         self._backend = backend
         self._legacy = legacy
@@ -181,7 +192,7 @@ class SlotLabeler:
     container) from the reservation that owns the slot, looked up in the ledger
     once per change of it (scrapes read many regions)."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: "LedgerReader") -> None:
         self._ledger = ledger
         self._stamp: int | None = None
         self._map: dict[str, tuple[str, str, str]] = {}

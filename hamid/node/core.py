@@ -22,16 +22,16 @@ import os
 import shutil
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..devices import DeviceBackend
 from ..errors import HamidError
-from ..ledger import Ledger, Reservation, claimant_id
+from ..ledger import Details, Ledger, LedgerConflict, Reservation, claimant_id
 from ..ledger.report import status_document
 from ..logs import get_logger
-from ..request.model import Request, effective_core_policy
+from ..request.model import Defaults, Request, effective_core_policy
 from . import layout, mig, mps, regionfs, released
 from .edits import ContainerEdits
 from .facts import NodeFacts
@@ -53,6 +53,12 @@ class Admitted:
     def to_dict(self) -> dict[str, Any]:
         return {"reservation": self.reservation.to_dict(),
                 "edits": {name: e.to_cdi() for name, e in self.edits.items()}}
+
+
+def container_answer(got: Admitted | None) -> dict[str, Any]:
+    """A container admission as the runtime reads it: ``{"ours": False}``, or
+    ``{"ours": True, "reservation": ..., "edits": {container: CDI edits}}``."""
+    return {"ours": False} if got is None else {"ours": True, **got.to_dict()}
 
 
 def _safe_dir(path: str, mode: int) -> None:
@@ -98,7 +104,7 @@ class NodeCore:
     # --- admission -----------------------------------------------------------
 
     def admit(self, owner: Owner, request: Request, *, user: tuple[int, int] | None = (0, 0),
-              details: Mapping[str, Any] | None = None, deadline: float | None = None) -> Admitted:
+              details: Details | None = None, deadline: float | None = None) -> Admitted:
         """Reserve ``request`` for ``owner`` and prepare every container of it.
         ``user``: who owns the containers' region directories (None: not known,
         as for a pod; the directory is then open to whichever user the
@@ -106,7 +112,7 @@ class NodeCore:
         self.drain_released()
         before = self.ledger.get(owner.key)
         res = self.ledger.reserve(request, owner=owner, node_policy=self.facts.node_policy,
-                                  details=dict(details or {}), deadline=deadline)
+                                  details=details, deadline=deadline)
         if res.state == "releasing":
             raise HamidError(f"{owner} is being released; try again once it is gone")
         try:
@@ -119,6 +125,28 @@ class NodeCore:
                     log.error("rollback of a failed admission failed", owner=owner.key, error=str(e))
             raise
         return Admitted(res, {c.name: realize(res, self.facts, c.name) for c in res.decision.containers})
+
+    def admit_container(self, cid: str, env: list[str], *, user: tuple[int, int], details: Details,
+                        defaults: Defaults, deadline: float | None = None,
+                        elsewhere: Callable[[Request], str] | None = None) -> Admitted | None:
+        """A container's admission from its ``HAMI_*`` variables: the one path for
+        the Docker face, the local API's ``/v1/containers`` (the Python runtime
+        through the daemon) and the runtime with no daemon. None when it asks
+        nothing of ours. ``elsewhere(request)``: where else it fits now, put first
+        in a refusal (``docker run`` shows runc's log line, cut at 4 KiB)."""
+        from ..request import parse_docker_env
+
+        request = parse_docker_env(env, cid, defaults)
+        if request is None:
+            return None
+        owner = Owner("docker", cid, name=details.display_name or cid[:12])
+        try:
+            return self.admit(owner, request, user=user, details=replace(details, container_id=cid),
+                              deadline=deadline)
+        except LedgerConflict as e:
+            if elsewhere is None:
+                raise
+            raise LedgerConflict(f"{elsewhere(request)}; on this node: {e}", e.reasons) from None
 
     def prepare(self, key: str, *, user: tuple[int, int] | None = None,
                 deadline: float | None = None) -> Reservation:
@@ -197,16 +225,56 @@ class NodeCore:
             raise HamidError(f"no reservation for {key}")
         return realize(res, self.facts, container)
 
+    # --- what a face learns after admission ---------------------------------------
+
+    def bind_slots(self, key: str, slots: Mapping[str, str]) -> Reservation:
+        """Record which device-plugin slot each named container of ``key`` holds
+        (kubelet's device IDs, known only at PreStartContainer)."""
+        res = self.ledger.get(key)
+        if res is None:
+            raise HamidError(f"no reservation for {key}")
+        return self.ledger.update(key, details=Details(container_slots={**res.details.container_slots, **slots}))
+
+    def move(self, key: str, request: Request, slots: Mapping[str, str]) -> Reservation:
+        """Place ``key`` again with ``request`` (the GPUs a face learnt its
+        containers really got) against everything else on the node, and record
+        ``slots`` with it; refused (:class:`HamidError`) when it does not fit."""
+        from ..placement import place
+        from ..placement.result import NoFit
+
+        res = self.ledger.get(key)
+        if res is None:
+            raise HamidError(f"no reservation for {key}")
+        view = self.ledger.view_without(key)
+        got = place(request, [view], self.facts.node_policy)
+        if isinstance(got, NoFit):
+            raise HamidError(f"{key} does not fit on the GPUs kubelet gave it: "
+                             + "; ".join(got.reasons.get(view.name, ())))
+        return self.ledger.recommit(key, got, details=Details(
+            container_slots={**res.details.container_slots, **slots}))
+
+    def attach_file(self, key: str, path: str) -> Reservation:
+        """Record a file a face wrote for ``key`` (a CDI spec) for release to
+        delete; only in a directory the face registered (:meth:`own_file_dir`)."""
+        if os.path.dirname(os.path.abspath(path)) not in self._file_dirs:
+            raise HamidError(f"{path} is not in a directory a face of this node registered for its files")
+        res = self.ledger.get(key)
+        if res is None:
+            raise HamidError(f"no reservation for {key}")
+        if path in res.details.extra_files:
+            return res
+        return self.ledger.update(key, details=Details(extra_files=(*res.details.extra_files, path)))
+
     # --- decisions proposed elsewhere -----------------------------------------
 
-    def commit(self, owner: Owner, decision, *, request: dict | None = None, details: dict | None = None,
+    def commit(self, owner: Owner, decision, *, request: dict | None = None, details: Details | None = None,
                deadline: float | None = None) -> Reservation:
         return self.ledger.commit(owner, decision, request=request, details=details, deadline=deadline)
 
     def set_state(self, key: str, state: str) -> Reservation:
         return self.ledger.transition(key, state)
 
-    def recommit(self, key: str, decision, *, details: dict | None = None) -> Reservation:
+    def recommit(self, key: str, decision, *, details: Details | None = None) -> Reservation:
         """Move a reservation to another decision on this node (a face learnt
         where its containers really run), re-checked in one transaction."""
         return self.ledger.recommit(key, decision, details=details)
@@ -240,7 +308,7 @@ class NodeCore:
                     log.warning("not removing files under a malformed name", owner=key, error=str(e))
                     continue
                 self._remove_container_files(name)
-        for path in res.details.get("extra_files") or ():  # a face's own files for it (CDI specs)
+        for path in res.details.extra_files:  # a face's own files for it (CDI specs)
             self._remove_face_file(key, path)
         self.ledger.finish_release(key, self.claimant)
         return res, True
@@ -401,7 +469,7 @@ class NodeCore:
         one that answers and has tenants (a restarted hamid never stops it),
         stop one left without tenants, and for one that is dead or wedged
         while it has tenants: record the failure on each tenant's reservation
-        (``details["mps_failure"]``; nothing is released), restart it, and
+        (``details.mps_failure``; nothing is released), restart it, and
         return what happened so faces can tell the owners (an Event for pods)."""
         if not self.facts.mps_control:
             return []
@@ -425,7 +493,7 @@ class NodeCore:
                     note = {"gpu": uuid, "reason": why, "at": time.time()}
                     for o in owners:
                         try:
-                            self.ledger.update(o, details={"mps_failure": note})
+                            self.ledger.update(o, details=Details(mps_failure=note))
                         except Exception as e:
                             log.warning("could not record the MPS failure", owner=o, error=str(e))
                     ctl.stop(uuid)

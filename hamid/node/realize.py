@@ -78,9 +78,9 @@ def _with_control(facts: NodeFacts, nodes: list[DeviceNode]) -> list[DeviceNode]
 
 def slot_name(res: Reservation, container: str) -> str:
     """The name of a container's region directory and limits file: the one a
-    face recorded (``details["container_slots"]``: the device plugin keys it by
+    face recorded (``details.container_slots``: the device plugin keys it by
     the devices kubelet gave), else the layout's default."""
-    given = (res.details.get("container_slots") or {}).get(container)
+    given = res.details.container_slots.get(container)
     if given:
         return layout.component(given, "container slot")
     kind, _, uid = res.owner.partition(":")

@@ -17,14 +17,19 @@ from typing import Any
 
 import trio
 
-from ..ledger import LedgerConflict, Reservation
+from ..ledger import Abandoned, Details, LedgerConflict, Reservation
 from ..logs import get_logger
 from ..placement import Decision
 from ..request.model import Request
-from .core import Admitted, Liveness, NodeCore
+from .core import Admitted, Liveness, NodeCore, container_answer
 from .identity import Owner
 
 log = get_logger("node")
+
+# What faces use of the core's types: they import these from here, never the ledger or the core itself
+# (tests/test_layers.py holds them to it).
+__all__ = ["Abandoned", "Admitted", "Details", "LedgerConflict", "Liveness", "NodeDoor", "NodeService",
+           "Reservation", "container_answer"]
 
 # (event, owner key): event is one of admitted, committed, released, state, conflict, mps_failed
 Listener = Callable[[str, str], None]
@@ -78,15 +83,61 @@ class NodeService:
     # --- changes -----------------------------------------------------------------
 
     async def admit(self, owner: Owner, request: Request, *, user: tuple[int, int] = (0, 0),
-                    details: Mapping[str, Any] | None = None, deadline: float | None = None) -> Admitted:
+                    details: Details | None = None, deadline: float | None = None) -> Admitted:
         got = await self._changing("admitted", owner.key, self.core.admit, owner, request, user=user,
                                    details=details, deadline=deadline)
         log.info("admitted", owner=owner.key, name=owner.name,
                  devices=[d.to_dict() for c in got.reservation.decision.containers for d in c.devices])
         return got
 
+    async def admit_container(self, cid: str, env: list[str], **kw) -> Admitted | None:
+        """:meth:`NodeCore.admit_container` (the one container admission path), announced."""
+        key = f"docker:{cid}"
+        try:
+            got = await self._run(self.core.admit_container, cid, env, **kw)
+        except LedgerConflict:
+            self._notify("conflict", key)
+            raise
+        if got is not None:  # a container that asks nothing of ours changed nothing
+            self._notify("admitted", key)
+            log.info("container admitted", id=cid[:12])
+        return got
+
+    def admit_container_blocking(self, cid: str, env: list[str], **kw) -> Admitted | None:
+        """The same, from a face's blocking work in the service's threads
+        (:meth:`run_blocking`); announced in the trio thread all the same."""
+        key = f"docker:{cid}"
+        try:
+            got = self.core.admit_container(cid, env, **kw)
+        except LedgerConflict:
+            trio.from_thread.run_sync(self._notify, "conflict", key)
+            raise
+        if got is not None:
+            trio.from_thread.run_sync(self._notify, "admitted", key)
+            log.info("container admitted", id=cid[:12])
+        return got
+
+    def release_blocking(self, key: str) -> Reservation | None:
+        """:meth:`release` from a face's blocking work (:meth:`run_blocking`)."""
+        res = self.core.release(key)
+        trio.from_thread.run_sync(self._notify, "released", key)
+        return res
+
+    @property
+    def state_dir(self) -> str:
+        return str(self.core.state_dir)
+
+    @property
+    def facts(self):
+        """The node's facts (:class:`hamid.node.facts.NodeFacts`): read-only."""
+        return self.core.facts
+
+    def door(self) -> "NodeDoor":
+        """The verbs a face's blocking work (in :meth:`run_blocking`) may call."""
+        return NodeDoor(self)
+
     async def commit(self, owner: Owner, decision: Decision, *, request: dict | None = None,
-                     details: dict | None = None, deadline: float | None = None) -> Reservation:
+                     details: Details | None = None, deadline: float | None = None) -> Reservation:
         return await self._changing("committed", owner.key, self.core.commit, owner, decision, request=request,
                                     details=details, deadline=deadline)
 
@@ -125,6 +176,18 @@ class NodeService:
 
     # --- reading -----------------------------------------------------------------
 
+    async def view(self):
+        """This node's GPUs and what is booked on them (:class:`hamid.placement.NodeView`)."""
+        return await self._run(self.core.ledger.view)
+
+    async def gpus(self):
+        """The device backend's GPUs as it sees them now (health included)."""
+        return await self._run(lambda: self.core.backend.gpus())
+
+    def health_events(self):
+        """The backend's blocking health-event watch (for :meth:`run_blocking`), or None."""
+        return getattr(self.core.backend, "watch_health_events", None)
+
     async def status(self) -> dict[str, Any]:
         return await self._run(self.core.status, self.backend_label)
 
@@ -133,3 +196,70 @@ class NodeService:
 
     async def get(self, key: str) -> Reservation | None:
         return await self._run(self.core.ledger.get, key)
+
+
+class NodeDoor:
+    """The node service's verbs for a face's blocking work: called in one of the
+    service's worker threads (:meth:`NodeService.run_blocking`), each change
+    announced in the trio thread as the async verbs announce theirs. The
+    kubelet face's admission runs in such threads (gRPC handlers); it reaches
+    the node through this and nothing else."""
+
+    def __init__(self, service: NodeService) -> None:
+        self._service = service
+        self._core = service.core
+        self.facts = service.core.facts
+        self.state_dir = service.core.state_dir
+
+    def _announce(self, event: str, key: str) -> None:
+        trio.from_thread.run_sync(self._service._notify, event, key)
+
+    def own_file_dir(self, path: str) -> None:
+        self._core.own_file_dir(path)
+
+    def admit(self, owner: Owner, request: Request, *, slots: Mapping[str, str]) -> Admitted:
+        """A pod admitted on the node itself (it came bound, or without a reservation),
+        its containers keyed to kubelet's ``slots``; its user is not known (None)."""
+        try:
+            return self._core.admit(owner, request, user=None, details=Details(container_slots=dict(slots)))
+        except LedgerConflict:  # (the admission is announced by the face's run_blocking, once it is whole)
+            self._announce("conflict", owner.key)
+            raise
+
+    def prepare(self, key: str, **kw) -> Reservation:
+        return self._core.prepare(key, **kw)
+
+    def write_container_files(self, key: str, container: str, user: tuple[int, int] | None = None) -> None:
+        self._core.write_container_files(key, container, user)
+
+    def bind_slots(self, key: str, slots: Mapping[str, str]) -> Reservation:
+        return self._core.bind_slots(key, slots)
+
+    def move(self, key: str, request: Request, slots: Mapping[str, str]) -> Reservation:
+        got = self._core.move(key, request, slots)
+        self._announce("committed", key)
+        return got
+
+    def attach_file(self, key: str, path: str) -> Reservation:
+        return self._core.attach_file(key, path)
+
+    def get(self, key: str) -> Reservation | None:
+        return self._core.ledger.get(key)
+
+    def view(self):
+        return self._core.ledger.view()
+
+    def reservations(self) -> list[Reservation]:
+        return self._core.ledger.list()
+
+    list = reservations  # what a ledger reader calls it (hamid.metrics.exporter.LedgerReader)
+
+    def gpus(self):
+        return self._core.backend.gpus()
+
+    def change_stamp(self):
+        """Changes when the ledger does (a cheap check before reading it all)."""
+        return self._core.ledger.change_stamp()
+
+    def status(self, backend_label: str) -> dict:
+        return self._core.status(backend_label)

@@ -11,6 +11,7 @@ nothing else: a caller without a key learns nothing about the node.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -21,12 +22,12 @@ from starlette.routing import Route
 
 from ..errors import HamidError
 from ..keyring import Keyring
-from ..ledger import LedgerConflict
 from ..logs import Throttle, get_logger
 from ..serving import BodyTooLarge, read_body
 from ..node.callers import DetailsError, caller_details
 from ..node.layout import LayoutError, component
 from ..node.identity import Owner
+from ..node.service import LedgerConflict
 from ..placement import Decision
 from . import frames
 from ..nodekey import verify
@@ -185,7 +186,7 @@ class PeerFace:
                 raise frames.FrameError("schema", "release: 'key' must be a non-empty string")
             if self.identities is not None:
                 held = await self.node.get(key)
-                if held is not None and (held.kind != "pod" or held.details.get("placer") != sender):
+                if held is not None and (held.kind != "pod" or held.details.placer != sender):
                     raise Refused(frames.FORBIDDEN, f"{key} was not placed by node {sender!r}; only its placer "
                                                     "may release it through the peer API")
             res = await self.node.release(key)
@@ -215,7 +216,7 @@ class PeerFace:
                 raise Refused(frames.FORBIDDEN, f"node {sender!r} is not the leader (this node sees "
                                                 f"{lead or 'no leader'}); only the leader commits placements")
         if self.identities is not None:
-            details["placer"] = sender  # the node's own record of who placed it: only it may release it
+            details = replace(details, placer=sender)  # the node's own record of who placed it: only it may release it
         res = await self.node.commit(owner, decision, request=_optional_map(args, "request"), details=details)
         log.info("committed for a peer", owner=owner.key, node=decision.node)
         return res.to_dict()

@@ -35,7 +35,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from .model import MODES, ContainerRequest, Defaults, GpuRequest, Request, RequestError, echo, parse_core_policy
-from .quantity import SIZE_FORMS, parse_size_mib
+from .quantity import parse_size_mib
 
 ENV_DEVICES = "HAMI_VISIBLE_DEVICES"
 ENV_SPEC = "HAMI_VGPU_SPEC"

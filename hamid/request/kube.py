@@ -31,9 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import (MODES, POLICIES, ContainerRequest, parse_core_policy, Defaults, GpuRequest, Request, RequestError, ResourceNames,
-                    ScoringWeights, echo, parse_gpu_policy)
-from .model import parse_core_policy
+from .model import (MODES, POLICIES, ContainerRequest, Defaults, GpuRequest, Request, RequestError, ResourceNames,
+                    ScoringWeights, echo, parse_core_policy, parse_gpu_policy)
 from .quantity import parse_k8s_int
 
 _DEFAULT_NAMES = ResourceNames()

@@ -62,8 +62,7 @@ class NodeAccess:
         """``{"ours": False}``, or ``{"ours": True, "reservation": ..., "edits": {container: cdi edits}}``."""
         ours = [e for e in env if e.startswith(ENV_NAMES)]
         deadline = time.time() + min(DEADLINE_S, self._timeout * 5 / 6)
-        body = {"id": cid, "env": ours, "user": list(user), "details": details, "deadline": deadline,
-                "name": details.get("name") or cid[:12]}
+        body = {"id": cid, "env": ours, "user": list(user), "details": details, "deadline": deadline}
         try:
             return LocalClient(self.state_dir, timeout=self._timeout).call("POST", "/v1/containers", body)
         except Conflict as e:
@@ -74,20 +73,18 @@ class NodeAccess:
 
     def _admit_locally(self, cid: str, env: list[str], user: tuple[int, int], details: dict) -> dict:
         from ..ledger import LedgerConflict
-        from ..node.identity import Owner
-        from ..request import parse_docker_env
+        from ..node.callers import container_details
+        from ..node.core import container_answer
         from ..request.model import Defaults
 
         core = self._local()
-        request = parse_docker_env(env, cid, Defaults(**core.facts.defaults) if core.facts.defaults else Defaults())
-        if request is None:
-            return {"ours": False}
+        defaults = Defaults(**core.facts.defaults) if core.facts.defaults else Defaults()
         try:
-            got = core.admit(Owner("docker", cid, name=details.get("name") or cid[:12]), request, user=user,
-                             details=details)
+            got = core.admit_container(cid, env, user=user, details=container_details(details, cid),
+                                       defaults=defaults)
         except LedgerConflict as e:
             raise HamidError(f"no room for this container: {e}") from None
-        return {"ours": True, **got.to_dict()}
+        return container_answer(got)
 
     def release(self, key: str) -> None:
         try:

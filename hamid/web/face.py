@@ -185,11 +185,11 @@ class WebFace:
 
     def _read_node(self):
         """Blocking: this node's reservations, GPU views, status and tenants."""
-        core = self.node.core
-        view = core.ledger.view()
-        res = core.ledger.list()
+        door = self.node.door()
+        view = door.view()
+        res = door.reservations()
         tenants = local_tenants(self.node.name, res, self.regions)
-        status = None if self.cluster is not None else core.status(self.node.backend_label)
+        status = None if self.cluster is not None else door.status(self.node.backend_label)
         return {g.uuid: g for g in view.gpus}, tenants, status
 
     def _remote_tenants(self, cluster: dict, fetch: bool) -> tuple[list[dict], list[str]]:
@@ -257,7 +257,7 @@ class WebFace:
     def _views(self) -> list[NodeView]:
         if self.live_views is not None:
             return self.live_views()
-        return [self.node.core.ledger.view()]
+        return [self.node.door().view()]
 
     # --- HTTP ---------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ledger import Reservation
+from ..node.service import Reservation
 from ..node.realize import slot_name
 from ..shimregion.collector import ShimRegionCollector
 

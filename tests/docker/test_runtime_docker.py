@@ -164,7 +164,7 @@ def test_links_out_of_the_rootfs_are_not_written_through(env, image, link):
 def test_daemon_killed_and_restarted_midway_ends_with_the_truth(env):
     from hamid.devices.simulated import SimulatedBackend, parse_simulate_spec
     from hamid.devices.types import MigPlacement
-    from hamid.ledger import Ledger
+    from hamid.ledger import Details, Ledger
     from hamid.request import parse_docker_env
 
     m = env.docker("run", "-d", "--runtime=hami", "-e", "HAMI_VISIBLE_DEVICES=0", "-e", "HAMI_VGPU_SPEC=2g.20gb",
@@ -182,7 +182,7 @@ def test_daemon_killed_and_restarted_midway_ends_with_the_truth(env):
         # A crash between creating a MIG instance and recording it, for a container that never started.
         led = Ledger(env.state / "ledger.db")
         ghost = parse_docker_env({"HAMI_VISIBLE_DEVICES": "0", "HAMI_VGPU_SPEC": "3g.40gb"}, "f" * 64)
-        res = led.reserve(ghost, kind="docker", details={"id": "f" * 64, "runc_root": str(env.runc_root)})
+        res = led.reserve(ghost, kind="docker", details=Details(container_id="f" * 64, runc_root=str(env.runc_root)))
         led.close()
         pl = res.decision.containers[0].devices[0].mig_placement
         SimulatedBackend(parse_simulate_spec(env.simulate), "docker-node", mig_enabled=True,

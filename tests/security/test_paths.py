@@ -94,10 +94,12 @@ def test_release_of_a_poisoned_row_deletes_nothing_outside_the_nodes_own_directo
     link_dir = cdi / "linked"
     os.symlink(victim_dir, link_dir)
     owner, decision = b.propose("poisoned")
-    b.ledger.commit(owner, decision, details={
+    from hamid.ledger import Details
+
+    b.ledger.commit(owner, decision, details=Details.from_dict({  # a row as a poisoned ledger would hold it
         "extra_files": [str(victim_file), str(cdi / ".." / "victim-file"), str(link_dir / "inside"),
                         str(cdi / "hamid.io-vgpu-ok.json")],
-        "container_slots": {decision.containers[0].name: "../../victim-dir"}})
+        "container_slots": {decision.containers[0].name: "../../victim-dir"}}))
     assert b.core.release(owner.key) is not None
     _intact(victim_file, victim_dir)
     assert not (cdi / "hamid.io-vgpu-ok.json").exists()  # the face's own file is still cleaned up
