@@ -81,6 +81,12 @@ def assign(decision: Decision, others: Iterable[Mapping[str, Mapping[str, Iterab
         for per_gpu in m.values():
             for uuid, spans in per_gpu.items():
                 taken.setdefault(uuid, []).extend((int(a), int(b)) for a, b in spans)
+    return assign_taken(decision, taken)
+
+
+def assign_taken(decision: Decision, taken: Mapping[str, list[Span]]) -> SlotMap:
+    """:func:`assign`, given the spans already taken on each GPU (kept as a
+    running sum by the ledger, so a commit does not walk every reservation)."""
     out: SlotMap = {}
     own: dict[str, list[Span]] = {}
     for c in sorted(decision.containers, key=lambda c: c.init):  # app containers first

@@ -15,37 +15,83 @@ from .result import Decision
 from .view import GpuView, MigSlot, NodeView
 
 
+# One decision's use of one GPU: memory, cores, tenant slots, whether it holds the GPU whole,
+# its MIG slots, and how many of its slots are MPS shares.
+Part = tuple[int, int, int, bool, tuple[MigSlot, ...], int]
+
+
+def parts(dec: Decision, caps: dict[str, GpuView]) -> dict[str, Part]:
+    """What ``dec`` books on each GPU of ``caps`` (GPUs it names that are not
+    there are left out: a GPU that left the inventory, which the reconciler reports)."""
+    mig: dict[str, list[MigSlot]] = {}
+    whole: set[str] = set()
+    per: dict[str, list[int]] = {}  # uuid -> [init mem, init cores, init n, app mem, app cores, app n, mps]
+    for c in dec.containers:
+        for d in c.devices:
+            if d.uuid not in caps:
+                continue
+            if d.mig_profile is not None and d.mig_placement is not None:
+                mig.setdefault(d.uuid, []).append(MigSlot(d.mig_profile, d.mig_placement))
+                continue
+            p = per.setdefault(d.uuid, [0, 0, 0, 0, 0, 0, 0])
+            p[6] |= int(d.mps)
+            if c.init:
+                p[0], p[1], p[2] = max(p[0], d.mem_mib), max(p[1], d.cores), 1
+            else:
+                p[3] += d.mem_mib
+                p[4] += d.cores
+                p[5] += 1
+            if takes_whole(caps[d.uuid], d.cores):
+                whole.add(d.uuid)
+    out: dict[str, Part] = {}
+    for uuid in set(per) | set(mig) | whole:
+        p = per.get(uuid, [0, 0, 0, 0, 0, 0, 0])
+        slots = tuple(mig.get(uuid, ()))
+        n = max(p[2], p[5])
+        # a pod's shares of one GPU are all MPS or none (one mode per GPU)
+        out[uuid] = (max(p[0], p[3]), max(p[1], p[4]), n + len(slots), uuid in whole, slots, n if p[6] else 0)
+    return out
+
+
+class Tally:
+    """The use of a node's GPUs as a running sum of decisions' :func:`parts`:
+    adding or taking away one decision costs its own size, not the node's."""
+
+    def __init__(self, capacity: Sequence[GpuView]) -> None:
+        self.capacity = tuple(capacity)
+        self.caps = {g.uuid: g for g in self.capacity}
+        self._sum: dict[str, list] = {g.uuid: [0, 0, 0, 0, [], 0] for g in self.capacity}  # whole as a count
+
+    def add(self, got: dict[str, Part], sign: int = 1) -> None:
+        for uuid, (mem, cores, n, whole, mig, mps) in got.items():
+            a = self._sum[uuid]
+            a[0] += sign * mem
+            a[1] += sign * cores
+            a[2] += sign * n
+            a[3] += sign * int(whole)
+            if sign > 0:
+                a[4].extend(mig)
+            else:
+                for m in mig:
+                    a[4].remove(m)
+            a[5] += sign * mps
+
+    def view(self, name: str, gpu_policy: str = "spread", without: dict[str, Part] | None = None) -> NodeView:
+        """The node with this use, less ``without`` (one decision's parts) if given."""
+        if without:
+            self.add(without, -1)
+        try:
+            gpus = tuple(g.with_use(a[0], a[1], a[2], a[3] > 0, tuple(a[4]), a[5])
+                         for g in self.capacity for a in (self._sum[g.uuid],))
+        finally:
+            if without:
+                self.add(without)
+        return NodeView(name, gpus, gpu_policy)
+
+
 def with_usage(name: str, capacity: Sequence[GpuView], decisions: Iterable[Decision],
                gpu_policy: str = "spread") -> NodeView:
-    acc: dict[str, list] = {g.uuid: [0, 0, 0, False, [], 0] for g in capacity}
-    caps = {g.uuid: g for g in capacity}
+    tally = Tally(capacity)
     for dec in decisions:
-        per: dict[str, list[int]] = {}  # uuid -> [init mem, init cores, init n, app mem, app cores, app n, mps]
-        for c in dec.containers:
-            for d in c.devices:
-                a = acc.get(d.uuid)
-                if a is None:
-                    continue  # a GPU that left the inventory; the reconciler reports it
-                if d.mig_profile is not None and d.mig_placement is not None:
-                    a[4].append(MigSlot(d.mig_profile, d.mig_placement))
-                    a[2] += 1
-                    continue
-                p = per.setdefault(d.uuid, [0, 0, 0, 0, 0, 0, 0])
-                p[6] |= int(d.mps)
-                if c.init:
-                    p[0], p[1], p[2] = max(p[0], d.mem_mib), max(p[1], d.cores), 1
-                else:
-                    p[3] += d.mem_mib
-                    p[4] += d.cores
-                    p[5] += 1
-                if takes_whole(caps[d.uuid], d.cores):
-                    a[3] = True
-        for uuid, p in per.items():
-            a = acc[uuid]
-            a[0] += max(p[0], p[3])
-            a[1] += max(p[1], p[4])
-            n = max(p[2], p[5])
-            a[2] += n
-            a[5] += n if p[6] else 0  # a pod's shares of one GPU are all MPS or none (one mode per GPU)
-    gpus = tuple(g.with_use(a[0], a[1], a[2], a[3], tuple(a[4]), a[5]) for g in capacity for a in (acc[g.uuid],))
-    return NodeView(name, gpus, gpu_policy)
+        tally.add(parts(dec, tally.caps))
+    return tally.view(name, gpu_policy)
