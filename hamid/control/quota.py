@@ -290,9 +290,9 @@ class QuotaBook:
         now = self._clock()
         with self._lock:
             for uid, (ns, u, at) in list(self._booked.items()):
-                if now - at > BOOKING_TTL_S:
-                    del self._booked[uid]
-                elif ns == namespace and uid != except_uid and uid not in pods:
+                if now - at > BOOKING_TTL_S or (ns == namespace and uid in pods):
+                    del self._booked[uid]  # the pod shows its allocation now (counted above), or never did
+                elif ns == namespace and uid != except_uid:
                     total += u
         return total
 

@@ -142,6 +142,10 @@ def test_placements_in_flight_count_until_the_pod_shows_them(api_server, kubecon
         book.book(pod["metadata"]["uid"], "team-a", five)
         await until(lambda: book.pods.get("team-a/p") is not None)
         assert book.used("team-a") == Usage(5000, 0)
+        # and once it is deleted, nothing is left of it: its booking ended when the pod showed it
+        api_server.delete("Pod", "team-a", "p", grace_period=0)
+        await until(lambda: book.pods.get("team-a/p") is None)
+        assert book.used("team-a") == Usage()
 
     run_book(kubeconfig, body)
 
