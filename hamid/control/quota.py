@@ -313,8 +313,15 @@ class QuotaBook:
 
     def book(self, uid: str, namespace: str, decision: Decision) -> None:
         """A placement of this leader's, counted until the pod shows it (call before committing it)."""
+        now = self._clock()
         with self._lock:
-            self._booked[uid] = (namespace, decision_usage(decision), self._clock())
+            self._booked.pop(uid, None)  # re-inserted: the dict stays in booking order, oldest first
+            self._booked[uid] = (namespace, decision_usage(decision), now)
+            while True:  # drop the expired ones here too: a namespace no one checks is never pruned otherwise
+                first = next(iter(self._booked.items()))
+                if now - first[1][2] <= BOOKING_TTL_S:
+                    break
+                del self._booked[first[0]]
 
     def unbook(self, uid: str) -> None:
         """A placement that was refused or undone."""

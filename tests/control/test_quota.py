@@ -212,3 +212,37 @@ def test_the_standin_serves_resource_quotas_with_list_watch_and_validation(api_s
         if len(seen) == 2 or time.time() - t0 > 5:
             break
     assert seen == [("MODIFIED", "9000"), ("DELETED", "9000")]
+
+
+def test_an_extender_that_does_not_lead_refuses_gpu_pods_rather_than_skip_the_quota():
+    """Only the leader counts quotas: a daemon answering kube-scheduler itself (no leader answered) says
+    so in the filter's Error, and kube-scheduler tries again; a pod asking no GPU passes as before."""
+    from hamid.control.extender import Extender
+    from hamid.control.placer import ClusterView
+    from hamid.request.model import Defaults
+
+    ext = Extender(None, None, ClusterView(read=dict, to_view=lambda d: None), defaults=Defaults(),
+                   node_policy="binpack", is_leader=lambda: False, leader_url=lambda: None, quotas=lambda: None)
+    gpu = {"metadata": {"name": "p", "namespace": "team-a", "uid": "u1"},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1",
+                                                                           "nvidia.com/gpumem": "1000"}}}]}}
+    out = ext.filter({"Pod": gpu, "NodeNames": ["node-0"]})
+    assert "counted by the leader and this daemon does not lead" in out["Error"]
+    plain = {"metadata": {"name": "q", "namespace": "team-a"}, "spec": {"containers": [{"name": "c"}]}}
+    assert ext.filter({"Pod": plain, "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"]
+
+
+def test_bookings_expire_even_where_no_quota_is_checked():
+    """A placement whose pod never shows it (deleted at once) is forgotten after BOOKING_TTL_S, also in a
+    namespace nobody checks: the leader's memory does not grow with every pod it ever placed."""
+    from hamid.control.quota import BOOKING_TTL_S
+
+    now = [0.0]
+    book = QuotaBook(None, Informer(None, lambda **kw: None, name="pods"), names=ResourceNames(),
+                     clock=lambda: now[0])
+    d = decision(("main", False, [(GPU0, 1000, 0)]))
+    for i in range(100):
+        book.book(f"uid-{i}", "no-quota", d)
+    now[0] = BOOKING_TTL_S + 1
+    book.book("fresh", "no-quota", d)
+    assert list(book._booked) == ["fresh"]
