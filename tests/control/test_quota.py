@@ -246,3 +246,26 @@ def test_bookings_expire_even_where_no_quota_is_checked():
     now[0] = BOOKING_TTL_S + 1
     book.book("fresh", "no-quota", d)
     assert list(book._booked) == ["fresh"]
+
+
+def test_an_informer_thread_ends_with_its_run(api_server, kubeconfig):
+    """A leader's informers (pods, nodes, ResourceQuotas) live for one term: once their run is cancelled,
+    the watch thread returns at its watch's end instead of watching (or retrying) on forever."""
+    from kubernetes import client
+
+    api = api_client(kubeconfig)
+    inf = Informer(api, client.CoreV1Api(api).list_resource_quota_for_all_namespaces, name="resourcequotas",
+                   watch_timeout_s=1)
+
+    async def main():
+        with trio.move_on_after(10):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(inf.run)
+                await inf.synced.wait()
+                nursery.cancel_scope.cancel()  # the term ends; the daemon's trio run goes on
+        deadline = trio.current_time() + 5
+        while inf.watching and trio.current_time() < deadline:
+            await trio.sleep(0.05)
+        assert not inf.watching
+
+    trio.run(main)
