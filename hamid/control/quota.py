@@ -24,7 +24,9 @@ the same:
   every init container has succeeded), as HAMi's
   ``CollapseInitContainerUsage``. A percentage request counts what it came
   to on the GPU chosen; ``gpucores`` over 100 counts as the 100 it was
-  clamped to.
+  clamped to; a MIG instance counts its profile's memory and no cores (hamid
+  books none for it; HAMi counts the profile's share of the SMs: a
+  difference the README lists).
 - A placement fits when what the namespace holds (the pod's own earlier
   placement left out) plus what the placement gives the pod stays within
   every limit. HAMi checks this per GPU as it fits a pod; hamid checks each
