@@ -42,6 +42,11 @@ FACTS: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...] | None, str]
                                         "nodeGPUMigInstance", ("nodeid", "deviceuuid", "deviceidx", "migname"), "info"),
     "hami_vgpu_memory_allocated_bytes": (ALLOC, "vGPUMemoryAllocated", LALLOC, "bytes"),
     "hami_vgpu_core_allocated_ratio": (ALLOC, "vGPUCoreAllocated", LALLOC, "percent"),
+    # scheduler, namespace quotas: quota_name is the resource (nvidia.com/gpumem), limit the limit as written
+    # (0 when the namespace has none); values in the resource's units (MiB, percent of a GPU), so not checked
+    "hami_resource_quota_used": (("namespace", "quota_name", "limit"), "QuotaUsed",
+                                 ("quotanamespace", "quotaName", "limit"), "count"),
+    "hami_resource_quota_limit": (("namespace", "quota_name"), None, None, "count"),
     # vGPU monitor (:9394 in HAMi)
     "hami_host_gpu_memory_used_bytes": (HOST, "HostGPUMemoryUsage", LHOST, "bytes"),
     "hami_host_gpu_utilization_ratio": (HOST, "HostCoreUtilization", LHOST, "percent"),
@@ -60,7 +65,6 @@ FACTS: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...] | None, str]
                              LCTR + ("instanceid",), "info"),
 }
 BUILD_INFO = ("hami_build_info", ("version", "revision", "build_date", "go_version", "compiler", "platform"))
-# HAMi's quota series (hami_resource_quota_used/limit, legacy QuotaUsed) need namespace quotas: not checked here
 
 
 def parse(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

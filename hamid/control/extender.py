@@ -6,9 +6,9 @@ kube-scheduler (configured by ``contrib/kubelet/``) calls ``filter``,
 ``extender/v1`` types, whose JSON keys are the Go field names.
 
 - ``filter``: every node whose GPUs can take the pod (the placement engine on
-  the cluster view) in ``NodeNames``, every other in ``FailedNodes`` with its
-  reason. Nothing is booked: kube-scheduler may filter many pods before it
-  binds any.
+  the cluster view) within its namespace's GPU quota (:mod:`.quota`) in
+  ``NodeNames``, every other in ``FailedNodes`` with its reason. Nothing is
+  booked: kube-scheduler may filter many pods before it binds any.
 - ``prioritize``: 0..10 per feasible node, by the node policy (binpack: the
   fuller the node after placing, the higher).
 - ``bind``: the placement on the chosen node is committed on that node's
@@ -16,7 +16,10 @@ kube-scheduler (configured by ``contrib/kubelet/``) calls ``filter``,
   allocation is recorded on the pod, and the Binding is created; a Binding
   that fails releases the commit this call made (never one an earlier call
   made: the commit carries an attempt id, as the gate controller's do), and
-  kube-scheduler retries the pod. ``bind`` refuses a pod that is already
+  kube-scheduler retries the pod. The quota is checked again and the
+  placement counted in it before the commit; a pod whose ``gpucores`` the
+  webhook clamped gets its ``GPUCoresClamped`` Event once bound, as in gate
+  mode. ``bind`` refuses a pod that is already
   bound, that another scheduler owns (``schedulerNames``), that asks for no
   GPU of hamid's, or a node this extender did not pass it on in ``filter``.
 
@@ -27,7 +30,9 @@ HTTPS and completes no handshake without a certificate that CA signed
 
 Every daemon serves it; a daemon that does not lead forwards each call to
 the leader (``leader_url``), and answers itself when no leader is known, which
-is safe since every commit is re-checked by the node's ledger.
+is safe since every commit is re-checked by the node's ledger; namespace
+quotas are the exception, only the leader counts them: a daemon that answers
+itself refuses GPU pods saying so, and kube-scheduler tries again.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..errors import HamidError
+from ..kube.events import announce_clamp
 from ..logs import get_logger
 from ..node.identity import Owner
 from ..placement import Decision
@@ -55,6 +61,7 @@ from ..serving import BodyTooLarge, read_body
 from . import annotations
 from .commit import commit, undo
 from .placer import ClusterView
+from .quota import NamespaceQuota, QuotaBook, QuotaUnknown
 
 log = get_logger("extender")
 
@@ -68,9 +75,13 @@ class Extender:
     def __init__(self, api, peer, cluster: ClusterView, *, defaults: Defaults, node_policy: str,
                  is_leader: Callable[[], bool], leader_url: Callable[[], str | None],
                  scheduler_names: tuple[str, ...] = ("default-scheduler",),
-                 forward_tls: tuple[str, str, str] | None = None) -> None:
+                 forward_tls: tuple[str, str, str] | None = None,
+                 quotas: Callable[[], QuotaBook | None] | None = None) -> None:
         """``forward_tls``: (client certificate, key, CA) a follower uses to reach
-        the leader's HTTPS extender; None with a plain-HTTP extender."""
+        the leader's HTTPS extender; None with a plain-HTTP extender.
+        ``quotas``: the leader's namespace quota count (None from it while this
+        daemon does not lead); None: quotas are not checked (a bare extender,
+        as the benchmark runs)."""
         from kubernetes import client
 
         self.api = api
@@ -82,6 +93,7 @@ class Extender:
         self.is_leader = is_leader
         self.leader_url = leader_url
         self.scheduler_names = tuple(scheduler_names)
+        self.quotas = quotas
         verify: Any = True
         cert = None
         if forward_tls is not None:
@@ -97,6 +109,18 @@ class Extender:
         self.bound = 0  # pods bound through this daemon (metrics)
         self.refused = 0  # bind calls refused before any commit (metrics)
         self._filtered: OrderedDict[str, tuple[float, frozenset[str]]] = OrderedDict()  # pod uid -> nodes passed
+
+    def _quota(self, pod: dict) -> NamespaceQuota | None:
+        """The pod's namespace GPU quota (None: none to check); :class:`QuotaUnknown` when it cannot be
+        checked here now."""
+        if self.quotas is None:
+            return None
+        book = self.quotas()
+        if book is None:
+            raise QuotaUnknown("namespace GPU quotas are counted by the leader and this daemon does not lead "
+                               "(no leader answered); kube-scheduler tries again")
+        meta = pod.get("metadata") or {}
+        return book.of(meta.get("namespace") or "default", meta.get("uid"))
 
     def _request(self, pod: dict) -> Request | None:
         """The pod's GPU request, or None when it asks for no GPU (then every node will do)."""
@@ -118,6 +142,10 @@ class Extender:
         if request is None:
             ok = names
         else:
+            try:
+                quota = self._quota(pod)
+            except QuotaUnknown as e:
+                return {"Error": f"hamid: {e}"}
             members = self.cluster.members() if members is None else members
             for name in names:
                 m = members.get(name)
@@ -125,6 +153,10 @@ class Extender:
                     failed[name] = "hamid: no hamid daemon publishes this node's GPUs"
                     continue
                 why = feasible(request, m.view)
+                if not why and quota is not None:  # what the node would give the pod, against the quota
+                    d = fit_node(request, m.view)
+                    over = quota.check(d) if isinstance(d, Decision) else None
+                    why = [over] if over is not None else why
                 if not why:
                     ok.append(name)
                 else:
@@ -211,18 +243,35 @@ class Extender:
         got = fit_node(request, m.view)
         if not isinstance(got, Decision):
             return {"Error": f"hamid: the pod no longer fits on {node}: " + "; ".join(got)}
+        # no await from the quota check to book(): binds of one namespace cannot pass on the same quota
+        try:
+            quota = self._quota(pod)
+        except QuotaUnknown as e:
+            return {"Error": f"hamid: {e}"}
+        over = quota.check(got) if quota is not None else None
+        if over is not None:
+            return self._refuse(f"pod {ns}/{name} on {node}: {over}")
+        book = self.quotas() if self.quotas is not None else None
+        if book is not None:
+            book.book(uid, ns, got)
         owner = Owner("pod", uid, name=f"{ns}/{name}")
         try:
             done = await commit(self.peer, self.cluster, m.peer, owner, got, request=request.to_dict(),
                                 placed_by="extender")
         except HamidError as e:
+            if book is not None:
+                book.unbook(uid)
             return {"Error": f"hamid: node {node} refused the placement: {e}"}
         try:  # the allocation the node holds (an earlier call's, when there is one) is what the pod records
             await trio.to_thread.run_sync(self._record_and_bind, ns, name, uid, node, done.decision)
         except Exception as e:
+            if book is not None and done.ours:
+                book.unbook(uid)
             await undo(self.peer, self.cluster, done)  # only this call's commit: never a running pod's
             return {"Error": f"hamid: binding {ns}/{name} to {node} failed: {e}"}
         self._filtered.pop(uid, None)
+        # the webhook lowered gpucores to 100: say so where kubectl describe shows it, as gate mode does
+        await trio.to_thread.run_sync(announce_clamp, self.core, pod)
         self.bound += 1
         log.info("bound", pod=f"{ns}/{name}", node=node)
         return {"Error": ""}

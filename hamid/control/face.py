@@ -4,7 +4,9 @@
 - while this daemon leads, in gate mode, the gate controller (:mod:`.gates`):
   the work is cancelled the instant the term ends;
 - in extender mode, the extender's HTTP server (:mod:`.extender`), on every
-  daemon, a follower forwarding to the leader.
+  daemon, a follower forwarding to the leader; while this daemon leads, the
+  pod and ResourceQuota informers its namespace quotas count on (:mod:`.quota`);
+- HAMi's namespace quota series, from the leader alone (see :mod:`.quota`).
 
 The webhook is a face of its own (served by every daemon whether or not it
 leads). Placement reads the cluster view the daemon hands in (every node's
@@ -24,6 +26,7 @@ from ..request.model import Defaults
 from .extender import Extender
 from .gates import GateController
 from .placer import ClusterView
+from .quota import QuotaBook
 
 log = get_logger("control")
 
@@ -37,7 +40,7 @@ class ControlFace:
                  node_policy: str, ignored: set[str], extender_listen: str | None = None,
                  extender_of=None, extender_tls=None, extender_client_ca: str | None = None,
                  extender_forward_tls: tuple[str, str, str] | None = None, extender_group: int | None = None,
-                 scheduler_names: tuple[str, ...] = ("default-scheduler",)) -> None:
+                 scheduler_names: tuple[str, ...] = ("default-scheduler",), legacy_metrics: bool = False) -> None:
         """``extender_tls``: a blocking callable giving the (certificate, key)
         files the extender serves (the webhook's), None for plain HTTP;
         ``extender_client_ca``: the CA whose client certificates may call it;
@@ -58,10 +61,22 @@ class ControlFace:
         self.extender_tls = extender_tls
         self.extender_client_ca = extender_client_ca
         self.extender_group = extender_group
+        self.legacy_metrics = legacy_metrics
+        self._extender_quotas: QuotaBook | None = None  # extender mode, while leading
         self.extender = Extender(api, peer, cluster, defaults=defaults, node_policy=node_policy,
                                  is_leader=lambda: self.elector.is_leader,
                                  leader_url=lambda: self.extender_of(self.leader_node) if self.leader_node else None,
-                                 scheduler_names=scheduler_names, forward_tls=extender_forward_tls)
+                                 scheduler_names=scheduler_names, forward_tls=extender_forward_tls,
+                                 quotas=lambda: self._extender_quotas)
+
+    @property
+    def quotas(self) -> QuotaBook | None:
+        """The namespace quota count of the current term (None while this daemon does not lead)."""
+        if not self.elector.is_leader:
+            return None
+        if self.mode == "gate":
+            return self.gates.quotas if self.gates is not None else None
+        return self._extender_quotas
 
     def collector(self) -> Any:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -82,8 +97,39 @@ class ControlFace:
                                               "extender bind calls refused before any commit")
                 refused.add_metric([], face.extender.refused)
                 yield refused
+                yield from face._quota_families()
 
         return _Collector()
+
+    def _quota_families(self):
+        """HAMi's quota series, sampled on the leader (empty families elsewhere)."""
+        from ..hamimetrics import Emitter
+
+        em = Emitter(legacy=self.legacy_metrics)
+        book = self.quotas
+        if book is not None and book.ready:
+            for ns, res, used, limit, limit_set in book.series():
+                em.add("hami_resource_quota_used", (ns, res, str(limit)), used)
+                if limit_set:
+                    em.add("hami_resource_quota_limit", (ns, res), limit)
+        yield from em.families(("hami_resource_quota_used", "hami_resource_quota_limit"))
+
+    async def _lead_extender(self) -> None:
+        """The extender leader's term: the informers its namespace quotas count on."""
+        from kubernetes import client
+
+        from ..kube.informer import Informer
+
+        pods = Informer(self.api, client.CoreV1Api(self.api).list_pod_for_all_namespaces, name="pods")
+        book = QuotaBook(self.api, pods, names=self.defaults.names, memory_factor=self.defaults.memory_factor)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(pods.run)
+                await nursery.start(book.run)
+                self._extender_quotas = book
+                await trio.sleep_forever()
+        finally:
+            self._extender_quotas = None
 
     async def _lead(self) -> None:
         """The leader's work for one term (cancelled when the term ends)."""
@@ -117,6 +163,7 @@ class ControlFace:
                 elif not self.extender_listen.startswith("unix:"):  # a socket: hamid front does TLS and callers
                     log.warning("extender on plain HTTP without authentication (extenderInsecure): anyone who "
                                 "reaches it can bind pods", listen=self.extender_listen)
+                nursery.start_soon(self.elector.run_while_leading, self._lead_extender)
                 await nursery.start(lambda task_status: serve_asgi(
                     self.extender.app(), self.extender_listen, what="extenderListen", certfile=certfile,
                     keyfile=keyfile, client_ca=self.extender_client_ca, unix_group=self.extender_group,

@@ -5,7 +5,8 @@ creation, so kube-scheduler leaves it alone. The leader (and only while it
 leads) takes each gated pod and:
 
 1. chooses a node and GPUs with the one placement engine on the cluster view
-   (:mod:`.placer`), among the nodes kube-scheduler would also take it to;
+   (:mod:`.placer`), among the nodes kube-scheduler would also take it to,
+   within its namespace's GPU quota (:mod:`.quota`);
 2. commits the choice on that node's ledger through the peer API (the node
    re-checks it: two leaders for a moment cannot double-book);
 3. in one update carrying the pod's ``resourceVersion``: writes HAMi's
@@ -32,13 +33,13 @@ from ..logs import get_logger
 from ..node.identity import Owner
 from ..placement import Decision
 from ..request import parse_pod
-from ..request.kube import CORES_CLAMPED
 from ..request.model import Defaults
-from ..kube.events import pod_event
+from ..kube.events import announce_clamp, pod_event
 from . import annotations
 from .commit import commit, undo
 from ..kube.informer import Informer
 from .placer import ClusterView, choose
+from .quota import QuotaBook
 
 log = get_logger("control")
 
@@ -73,6 +74,7 @@ class GateController:
         self.retry_s = retry_s
         self.pods = Informer(api, self.core.list_pod_for_all_namespaces, name="pods")
         self.nodes = Informer(api, self.core.list_node, name="nodes")
+        self.quotas = QuotaBook(api, self.pods, names=defaults.names, memory_factor=defaults.memory_factor)
         self.placed = 0  # pods placed since this controller started (metrics, bench)
         self._inflight: set[str] = set()
         self._opened: dict[str, float] = {}  # pod uid -> when its gate was removed (the cache lags behind)
@@ -85,22 +87,28 @@ class GateController:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pods.run)
             await nursery.start(self.nodes.run)
+            await nursery.start(self.quotas.run)
             for _ in range(self.workers):
                 nursery.start_soon(self._worker, receive.clone())
             task_status.started()
             await self.pods.synced.wait()
             await self.nodes.synced.wait()
+            await self.quotas.quotas.synced.wait()
             full = True  # the first pass, and every retry_s: capacity may free without a pod event (gossip)
             last_full = time.monotonic()
             while True:
-                wake = (self.pods.next_change(), self.nodes.next_change())  # before looking: no change is missed
+                wake = (self.pods.next_change(), self.nodes.next_change(),  # before looking: no change is missed
+                        self.quotas.quotas.next_change())
                 now = time.monotonic()
                 self._opened = {u: t for u, t in self._opened.items() if now - t < 30}
                 changed = self.pods.take_changed()
                 nodes_changed = self.nodes.take_changed()
+                quotas_changed = self.quotas.quotas.take_changed()
                 pods = [] if changed is None else [self.pods.get(k) for k in changed]
-                # a node's change, or a pod gone or no longer gated (it may free room), may let any gated pod fit
-                if full or changed is None or nodes_changed is None or nodes_changed or \
+                # a node's or a ResourceQuota's change, or a pod gone or no longer gated (it may free room or
+                # quota), may let any gated pod fit
+                if full or changed is None or nodes_changed is None or nodes_changed or quotas_changed is None or \
+                        quotas_changed or \
                         any(p is None or not gated(p) for p in pods):
                     pods = self.pods.snapshot()
                     last_full = now
@@ -148,8 +156,10 @@ class GateController:
         excluded: list[str] = []
         for _ in range(ATTEMPTS):
             members = self.cluster.members()
+            # no await from here to book(): pods of one namespace placed at once cannot pass on the same quota
             choice = choose(request, pod, members, nodes, self._pods_by_node(), node_policy=self.node_policy,
-                            ignored=self.ignored, exclude=excluded)
+                            ignored=self.ignored, exclude=excluded,
+                            quota=self.quotas.of(meta.get("namespace") or "default", meta["uid"]))
             if choice.decision is None:
                 from ..placement.elsewhere import hint
                 from .nodefit import summarize
@@ -159,26 +169,29 @@ class GateController:
                 room = hint(request, [m.view for m in members.values()])
                 await self._unschedulable(pod, f"{summarize(choice.reasons, len(nodes))} GPU room: {room}.")
                 return False
+            self.quotas.book(meta["uid"], meta.get("namespace") or "default", choice.decision)
             try:
                 done = await commit(self.peer, self.cluster, choice.peer, owner, choice.decision,
                                     request=request.to_dict(), placed_by="gate")
             except HamidError as e:  # refused by the node's ledger (a stale view), or unreachable
+                self.quotas.unbook(meta["uid"])
                 log.info("commit refused; choosing again", pod=owner.name, node=choice.decision.node, error=str(e))
                 excluded.append(choice.decision.node)
                 continue
             if not done.ours:  # an earlier placement of this pod (another leader's, or ours) holds it
+                self.quotas.unbook(meta["uid"])
                 log.info("pod already placed there", pod=owner.name, node=choice.decision.node)
                 return False
             if await self._open_gate(pod, choice.decision):
-                clamped = (meta.get("annotations") or {}).get(CORES_CLAMPED)
-                if clamped:  # the webhook lowered gpucores to 100: say so where kubectl describe shows it
-                    await trio.to_thread.run_sync(lambda: pod_event(self.core, pod, "GPUCoresClamped", clamped))
+                # the webhook lowered gpucores to 100: say so where kubectl describe shows it
+                await trio.to_thread.run_sync(announce_clamp, self.core, pod)
                 self._opened[meta["uid"]] = time.monotonic()
                 self.placed += 1
                 self._last_reason.pop(meta["uid"], None)
                 log.info("placed", pod=owner.name, node=choice.decision.node,
                          gpus=[d.uuid for c in choice.decision.containers for d in c.devices])
                 return True
+            self.quotas.unbook(meta["uid"])
             await undo(self.peer, self.cluster, done)
             return False
         await self._unschedulable(pod, "nodes kept refusing the placement (their ledgers changed); trying again")

@@ -389,6 +389,7 @@ def _gpu_reason(kind: str, req: str | None, free: int | None, what: str | None) 
         "migsize": f"GPU MIG (no profile holds {req} MiB)",
         "migplace": "GPU MIG (no free placement)",
         "count": f"GPU count ({req} requested, at most {free} fit on any node)",
+        "quota": f"GPU quota of the namespace ({what}; the pod adds {req}, at most {free} left)",
     }[kind]
 
 
@@ -419,9 +420,9 @@ def _node_reasons(reasons: Iterable[str]) -> dict[tuple, int | None]:
 
 # which fields of a kind the summary shows (and so tells reasons apart by)
 _HAS_ASKED = {"mem", "cores", "devices", "usetype", "nousetype", "migcreate", "migsize", "count", "mig", "serves",
-              "onemode"}
-_HAS_FREE = {"mem", "cores", "migcreate", "count"}
-_HAS_WHAT = {"migcreate", "migprofile", "onemode"}
+              "onemode", "quota"}
+_HAS_FREE = {"mem", "cores", "migcreate", "count", "quota"}
+_HAS_WHAT = {"migcreate", "migprofile", "onemode", "quota"}
 
 
 def summarize(reasons_by_node: dict[str, list[str]], total: int) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..placement import Decision, NodeView, place
+from ..placement.engine import fit_node as fit_gpus
 from ..placement.result import NoFit
 from ..placement.usage import with_usage
 from ..request.model import Request
@@ -104,8 +105,10 @@ class Choice:
 
 def choose(request: Request, pod: dict, members: dict[str, Member], nodes: dict[str, dict],
            pods_by_node: dict[str, list[dict]], *, node_policy: str, ignored: set[str],
-           exclude: Iterable[str] = (), fit_node: Callable | None = None) -> Choice:
-    """The node and GPUs for ``pod``, or why not on each node."""
+           exclude: Iterable[str] = (), fit_node: Callable | None = None, quota=None) -> Choice:
+    """The node and GPUs for ``pod``, or why not on each node. ``quota``: the pod's namespace GPU quota
+    (:class:`hamid.control.quota.NamespaceQuota`), None where the namespace has none: a node whose
+    decision would take the namespace past it is left out with the reason."""
     if fit_node is None:
         from .nodefit import fit_node as fit_node
     reasons: dict[str, list[str]] = {}
@@ -127,6 +130,16 @@ def choose(request: Request, pod: dict, members: dict[str, Member], nodes: dict[
             reasons[name] = ["the node's hamid daemon has no peer API address"]
             continue
         views.append(m.view)
+    if quota is not None:
+        keep = []
+        for view in views:
+            d = fit_gpus(request, view)
+            why = quota.check(d) if isinstance(d, Decision) else None
+            if why is not None:
+                reasons[view.name] = [why]
+            else:
+                keep.append(view)
+        views = keep
     if not views:
         return Choice(None, None, reasons)
     got = place(request, views, node_policy)

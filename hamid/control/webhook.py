@@ -28,8 +28,8 @@ CREATE
   - ``gpucores`` above 100 is taken as 100 (the whole GPU, exclusive), as
     HAMi does: the pod's value is replaced by 100, the response carries a
     warning ``kubectl`` prints, and the annotation ``hamid.io/gpucores-clamped``
-    says so, which the leader turns into a Warning Event (``GPUCoresClamped``)
-    once it places the pod;
+    says so, which becomes a Warning Event (``GPUCoresClamped``) once the pod
+    is placed (by the leader in gate mode, the extender's bind in extender mode);
   - ``spec.schedulerName: hami-scheduler`` (``adoptSchedulerNames``: what
     HAMi's webhook sets) is reset to ``default-scheduler``, with a warning and
     the annotation ``hamid.io/scheduler-name`` keeping the old name: there is

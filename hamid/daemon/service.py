@@ -533,7 +533,7 @@ def control_faces(d: Daemon, api, gossip, keyring=None, identity=None) -> list:
                              ignored=ignored, extender_listen=listen, extender_of=extender_of,
                              extender_tls=tls, extender_client_ca=client_ca, extender_group=c.frontGroup,
                              extender_forward_tls=forward_tls,
-                             scheduler_names=tuple(c.extenderSchedulerNames)))
+                             scheduler_names=tuple(c.extenderSchedulerNames), legacy_metrics=c.legacyMetrics))
     return faces
 
 

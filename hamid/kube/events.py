@@ -1,4 +1,4 @@
-"""Events hamid writes on pods: why a pod could not be tied to its GPUs, why it stays gated."""
+"""Events hamid writes on pods: why a pod could not be tied to its GPUs, why it stays gated, a clamped request."""
 
 from __future__ import annotations
 
@@ -33,3 +33,17 @@ def pod_event(core: Any, pod: dict[str, Any], reason: str, message: str, *, kind
     except Exception as e:
         log.warning("could not record an event on the pod", pod=f"{meta.get('namespace')}/{meta.get('name')}",
                     reason=reason, error=str(e))
+
+
+def announce_clamp(core: Any, pod: dict[str, Any]) -> bool:
+    """The Warning Event ``GPUCoresClamped`` on a pod just placed whose ``gpucores`` the webhook lowered to
+    100 (its annotation ``hamid.io/gpucores-clamped`` says from what), so ``kubectl describe`` shows it;
+    the same in gate mode (the leader opens the gate) and extender mode (the extender binds). True when
+    there was one to announce. Blocking; best effort, as :func:`pod_event`."""
+    from ..request.kube import CORES_CLAMPED
+
+    said = ((pod.get("metadata") or {}).get("annotations") or {}).get(CORES_CLAMPED)
+    if not said:
+        return False
+    pod_event(core, pod, "GPUCoresClamped", said)
+    return True

@@ -5,13 +5,15 @@ then watches from the list's ``resourceVersion`` (with bookmarks), resuming
 where it left off and listing again on ``410 Gone``; the cache is a dict by
 ``namespace/name`` the trio side reads at any time, and every change sets a
 trio event so a controller can wake. The blocking client runs only in the
-thread; the trio loop never waits on the API server.
+thread; the trio loop never waits on the API server. When :meth:`Informer.run`
+ends (a leader's term ends, the daemon stops) the thread stops too: at its
+next event, the end of its watch (``watch_timeout_s``) or its next retry,
+never listing again for a cache no one reads.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +46,8 @@ class Informer:
         self._lock = threading.Lock()
         self.version = 0  # bumped on every change seen
         self._dirty: set[str] | None = set()  # keys changed since take_changed(); None: everything (a relist)
+        self._stop = threading.Event()  # run() has ended: the thread returns
+        self.watching = False  # the thread is in its loop (tests)
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -87,8 +91,15 @@ class Informer:
     def _run(self, token) -> None:
         from kubernetes import watch
 
+        self.watching = True
+        try:
+            self._loop(token, watch)
+        finally:
+            self.watching = False
+
+    def _loop(self, token, watch) -> None:
         rv = None
-        while True:
+        while not self._stop.is_set():
             try:
                 if rv is None:
                     got = self.api.sanitize_for_serialization(self.lister(_request_timeout=60, **self.selectors))
@@ -101,6 +112,8 @@ class Informer:
                 for ev in w.stream(self.lister, resource_version=rv, allow_watch_bookmarks=True,
                                    timeout_seconds=self.watch_timeout_s, _request_timeout=self.watch_timeout_s + 10,
                                    **self.selectors):
+                    if self._stop.is_set():
+                        return
                     kind, obj = ev["type"], ev["object"]
                     obj = obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
                     if kind == "ERROR":
@@ -121,13 +134,19 @@ class Informer:
             except trio.RunFinishedError:
                 return
             except Exception as e:  # a lost connection, a 410 raised by the client, the API server down
+                if self._stop.is_set():
+                    return
                 if getattr(e, "status", None) != 410:
                     log.warning("watch interrupted; listing again", what=self.name, error=str(e)[:300])
-                    time.sleep(1.0)
+                    self._stop.wait(1.0)
                 rv = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         token = trio.lowlevel.current_trio_token()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: trio.to_thread.run_sync(self._run, token, abandon_on_cancel=True))
-            task_status.started()
+        self._stop.clear()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: trio.to_thread.run_sync(self._run, token, abandon_on_cancel=True))
+                task_status.started()
+        finally:
+            self._stop.set()

@@ -30,6 +30,8 @@ KINDS = (
     "migsize",    # no profile holds the memory (asked MiB)
     "migplace",   # no free placement
     "count",      # fewer GPUs fit than asked (asked, free: how many fit)
+    "quota",      # the pod's namespace GPU quota (asked: the pod's total, free: what the quota leaves, what: the
+                  # namespace, the ResourceQuota and the resource); HAMi's ResourceQuotaNotFit
 )
 
 

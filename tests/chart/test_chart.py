@@ -279,6 +279,11 @@ def test_rbac_grants_each_mode_only_what_it_uses():
         ext, "ClusterRole")
     assert ("coordination.k8s.io", "leases", "update") in rules(gate, "Role")
     assert not by_kind(none, "Role") and ("", "nodes", "list") not in rules(none, "ClusterRole")
+    # namespace GPU quotas: the leader follows ResourceQuotas in both modes (read only)
+    for docs in (gate, ext):
+        assert {("", "resourcequotas", "list"), ("", "resourcequotas", "watch")} <= rules(docs, "ClusterRole")
+        assert not {v for g, res, v in rules(docs, "ClusterRole") if res == "resourcequotas"} - {"list", "watch"}
+    assert ("", "resourcequotas", "list") not in rules(none, "ClusterRole")
     for docs in (gate, ext, none):
         every = rules(docs, "ClusterRole") | rules(docs, "Role")
         assert not any("*" in rule for rule in every), every  # no wildcards

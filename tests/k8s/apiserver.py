@@ -18,6 +18,9 @@ What it does, as the real server does:
   core ``events`` and the same objects as ``events.k8s.io/v1`` events (one
   storage, converted as the real server does); ``coordination.k8s.io/v1``
   leases; configmaps; secrets (``stringData`` folded into ``data``);
+  resourcequotas with ``status`` (``spec.hard`` validated: names qualified
+  or a standard quota resource, values quantities >= 0; status cleared at
+  create; no quota controller fills ``status``, see "does not");
   serviceaccounts; services (below); ``apps/v1`` daemonsets with ``status``
   (below); ``rbac.authorization.k8s.io/v1`` clusterroles, clusterrolebindings,
   roles, rolebindings (below); ``admissionregistration.k8s.io/v1`` mutating
@@ -705,6 +708,42 @@ def _gated_narrowing_errors(new: dict, old: dict) -> list:
 # -- other kinds --------------------------------------------------------------
 
 
+# core/v1 IsStandardQuotaResourceName: the names without a "/" a ResourceQuota may limit
+_STANDARD_QUOTA = frozenset({
+    "pods", "services", "replicationcontrollers", "resourcequotas", "secrets", "configmaps",
+    "persistentvolumeclaims", "services.nodeports", "services.loadbalancers", "cpu", "memory",
+    "ephemeral-storage", "requests.cpu", "requests.memory", "requests.storage", "requests.ephemeral-storage",
+    "limits.cpu", "limits.memory", "limits.ephemeral-storage"})
+
+
+def _resource_quota_validate(obj: dict) -> list:
+    """ValidateResourceQuota's ``spec.hard``: each name a qualified name (``limits.nvidia.com/gpumem``)
+    or a standard quota resource, each value a quantity >= 0 (the real server refuses a malformed
+    quantity while decoding; here it is the same field's 422)."""
+    from hamid.request.quantity import quantity
+
+    causes = []
+    hard = (obj.get("spec") or {}).get("hard") or {}
+    if not isinstance(hard, dict):
+        return [("FieldValueInvalid", "spec.hard", "Invalid value: a map of resource names to quantities")]
+    for k, v in hard.items():
+        where = f"spec.hard[{k}]"
+        if "/" not in k and k not in _STANDARD_QUOTA:
+            causes.append(("FieldValueInvalid", where, f'Invalid value: "{k}": must be a standard resource for quota'))
+        elif "/" in k and not re.fullmatch(r"[a-z0-9.-]+/[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", k):
+            causes.append(("FieldValueInvalid", where, f'Invalid value: "{k}": must be a qualified name'))
+        try:
+            q = quantity(v)
+        except ValueError:
+            causes.append(("FieldValueInvalid", where, f"Invalid value: {_go_quote(str(v))}: quantities must match "
+                           "the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"))
+            continue
+        if q < 0:
+            causes.append(("FieldValueInvalid", where,
+                           f"Invalid value: {_go_quote(str(v))}: must be greater than or equal to 0"))
+    return causes
+
+
 def _secret_prepare_create(server: ApiServer, obj: dict) -> None:
     _fold_string_data(obj)
     obj.setdefault("type", "Opaque")
@@ -1332,6 +1371,9 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
                  from_storage=_event_from_storage),
     ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True, (), (), (), {}, META_MERGE_KEYS),
     ResourceType("", "v1", "ConfigMap", "configmaps", True, ("cm",), (), (), {}, META_MERGE_KEYS),
+    ResourceType("", "v1", "ResourceQuota", "resourcequotas", True, ("quota",), (), ("status",), {},
+                 META_MERGE_KEYS, status_reset_on_create=True, return_deleted_object=True,
+                 validate=_resource_quota_validate),
     ResourceType("", "v1", "Secret", "secrets", True, (), (), (), {"type": "type"}, META_MERGE_KEYS,
                  prepare_create=_secret_prepare_create),
     ResourceType("", "v1", "Service", "services", True, ("svc",), ("all",), ("status",), {},

@@ -278,15 +278,16 @@ def test_kubectl_apply_malformed_is_refused_valid_is_placed_bound_and_started(tm
         assert big.returncode == 0, big.stderr
         assert "Warning:" in big.stderr and "120 is more than a whole GPU; taken as 100" in big.stderr, big.stderr
         sched.wait_bound("default", "big", timeout=30)
-        if mode == "gate":  # the leader records it on the pod once it exists
-            uid = env.api.get("Pod", "default", "big")["metadata"]["uid"]
-            deadline = time.time() + 10
-            while time.time() < deadline and not [
-                    e for e in env.api.list("Event", "default")
-                    if e.get("reason") == "GPUCoresClamped" and e["involvedObject"].get("uid") == uid]:
-                time.sleep(0.1)
-            (ev,) = [e for e in env.api.list("Event", "default") if e.get("reason") == "GPUCoresClamped"]
-            assert ev["type"] == "Warning" and "taken as 100" in ev["message"]
+        # the leader (gate mode) or the extender's bind (extender mode) records it on the pod once placed
+        uid = env.api.get("Pod", "default", "big")["metadata"]["uid"]
+        deadline = time.time() + 10
+        while time.time() < deadline and not [
+                e for e in env.api.list("Event", "default")
+                if e.get("reason") == "GPUCoresClamped" and e["involvedObject"].get("uid") == uid]:
+            time.sleep(0.1)
+        (ev,) = [e for e in env.api.list("Event", "default") if e.get("reason") == "GPUCoresClamped"]
+        assert ev["type"] == "Warning" and "taken as 100" in ev["message"]
+        assert ev["involvedObject"]["uid"] == uid and ev["source"]["component"] == "hamid"
     finally:
         sched.stop()
         env.stop()
