@@ -3,8 +3,31 @@
 from __future__ import annotations
 
 import socket
+import sys
+from pathlib import Path
 
 import pytest
+
+# The stand-ins (kube-apiserver, kubelet, kube-scheduler, the pod runner: tests/standins/) and the
+# Kubernetes harnesses (tests/k8s/: a node, a cluster) are imported by name from any test folder.
+for _d in ("standins", "k8s"):
+    _p = str(Path(__file__).resolve().parent / _d)
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+
+@pytest.fixture
+def api_server():
+    """A running kube-apiserver stand-in (tests/standins/apiserver/), bookmarks every 0.2 s."""
+    from apiserver import ApiServer
+
+    with ApiServer(bookmark_interval=0.2) as api:
+        yield api
+
+
+@pytest.fixture
+def kubeconfig(api_server, tmp_path) -> str:
+    return api_server.write_kubeconfig(tmp_path / "kubeconfig")
 
 
 @pytest.fixture

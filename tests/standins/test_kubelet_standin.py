@@ -1,4 +1,4 @@
-"""The kubelet stand-in (tests/k8s/kubelet.py) against a tiny device plugin
+"""The kubelet stand-in (tests/standins/kubelet.py) against a tiny device plugin
 written here (not hamid's): registration, ListAndWatch, admission order,
 preferred allocation, CDI, checkpoint and restart, pod-resources."""
 

@@ -1,4 +1,4 @@
-"""The API-server stand-in (tests/k8s/apiserver.py) checked with real clients:
+"""The API-server stand-in (tests/standins/apiserver/) checked with real clients:
 the official Kubernetes Python client and kubectl (Debian's
 ``kubernetes-client``, installed by ``make test``; ``KUBECTL=/path`` picks
 another binary)."""

@@ -1,4 +1,4 @@
-"""The pod runner (tests/k8s/podrunner.py), kubelet's pod start as a stand-in,
+"""The pod runner (tests/standins/podrunner.py), kubelet's pod start as a stand-in,
 with a small DaemonSet of its own (Python one-liners, not hamid) applied to
 the API-server stand-in (HTTPS, RBAC on) by a real kubectl: the environment
 from every source and kubelet's ``$(VAR)`` expansion, the volumes seen at their

@@ -1,4 +1,4 @@
-"""The kube-scheduler stand-in (tests/k8s/scheduler.py) against the API-server
+"""The kube-scheduler stand-in (tests/standins/scheduler.py) against the API-server
 stand-in: default filters, the unschedulable condition and event, and
 extenders called as a KubeSchedulerConfiguration describes them."""
 
