@@ -8,19 +8,19 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test test-fast venv shim clean proto install uninstall
 
-$(STAMP): pyproject.toml contrib/docker/hamid-runtime
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-CLIENT := $(VENV)/bin/hamid-runtime-client
+RUNTIME := $(VENV)/bin/hamid-runtime
 
-# The runtime's create path without Python (see its header); beside the launcher.
-$(CLIENT): contrib/docker/hamid-runtime-client.c $(STAMP)
+# The OCI runtime Docker calls (see its header): C, beside hamid-runtime-py.
+$(RUNTIME): contrib/docker/hamid-runtime.c $(STAMP)
 	$(CC) -O2 -Wall -Wextra -Werror -o $@ $<
 
-venv: $(STAMP) $(CLIENT)
+venv: $(STAMP) $(RUNTIME)
 
 # The shim is built when its sources exist; the daemon installs it on start.
 shim:
@@ -52,9 +52,9 @@ clean:
 	rm -rf $(VENV) shim/build build
 
 # A standalone install for a Docker host (no checkout needed afterwards):
-# a venv of its own at $(PREFIX)/lib/hamid holding hamid, the runtime launcher
-# hamid-runtime, its C client and hamid-runtime-py side by side (the launcher
-# and the client find each other beside their real path, so links work), the
+# a venv of its own at $(PREFIX)/lib/hamid holding hamid, the runtime
+# hamid-runtime (C) and hamid-runtime-py side by side (the runtime finds
+# hamid-runtime-py beside its real path, so links work), the
 # shim at $(PREFIX)/lib/hamid/shim/libvgpu.so (where the daemon looks when no
 # shimLibrary is set), and two links in $(PREFIX)/bin: hamid and
 # hamid-runtime, the path contrib/docker/daemon.json names. Run it as root for
@@ -67,7 +67,7 @@ install: shim
 	$(PYTHON) -m venv $(HOMEDIR)
 	$(HOMEDIR)/bin/python -m pip uninstall -q -y hamid >/dev/null 2>&1 || true
 	$(HOMEDIR)/bin/python -m pip install -q .
-	$(CC) -O2 -Wall -Wextra -Werror -o $(HOMEDIR)/bin/hamid-runtime-client contrib/docker/hamid-runtime-client.c
+	$(CC) -O2 -Wall -Wextra -Werror -o $(HOMEDIR)/bin/hamid-runtime contrib/docker/hamid-runtime.c
 	install -d -m 0755 $(HOMEDIR)/shim $(PREFIX)/bin
 	install -m 0644 shim/build/libvgpu.so.$(SHIMV) $(HOMEDIR)/shim/
 	ln -sfn libvgpu.so.$(SHIMV) $(HOMEDIR)/shim/libvgpu.so

@@ -125,7 +125,7 @@ def test_launcher_decides_pass_through_without_starting_python(tmp_path, fake_ru
     one that may be ours goes to hamid-runtime-py, which decides for certain."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    shutil.copy2(Path(__file__).resolve().parents[1] / "contrib" / "docker" / "hamid-runtime", bindir / "hamid-runtime")
+    shutil.copy2(LAUNCHER, bindir / "hamid-runtime")  # the C runtime, as make builds it
     (bindir / "hamid-runtime-py").write_text(f"#!/bin/sh\ntouch {tmp_path}/python-started\n")
     (bindir / "hamid-runtime-py").chmod(0o755)
     bundle = tmp_path / "bundle"
@@ -140,10 +140,26 @@ def test_launcher_decides_pass_through_without_starting_python(tmp_path, fake_ru
         assert (tmp_path / "runc.args").read_text().split() == ["--root", "/r", "create", *flag, "cid"]
 
 
-CLIENT = BIN / "hamid-runtime-client"
+CLIENT = LAUNCHER
 
 
-@pytest.mark.skipif(not CLIENT.exists(), reason="make builds hamid-runtime-client")
+def test_the_release_marker_is_private_and_never_written_through_a_link(tmp_path):
+    state = tmp_path / "s"
+    r = subprocess.run([str(LAUNCHER), "--state-dir", str(state), "hook", "poststop", "abc123"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (state / "released" / "abc123").is_file() and oct((state / "released").stat().st_mode & 0o777) == "0o700"
+    for bad in (".hidden", "a/b", ""):
+        r = subprocess.run([str(LAUNCHER), "--state-dir", str(state), "hook", "poststop", bad],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and "bad container id" in r.stderr, bad
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", state / "released" / "link")  # a marker name that is a link: not followed
+    r = subprocess.run([str(LAUNCHER), "--state-dir", str(state), "hook", "poststop", "link"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and not any((tmp_path / "elsewhere").iterdir())
+
+
 def test_the_client_admits_through_the_daemon_and_falls_back_to_python_without_one(tmp_path, fake_runc, free_port):
     from test_daemon import start, stop
 

@@ -2,7 +2,7 @@
 
 One function, :func:`prepare_bundle`, serves both ways a create reaches hamid:
 the daemon's Docker face (``POST /v1/create`` on ``docker.sock``, called by
-the compiled ``hamid-runtime-client``) and the Python runtime
+the compiled ``hamid-runtime``) and the Python runtime
 (``hamid-runtime-py``, the fallback where no daemon answers). Steps: read
 ``config.json``; a container that sets neither ``HAMI_*`` variable is left
 alone; otherwise admit it (``admit``: the node core, here or in the daemon),

@@ -1,30 +1,41 @@
 /*
- * hamid-runtime-client: the runtime's create for a container that asks for GPUs,
- * without starting Python.
+ * hamid-runtime: the OCI runtime Docker calls for --runtime=hami, in C so that a
+ * container start pays for no shell and no Python.
  *
- * The sh launcher (hamid-runtime) runs it for a `create`/`run` whose
- * config.json names HAMI_VISIBLE_DEVICES or HAMI_VGPU_SPEC. It asks the
- * daemon's Docker face (DIR/docker.sock, root only) to admit the container and
- * edit its bundle, then execs runc with the runc arguments:
+ * Arguments (options of ours first, as daemon.json's runtimeArgs give them):
+ *   hamid-runtime [--state-dir DIR] [--runc PATH] [--] <runc globals> <verb> ...
  *
- *   200 {"ours": ...}      exec runc
- *   409/400/500 {"error"}  print the message on stderr and as a JSON line in
- *                          runc's --log file (how it reaches `docker run`), exit 1
- *   anything else          (no daemon, no answer in 30 s, the answer cut short,
- *                          410: it got to the request after its deadline and
- *                          committed nothing) exec hamid-runtime-py, which
- *                          admits the container through the ledger itself
+ * - every runc verb but `create`/`run` (start, state, kill, delete, ...) is runc's:
+ *   exec runc with our options dropped;
+ * - `create`/`run` of a bundle whose config.json names neither
+ *   HAMI_VISIBLE_DEVICES nor HAMI_VGPU_SPEC (a container that asks nothing of
+ *   hamid): exec runc, untouched;
+ * - `create`/`run` of one that may be ours: ask the daemon's Docker face
+ *   (DIR/docker.sock, root only) to admit the container and edit its bundle:
+ *     200 {"ours": ...}      exec runc
+ *     409/400/413/500        print the message on stderr and as a JSON line in
+ *                            runc's --log file (how it reaches `docker run`), exit 1
+ *     anything else          (no daemon, no answer in 30 s, the answer cut short,
+ *                            410: it got to the request after its deadline and
+ *                            committed nothing) exec hamid-runtime-py beside it,
+ *                            which admits the container through the ledger itself
+ *                            and decides for certain;
+ * - `hook poststop <id>` (the hook the edits add): drop DIR/released/<id>, the
+ *   marker the daemon (or the next create) drains (hamid/node/released.py).
  *
- * Arguments: hamid-runtime [--state-dir DIR] [--runc PATH] [--] <runc globals> create|run ...
- * It owns no state and reads no file but its own arguments and the socket.
+ * It owns no state and reads nothing but its arguments, the bundle's config.json
+ * and the socket. Its helpers live beside its real path (a link, as `make
+ * install` makes in /usr/local/bin, is followed first).
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
@@ -128,6 +139,102 @@ static void report(const char *log_file, const char *log_format, const char *msg
     fclose(f);
 }
 
+/* runc: --runc, else the first on PATH. */
+static const char *find_runc(const char *runc, char *found, size_t cap)
+{
+    if (runc) return runc;
+    const char *env = getenv("PATH");
+    char paths[4096];
+    snprintf(paths, sizeof paths, "%s", env ? env : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    for (char *save = NULL, *d = strtok_r(paths, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        snprintf(found, cap, "%s/runc", d);
+        if (access(found, X_OK) == 0) return found;
+    }
+    return NULL;
+}
+
+/* exec runc with argv[first..] (our options dropped). */
+static int exec_runc(const char *runc, char **argv, int first, const char *log_file, const char *log_format)
+{
+    char found[4096 + 16];
+    const char *path = find_runc(runc, found, sizeof found);
+    if (!path) {
+        report(log_file, log_format, "runc not found; pass --runc PATH");
+        return 1;
+    }
+    argv[first - 1] = (char *)path;
+    execv(path, argv + first - 1);
+    char msg[PATH_MAX + 64];
+    snprintf(msg, sizeof msg, "cannot exec runc (%s): %s", path, strerror(errno));
+    report(log_file, log_format, msg);
+    return 1;
+}
+
+/* `hook poststop <id>`: the release marker. Quick, and never follows a link. */
+static int poststop(const char *state, int argc, char **argv, int verb)
+{
+    if (verb + 1 >= argc || strcmp(argv[verb + 1], "poststop") != 0) {
+        fprintf(stderr, "hamid-runtime: unknown hook; accepted: poststop\n");
+        return 1;
+    }
+    const char *id = argv[argc - 1];
+    size_t n = strlen(id);
+    int ok = n > 0 && n <= 255 && id[0] != '.';
+    for (size_t k = 0; ok && k < n; k++)
+        ok = (id[k] >= 'A' && id[k] <= 'Z') || (id[k] >= 'a' && id[k] <= 'z') || (id[k] >= '0' && id[k] <= '9') ||
+             id[k] == '_' || id[k] == '.' || id[k] == '-';
+    if (!ok) {
+        fprintf(stderr, "hamid-runtime: bad container id '%s'\n", id);
+        return 1;
+    }
+    char dir[PATH_MAX];
+    if ((size_t)snprintf(dir, sizeof dir, "%s/released", state) >= sizeof dir) return 1;
+    mkdir(state, 0700);
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        fprintf(stderr, "hamid-runtime: cannot make %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0) {
+        fprintf(stderr, "hamid-runtime: cannot open %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    int fd = openat(dfd, id, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    close(dfd);
+    if (fd < 0) {
+        fprintf(stderr, "hamid-runtime: cannot write %s/%s: %s\n", dir, id, strerror(errno));
+        return 1;
+    }
+    close(fd);
+    return 0;
+}
+
+/* 1: the bundle's config.json names a variable of ours (or cannot be read: then
+ * the daemon or the Python runtime decides); 0: it names neither. */
+static int maybe_ours(const char *bundle)
+{
+    char path[PATH_MAX];
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", bundle) >= sizeof path) return 1;
+    FILE *f = fopen(path, "re");
+    if (!f) return 1;
+    static const char *pats[] = {"\"HAMI_VISIBLE_DEVICES=", "\"HAMI_VGPU_SPEC="};
+    /* read in chunks with an overlap as long as the longest pattern, so none is cut in two */
+    char buf[65536 + 32];
+    size_t keep = 0, got;
+    int found = 0;
+    while (!found && (got = fread(buf + keep, 1, sizeof buf - 1 - keep, f)) > 0) {
+        size_t len = keep + got;
+        buf[len] = 0;
+        for (int k = 0; k < 2 && !found; k++)
+            if (memmem(buf, len, pats[k], strlen(pats[k]))) found = 1;
+        keep = len < 31 ? len : 31;
+        memmove(buf, buf + len - keep, keep);
+    }
+    int err = ferror(f);
+    fclose(f);
+    return found || err;
+}
+
 int main(int argc, char **argv)
 {
     g_argv = argv;
@@ -175,7 +282,9 @@ int main(int argc, char **argv)
         verb = i;
         break;
     }
-    if (verb < 0 || (strcmp(argv[verb], "create") && strcmp(argv[verb], "run"))) fallback();
+    if (verb >= 0 && !strcmp(argv[verb], "hook")) return poststop(state, argc, argv, verb);
+    if (verb < 0 || (strcmp(argv[verb], "create") && strcmp(argv[verb], "run")))
+        return exec_runc(runc, argv, first_runc, log_file, log_format);
     const char *bundle = ".", *id = NULL;
     for (int k = verb + 1; k < argc; k++) {
         const char *a = argv[k];
@@ -185,6 +294,7 @@ int main(int argc, char **argv)
             && k + 1 < argc) { k++; continue; }
         if (a[0] != '-') id = a;
     }
+    if (!maybe_ours(bundle)) return exec_runc(runc, argv, first_runc, log_file, log_format);
     if (!id) fallback();
     char bundle_abs[PATH_MAX];
     if (!realpath(bundle, bundle_abs)) fallback();
@@ -238,27 +348,7 @@ int main(int argc, char **argv)
     char *payload = strstr(resp, "\r\n\r\n");
     if (!payload) fallback();
     payload += 4;
-    if (status == 200) {
-        const char *path = runc;
-        char found[4096 + 16];
-        if (!path) {
-            const char *env = getenv("PATH");
-            char paths[4096];
-            snprintf(paths, sizeof paths, "%s", env ? env : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
-            for (char *save = NULL, *d = strtok_r(paths, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
-                snprintf(found, sizeof found, "%s/runc", d);
-                if (access(found, X_OK) == 0) { path = found; break; }
-            }
-        }
-        if (!path) {
-            report(log_file, log_format, "runc not found; pass --runc PATH");
-            return 1;
-        }
-        argv[first_runc - 1] = (char *)path;
-        execv(path, argv + first_runc - 1);
-        report(log_file, log_format, "cannot exec runc");
-        return 1;
-    }
+    if (status == 200) return exec_runc(runc, argv, first_runc, log_file, log_format);
     if (status == 400 || status == 409 || status == 413 || status == 500) {
         char msg[4096];
         if (get_json_string(payload, "error", msg, sizeof msg) != 0)
