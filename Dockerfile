@@ -6,7 +6,8 @@
 #
 # Two stages on one base: `build` compiles the shim (gcc and make only, see
 # shim/Makefile) and installs the package with its dependencies into a venv at
-# /opt/hamid; the final stage gets that venv and the shim, nothing else.
+# /opt/hamid, with the Docker runtime hamid-runtime (C) beside hamid-runtime-py;
+# the final stage gets that venv and the shim, nothing else.
 #
 # Build arguments:
 #   BASE      the base image of both stages (default below: Debian 12 with
@@ -57,6 +58,7 @@ RUN set -eu; \
     ln -s "libvgpu.so.$v" /out/usr/lib/hamid/libvgpu.so; \
     python3 -m venv /opt/hamid; \
     /opt/hamid/bin/pip install /src; \
+    cc -O2 -Wall -Wextra -Werror -o /opt/hamid/bin/hamid-runtime /src/contrib/docker/hamid-runtime.c; \
     /opt/hamid/bin/hamid version; \
     mv /opt/hamid /out/opt/hamid
 

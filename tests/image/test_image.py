@@ -231,6 +231,9 @@ out["limits_size"], out["region_size"] = limits_size(), region_struct_size()
 r = subprocess.run(["hamid", "run", "--help"], capture_output=True, text=True)
 out["run_help"] = [r.returncode, r.stdout + r.stderr]
 out["link"] = os.readlink("/usr/lib/hamid/libvgpu.so")
+rt = shutil.which("hamid-runtime")
+out["runtime"] = [rt, open(rt, "rb").read(4).hex() if rt else "", shutil.which("hamid-runtime-py")]
+out["front_help"] = subprocess.run(["hamid", "front", "--help"], capture_output=True, text=True).returncode
 from hamid.config.load import load_config
 from hamid.daemon.service import install_shim_for
 state = pathlib.Path("/tmp/state")
@@ -298,6 +301,10 @@ def test_every_part_of_the_daemon_imports_and_run_takes_the_charts_options(probe
     assert rc == 0, text
     for flag in ("--config", "--gossip-advertise", "--peer-advertise"):
         assert flag in text
+    # the Docker runtime beside the daemon (the C program, then hamid-runtime-py), and the chart's front
+    rt, magic, py = out["runtime"]
+    assert rt == "/opt/hamid/bin/hamid-runtime" and magic == "7f454c46" and py == "/opt/hamid/bin/hamid-runtime-py"
+    assert out["front_help"] == 0
 
 
 @pytest.mark.docker
