@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """``Allocate`` and ``PreStartContainer`` latency through the kubelet stand-in, beside an empty round trip.
 
-Starts the API-server and kubelet stand-ins (tests/k8s) and a real ``hamid
+Starts the API-server and kubelet stand-ins (tests/standins) and a real ``hamid
 run`` on simulated GPUs between them, then, per round and in one gRPC channel
 to the plugin's socket, times:
 
@@ -29,6 +29,7 @@ import grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "k8s"))
+sys.path.insert(0, str(ROOT / "tests" / "standins"))
 from apiserver import ApiServer  # noqa: E402
 from nodeenv import RESOURCE, NodeEnv  # noqa: E402
 
@@ -46,7 +47,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=200)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="hamid-alloc-") as tmp, ApiServer(bookmark_interval=1.0) as api:
-        env = NodeEnv(Path(tmp), api, split=args.rounds + 10).start()
+        # regionTmpfs off: the temporary directory is removed at the end, with no mounts left in it
+        env = NodeEnv(Path(tmp), api, split=args.rounds + 10, extra_config="regionTmpfs: false\n").start()
         try:
             sock = env.kubelet_dir / "device-plugins" / "hamid-nvidia.sock"
             empty, alloc, prestart = [], [], []

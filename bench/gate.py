@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "k8s"))
+sys.path.insert(0, str(ROOT / "tests" / "standins"))
 from apiserver import ApiServer  # noqa: E402
 from clusterenv import ClusterEnv  # noqa: E402
 
