@@ -4,7 +4,10 @@ What client-go calls an informer, small: a worker thread lists the objects,
 then watches from the list's ``resourceVersion`` (with bookmarks), resuming
 where it left off and listing again on ``410 Gone``; the cache is a dict by
 ``namespace/name`` the trio side reads at any time, and every change sets a
-trio event so a controller can wake. The blocking client runs only in the
+trio event so a controller can wake. A face that must act on each event (the
+kubelet face releases a deleted pod's share at once) subscribes to the event
+stream (:meth:`Informer.subscribe`): ``RELIST``, ``LISTED`` per object and
+``SYNCED`` after each list, then ``ADDED``/``MODIFIED``/``DELETED``. The blocking client runs only in the
 thread; the trio loop never waits on the API server. When :meth:`Informer.run`
 ends (a leader's term ends, the daemon stops) the thread stops too: at its
 next event, the end of its watch (``watch_timeout_s``) or its next retry,
@@ -48,6 +51,16 @@ class Informer:
         self._dirty: set[str] | None = set()  # keys changed since take_changed(); None: everything (a relist)
         self._stop = threading.Event()  # run() has ended: the thread returns
         self.watching = False  # the thread is in its loop (tests)
+        self._subscribers: list[trio.MemorySendChannel] = []
+        self._relist = False  # a subscriber fell behind: list again so it sees every object anew
+
+    def subscribe(self, buffer: int = 10000) -> trio.MemoryReceiveChannel:
+        """Every event from now on, in order. A subscriber more than ``buffer``
+        events behind makes the informer list again (it then gets ``RELIST`` and
+        every object, never a gap it does not know of)."""
+        send, receive = trio.open_memory_channel(buffer)
+        self._subscribers.append(send)
+        return receive
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -73,8 +86,18 @@ class Informer:
             out, self._dirty = self._dirty, set()
         return out
 
-    def _notify(self, token) -> None:
+    def _notify(self, token, events: list[tuple[str, Any]] = ()) -> None:
         def wake():
+            for send in self._subscribers:
+                for ev in events:
+                    try:
+                        send.send_nowait(ev)
+                    except trio.WouldBlock:
+                        log.warning("an event subscriber fell behind; listing again", what=self.name)
+                        self._relist = True
+                        break
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        break
             self.version += 1
             ev, self._changed = self._changed, trio.Event()
             ev.set()
@@ -88,35 +111,44 @@ class Informer:
         except Exception:  # the loop is shutting down
             raise trio.RunFinishedError from None
 
-    def _run(self, token) -> None:
+    def _run(self, token, stop: threading.Event) -> None:
         from kubernetes import watch
 
         self.watching = True
         try:
-            self._loop(token, watch)
+            self._loop(token, watch, stop)
         finally:
             self.watching = False
 
-    def _loop(self, token, watch) -> None:
+    def _loop(self, token, watch, stop: threading.Event) -> None:
+        """``stop``: this run's own (a thread left from an earlier run, still in its watch, sees its
+        own stop set and returns at its next event, never touching the cache or a subscriber)."""
         rv = None
-        while not self._stop.is_set():
+        while not stop.is_set():
             try:
-                if rv is None:
+                if rv is None or self._relist:
+                    self._relist = False
                     got = self.api.sanitize_for_serialization(self.lister(_request_timeout=60, **self.selectors))
+                    items = got.get("items") or []
                     with self._lock:
-                        self.objects = {key_of(o): o for o in got.get("items") or []}
+                        old, self.objects = self.objects, {key_of(o): o for o in items}
                         self._dirty = None
                     rv = got["metadata"]["resourceVersion"]
-                    self._notify(token)
+                    # what went while no watch ran (a 410, a lost connection) is told as deleted, with the
+                    # last state seen, as client-go's informers do on a relist
+                    gone = [("DELETED", o) for k, o in old.items() if k not in self.objects]
+                    self._notify(token, [("RELIST", None), *(("LISTED", o) for o in items), *gone, ("SYNCED", None)])
                 w = watch.Watch()
                 for ev in w.stream(self.lister, resource_version=rv, allow_watch_bookmarks=True,
                                    timeout_seconds=self.watch_timeout_s, _request_timeout=self.watch_timeout_s + 10,
                                    **self.selectors):
-                    if self._stop.is_set():
+                    if stop.is_set():
                         return
                     kind, obj = ev["type"], ev["object"]
                     obj = obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
                     if kind == "ERROR":
+                        log.info("watch ended with an error; listing again", what=self.name,
+                                 code=(obj or {}).get("code"), reason=(obj or {}).get("reason"))
                         rv = None
                         break
                     rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
@@ -130,23 +162,27 @@ class Informer:
                             self.objects[key] = obj
                         if self._dirty is not None:
                             self._dirty.add(key)
-                    self._notify(token)
+                    self._notify(token, [(kind, obj)])
+                    if self._relist:
+                        break
             except trio.RunFinishedError:
                 return
             except Exception as e:  # a lost connection, a 410 raised by the client, the API server down
-                if self._stop.is_set():
+                if stop.is_set():
                     return
                 if getattr(e, "status", None) != 410:
                     log.warning("watch interrupted; listing again", what=self.name, error=str(e)[:300])
-                    self._stop.wait(1.0)
+                    stop.wait(1.0)
+                else:
+                    log.info("watch expired (410 Gone); listing again", what=self.name)
                 rv = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         token = trio.lowlevel.current_trio_token()
-        self._stop.clear()
+        stop = self._stop = threading.Event()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: trio.to_thread.run_sync(self._run, token, abandon_on_cancel=True))
+                nursery.start_soon(lambda: trio.to_thread.run_sync(self._run, token, stop, abandon_on_cancel=True))
                 task_status.started()
         finally:
-            self._stop.set()
+            stop.set()

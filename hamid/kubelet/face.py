@@ -32,13 +32,13 @@ API server cannot be asked, nothing is released.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 import grpc
 import trio
 
 from ..dirwatch import DirWatch
+from ..kube.informer import Informer
 from ..logs import get_logger
 from ..node.service import NodeService, Reservation
 from ..request.model import Defaults
@@ -48,7 +48,7 @@ from .api import deviceplugin_pb2 as pb
 from .api import deviceplugin_pb2_grpc as pb_grpc
 from .devices import advertised, gpu_of
 from .plugin import DeviceBoard, DevicePluginService
-from .pods import TERMINAL, PodDirectory, PodLookupError
+from .pods import TERMINAL, PodDirectory
 
 log = get_logger("kubelet")
 
@@ -75,12 +75,16 @@ class KubeletFace:
         self.registered = trio.Event()  # set on every successful registration (tests wait on it)
         self.registrations = 0
         self.owner_liveness = {"pod": self._pod_alive} if api is not None else {}
-        # this node's pods as the watch last said (namespace/name -> pod), read by the reconciler and
-        # GetPreferredAllocation instead of one GET per reservation; a miss (a pod not bound here, or
-        # before the first list) still asks the API server
-        self._pod_cache: dict[str, dict] = {}
-        self._pod_cache_ready = False
-        self._pod_cache_lock = threading.Lock()
+        # this node's pods (the shared informer: list, then watch, spec.nodeName = this node), read by
+        # the reconciler and GetPreferredAllocation instead of one GET per reservation; a miss (a pod
+        # not bound here, or before the first list) still asks the API server
+        self.pod_informer = None
+        if api is not None:
+            from kubernetes import client
+
+            self.pod_informer = Informer(api, client.CoreV1Api(api).list_pod_for_all_namespaces,
+                                         name="this node's pods", watch_timeout_s=watch_timeout_s,
+                                         field_selector=f"spec.nodeName={node.name}")
         self._server: grpc.Server | None = None
         self._generation = 0
         self._kubelet_id: tuple[int, int] | None = None
@@ -151,25 +155,13 @@ class KubeletFace:
         return [g for _, g in bound] + unknown
 
     def _pod(self, ns: str, name: str) -> dict | None:
-        """The pod from the watch's cache of this node's pods, else from the API server (blocking)."""
-        with self._pod_cache_lock:
-            if self._pod_cache_ready and f"{ns}/{name}" in self._pod_cache:
-                return self._pod_cache[f"{ns}/{name}"]
+        """The pod from the informer's cache of this node's pods, else from the API server (blocking)."""
+        inf = self.pod_informer
+        if inf is not None and inf.synced.is_set():
+            got = inf.get(f"{ns}/{name}")
+            if got is not None:
+                return got
         return self.pods.get_pod(ns, name)
-
-    def _cache_pod(self, kind: str, pod: dict | None) -> None:
-        with self._pod_cache_lock:
-            if kind == "RELIST":
-                self._pod_cache, self._pod_cache_ready = {}, False
-            elif kind == "SYNCED":
-                self._pod_cache_ready = True
-            elif pod is not None:
-                meta = pod.get("metadata") or {}
-                key = f"{meta.get('namespace')}/{meta.get('name')}"
-                if kind == "DELETED":
-                    self._pod_cache.pop(key, None)
-                else:
-                    self._pod_cache[key] = pod
 
     # --- liveness, for the reconciler (a worker thread) -------------------------------------
 
@@ -317,52 +309,16 @@ class KubeletFace:
 
     # --- pods ------------------------------------------------------------------------------
 
-    def _pump_pods(self, send, token) -> None:
-        """List, then watch, this node's pods forever (a worker thread); events go to ``send``."""
-        import time
-
-        rv = None
-        while True:
-            try:
-                if rv is None:
-                    items, rv = self.pods.list_pods()
-                    self._cache_pod("RELIST", None)
-                    for p in items:
-                        self._cache_pod("LISTED", p)
-                        trio.from_thread.run_sync(send.send_nowait, ("LISTED", p), trio_token=token)
-                    self._cache_pod("SYNCED", None)
-                for kind, obj in self.pods.watch_pods(rv, self.watch_timeout_s):
-                    if kind == "ERROR":
-                        if (obj or {}).get("code") == 410:
-                            log.info("pod watch expired (410 Gone); listing again")
-                        rv = None
-                        break
-                    rv = ((obj.get("metadata") or {}).get("resourceVersion")) or rv
-                    if kind != "BOOKMARK":
-                        self._cache_pod(kind, obj)
-                        trio.from_thread.run_sync(send.send_nowait, (kind, obj), trio_token=token)
-            except (PodLookupError, trio.RunFinishedError, trio.WouldBlock) as e:
-                if isinstance(e, trio.RunFinishedError):
-                    return
-                log.warning("pod watch interrupted; trying again", error=str(e))
-                rv = None
-                time.sleep(1.0)
-            except Exception as e:  # the client raises its own types on a lost connection or a 410
-                if getattr(e, "status", None) == 410:
-                    log.info("pod watch expired (410 Gone); listing again")
-                else:
-                    log.warning("pod watch interrupted; trying again", error=str(e))
-                    time.sleep(1.0)
-                rv = None
-
     async def _follow_pods(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        send, receive = trio.open_memory_channel(10000)
-        token = trio.lowlevel.current_trio_token()
+        """This node's pods through the shared informer: each event acted on in order
+        (a deleted pod's share released at once), the cache read by the reconciler."""
+        receive = self.pod_informer.subscribe()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: trio.to_thread.run_sync(self._pump_pods, send, token, abandon_on_cancel=True))
+            await nursery.start(self.pod_informer.run)
             task_status.started()
             async for kind, pod in receive:
-                await self._on_pod(kind, pod)
+                if pod is not None:
+                    await self._on_pod(kind, pod)
 
     async def _on_pod(self, kind: str, pod: dict) -> None:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}

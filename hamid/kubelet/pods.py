@@ -11,7 +11,6 @@ carries only device IDs, to exactly one pod by UID: never a guess.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -114,29 +113,6 @@ class PodDirectory:
             raise PodLookupError(f"the API server could not be reached to read pod {namespace}/{name}: {e}") \
                 from None
         return self.api.sanitize_for_serialization(pod)
-
-    def list_pods(self) -> tuple[list[dict[str, Any]], str]:
-        """The pods bound to this node, and the list's resourceVersion (to watch from)."""
-        core = self._core()
-        try:
-            got = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}", _request_timeout=30)
-        except Exception as e:
-            raise PodLookupError(f"cannot list the pods of node {self.node}: {e}") from None
-        doc = self.api.sanitize_for_serialization(got)
-        return doc.get("items") or [], doc["metadata"]["resourceVersion"]
-
-    def watch_pods(self, resource_version: str, timeout_s: int) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Events on this node's pods after ``resource_version`` (``ERROR`` events included:
-        a ``410`` one means the version is too old and the caller must list again)."""
-        from kubernetes import watch
-
-        core = self._core()
-        w = watch.Watch()
-        for ev in w.stream(core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={self.node}",
-                           resource_version=resource_version, allow_watch_bookmarks=True,
-                           timeout_seconds=timeout_s, _request_timeout=timeout_s + 10):
-            obj = ev["object"]
-            yield ev["type"], (obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj))
 
     def event(self, pod: dict[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
         """A core/v1 Event on the pod (best effort: a failure is logged, not raised)."""
