@@ -14,9 +14,10 @@ rounds, each round running, in a shuffled order, the same container with:
 
 Each round's hami times are paired with the same round's runc time, so both
 see the same machine load. Prints, for each hami variant, the median of the
-paired differences in milliseconds and the ratio of medians. Targets: at most
-30 ms added for a limited container, at most 5 ms for a pass-through one.
-Needs root.
+paired differences in milliseconds, that median as a share of runc's own
+median time, and the ratio of medians. Targets (issue 25): a pass-through
+container adds at most 2 % to runc's time, a limited one at most 10 %, with
+another process keeping one core busy (``--busy``, on by default). Needs root.
 """
 
 from __future__ import annotations
@@ -31,14 +32,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import dockerharness as dh  # noqa: E402
 
-TARGETS_MS = {"limited": 30.0, "pass-through": 5.0}
+TARGETS = {"limited": 0.10, "pass-through": 0.02}  # added time over runc's median
+
+
+def _spin() -> None:
+    while True:
+        pass
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=25, help="rounds (each runs every variant once)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-busy", action="store_true", help="do not keep a core busy meanwhile")
     args = ap.parse_args()
+    busy = None
+    if not args.no_busy:  # the machine a runtime meets: something else computing
+        import multiprocessing
+
+        busy = multiprocessing.Process(target=_spin, daemon=True)
+        busy.start()
     env = dh.new_env(simulate="T4:2", mode="hami-core")
     variants = {
         "runc": ["run", "--rm", "--runtime=runc", dh.IMAGE, "true"],
@@ -61,19 +74,23 @@ def main() -> int:
         leftover = env.reservations()
     finally:
         env.stop()
+        if busy is not None:
+            busy.terminate()
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
-    print(f"rounds: {args.runs}, each running every variant once in a shuffled order")
+    print(f"rounds: {args.runs}, each running every variant once in a shuffled order"
+          f"{'' if args.no_busy else ', one core kept busy by another process'}")
     for k in variants:
         print(f"{k:13} median {med[k]:7.1f} ms   min {min(times[k]) * 1000:7.1f} ms   "
               f"max {max(times[k]) * 1000:7.1f} ms")
     ok = True
-    for k, target in TARGETS_MS.items():
+    for k, target in TARGETS.items():
         diffs = [(h - r) * 1000 for h, r in zip(times[k], times["runc"])]
         added = statistics.median(diffs)
-        met = added <= target
+        share = added / med["runc"]
+        met = share <= target
         ok &= met
-        print(f"{k:13} added over runc: median {added:+6.1f} ms (paired, same round), ratio of medians "
-              f"{med[k] / med['runc']:.3f}; target <= {target:.0f} ms: {'met' if met else 'NOT met'}")
+        print(f"{k:13} added over runc: median {added:+6.1f} ms (paired, same round) = {share:+.1%} of runc's "
+              f"time; ratio of medians {med[k] / med['runc']:.3f}; target <= {target:.0%}: {'met' if met else 'NOT met'}")
     print(f"reservations left after the runs: {len(leftover)}")
     return 0
 
