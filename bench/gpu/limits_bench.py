@@ -18,6 +18,18 @@ Checks (issue 22 "What must hold"):
 
   python3 bench/gpu/limits_bench.py --out DIR [--cases singles,pairs,priority,overhead]
       [--classes gemm,small,...] [--limits 30,60] [--secs 5] [--env K=V ...] [--tag name]
+      [--share-modes env,file]
+
+Tenants that share the GPU start on one clock once all of them have warmed up
+(limits_work.py's READY handshake). A tenant in "file" mode takes its limits
+the way a container of the daemon does: from a limits file (hamid.shimlimits'
+writer, the daemon's code) at the shim's fixed path, bind-mounted in the
+tenant's own mount namespace (unshare -m; root), and while tenants run, the
+daemon's own live pass (hamid.shimlimits.live.LivePass, fed by the daemon's
+NVML reading hamid.devices.nvml.NvmlBackend.busy and the tenants' regions)
+rewrites the files' live part every second: hold lists (priority) and the
+sharing correction. "env" mode sets the limits through HAMi-core's variables
+(no daemon, no live part).
 """
 
 from __future__ import annotations
@@ -37,6 +49,8 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 SHIM = ROOT / "shim" / "build" / "libvgpu.so"
 WORKER = [sys.executable, str(ROOT / "bench" / "gpu" / "limits_work.py")]
 SHIM_VARS = ("CUDA_DEVICE_", "HAMID_", "LD_PRELOAD", "GPU_CORE_UTILIZATION_POLICY", "CUDA_TASK_PRIORITY")
@@ -46,6 +60,11 @@ UNL: dict = {}  # class -> its unlimited NVML share, alone, in this call
 UNL_RATE: dict = {}  # class -> its unlimited throughput, alone, in this call
 EXTRA: dict = {}
 TMP = Path(tempfile.mkdtemp(prefix="limbench-"))
+LIMITS_DIR = "/usr/local/vgpu"  # where the shim's fixed limits path lives (hamid_limits.h HAMID_LIMITS_PATH)
+LIVE_PASS_S = 1.0  # the daemon's pass period (hamid/daemon/service.py PRIORITY_PASS_S)
+LIVE = None  # the daemon's live pass (LivePass), one for the whole run as in the daemon
+BUSY = None  # the daemon's NVML reading (NvmlBackend)
+PASSES: list = []  # what each pass saw and wrote
 
 
 def log(*a):
@@ -74,6 +93,9 @@ class Nvml:
         name = ctypes.create_string_buffer(96)
         self.lib.nvmlDeviceGetName(self.h, name, 96)
         self.name = name.value.decode()
+        uuid = ctypes.create_string_buffer(96)
+        self.lib.nvmlDeviceGetUUID(self.h, uuid, 96)
+        self.uuid = uuid.value.decode()
         self.dev: list[tuple[float, int]] = []
         self.proc: dict[tuple[int, int], int] = {}  # (pid, ts_us) -> smUtil
         self.proc_err = None
@@ -129,27 +151,132 @@ def env(limit=None, policy="force", priority=None, preload=True, region=None, ex
     return e
 
 
-def together(specs, secs, lead=6.0):
-    """Runs the (class, env) specs at once, measured over the same window; returns their results."""
-    start = time.time_ns() + int(lead * 1e9) + (len(specs) - 1) * int(1.5e9)
-    ps = [subprocess.Popen([*WORKER, c, str(secs), str(start)], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True) for c, e in specs]
+def filed(limit=None, policy="force", priority=None) -> dict:
+    """A tenant of the daemon's: its limits in a limits file written with the daemon's writer (the env carries
+    only the preload and, for limits_work's own reading, the region path the file names)."""
+    from hamid.shimlimits import ContainerLimits, DeviceLimits, write_limits_file
+    d = TMP / f"tenant-{time.time_ns()}"
+    d.mkdir(mode=0o755)
+    region = str(d / "vgpu.cache")
+    write_limits_file(d / "hamid.limits", ContainerLimits(
+        devices=(DeviceLimits(uuid=NV.uuid, sm_percent=limit or 0),), region_path=region, priority=priority,
+        sm_policy=policy))
+    e = env(region=region, policy=None)
+    # for together() and the results only (the shim reads none of these: the file is its only source)
+    e["HAMID_BENCH_LIMITS_DIR"] = str(d)
+    e["HAMID_BENCH_LIMIT"] = str(limit or 0)
+    e["HAMID_BENCH_POLICY"] = policy
+    e["HAMID_BENCH_PRIORITY"] = "1" if priority is None else str(priority)
+    return e
+
+
+def _reader(stream, lines: list, ready: threading.Event):
+    for ln in stream:
+        lines.append(ln)
+        if ln.startswith("READY"):
+            ready.set()
+    ready.set()  # EOF: the process ended (a failure shows in its return code)
+
+
+def live_pass(tenants):
+    """One pass of the daemon's live pass over the file-mode tenants (all on GPU 0)."""
+    from hamid.shimlimits.live import GpuReading, Tenant
+    from limits_work import region_gpu_time
+    ts = []
+    for t in tenants:
+        e = t["env"]
+        lim = int(e["HAMID_BENCH_LIMIT"])
+        ts.append(Tenant(limits=str(Path(e["HAMID_BENCH_LIMITS_DIR"]) / "hamid.limits"), device=0,
+                         priority=int(e["HAMID_BENCH_PRIORITY"]), pids=(t["pid"],),
+                         charged_ns=region_gpu_time(e["CUDA_DEVICE_MEMORY_SHARED_CACHE"]),
+                         charged=lim > 0 and e["HAMID_BENCH_POLICY"] != "disable"))
+    b = BUSY.busy().get(NV.uuid)
+    reading = GpuReading(b.busy_pct, b.busy_pids) if b else GpuReading(None)
+    n = LIVE.run(time.monotonic(), {NV.uuid: (reading, ts)})
+    PASSES.append({"t": time.time(), "busy": None if b is None else b.busy_pct,
+                   "busy_pids": None if b is None else sorted(b.busy_pids),
+                   "charged": [t.charged_ns for t in ts], "factor": LIVE.factor(NV.uuid),
+                   "shared": LIVE.shared(NV.uuid), "written": n})
+
+
+def together(specs, secs):
+    """Runs the (class, env) specs at once: each warms up, and once all are ready they start on one clock and
+    are measured over the same window; returns their results. File-mode tenants run in their own mount
+    namespace, and the daemon's live pass runs every LIVE_PASS_S while any of them does."""
+    ps, outs, errs, readies = [], [], [], []
+    for c, e in specs:
+        argv = [*WORKER, c, str(secs), "-"]
+        if "HAMID_BENCH_LIMITS_DIR" in e:
+            argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                    'mount --bind "$0" ' + LIMITS_DIR + ' && exec "$@"', e["HAMID_BENCH_LIMITS_DIR"], *argv]
+        p = subprocess.Popen(argv, env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        o, er, rd = [], [], threading.Event()
+        threading.Thread(target=_reader, args=(p.stdout, o, rd), daemon=True).start()
+        threading.Thread(target=_reader, args=(p.stderr, er, threading.Event()), daemon=True).start()
+        ps.append(p), outs.append(o), errs.append(er), readies.append(rd)
+    deadline = time.time() + 240
+    for rd in readies:
+        rd.wait(max(0.0, deadline - time.time()))
+    pids = []
+    for (c, e), p, o, er in zip(specs, ps, outs, errs):
+        ready = [ln for ln in o if ln.startswith("READY")]
+        if not ready:
+            for q in ps:
+                q.kill()
+            raise RuntimeError(f"{c} never got ready (rc={p.poll()}): {''.join(er)[-2000:]}")
+        pids.append(int(ready[0].split()[1]))
+    start = time.time_ns() + int(0.3e9)
+    for p in ps:
+        p.stdin.write(f"{start}\n")
+        p.stdin.flush()
+    filed_t = [{"env": e, "pid": pid} for (c, e), pid in zip(specs, pids) if "HAMID_BENCH_LIMITS_DIR" in e]
+    stop = threading.Event()
+
+    def passes():
+        while not stop.wait(LIVE_PASS_S):
+            try:
+                live_pass(filed_t)
+            except Exception as ex:  # noqa: BLE001 - recorded, the run goes on
+                R.setdefault("errors", []).append(f"live pass: {type(ex).__name__}: {ex}")
+    lt = threading.Thread(target=passes, daemon=True) if filed_t else None
+    if lt:
+        live_pass(filed_t)
+        lt.start()
     res = []
-    for (c, e), p in zip(specs, ps):
-        out, err = p.communicate(timeout=secs + 120)
-        if p.returncode != 0:
-            raise RuntimeError(f"{c} rc={p.returncode}: {err[-2000:]}")
-        r = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
-        if e.get("HAMID_SHIM_LOG_LEVEL"):
-            r["stderr"] = err[-6000:]
-        r["nvml_share"] = NV.proc_share(r["pid"], r["t0"], r["t1"])
-        r["dev_share"] = NV.dev_share(r["t0"], r["t1"])
-        r["shim_share"] = None if r["shim_gpu_s"] is None else 100 * r["shim_gpu_s"] / (r["t1"] - r["t0"])
-        r["limit"] = e.get("CUDA_DEVICE_SM_LIMIT")
-        r["priority"] = e.get("CUDA_TASK_PRIORITY")
-        R["runs"].append(r)
-        res.append(r)
+    try:
+        for (c, e), p, o, er in zip(specs, ps, outs, errs):
+            rc = p.wait(timeout=secs + 120)
+            time.sleep(0.05)
+            if rc != 0:
+                raise RuntimeError(f"{c} rc={rc}: {''.join(er)[-2000:]}")
+            r = json.loads([ln for ln in o if ln.startswith("{")][-1])
+            if e.get("HAMID_SHIM_LOG_LEVEL"):
+                r["stderr"] = "".join(er)[-6000:]
+            r["nvml_share"] = NV.proc_share(r["pid"], r["t0"], r["t1"])
+            r["dev_share"] = NV.dev_share(r["t0"], r["t1"])
+            r["shim_share"] = None if r["shim_gpu_s"] is None else 100 * r["shim_gpu_s"] / (r["t1"] - r["t0"])
+            r["limit"] = e.get("HAMID_BENCH_LIMIT", e.get("CUDA_DEVICE_SM_LIMIT"))
+            r["priority"] = e.get("HAMID_BENCH_PRIORITY", e.get("CUDA_TASK_PRIORITY"))
+            r["mode"] = "file" if "HAMID_BENCH_LIMITS_DIR" in e else "env"
+            R["runs"].append(r)
+            res.append(r)
+    finally:
+        stop.set()
+        if lt:
+            lt.join(timeout=5)
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
     return res
+
+
+def ensure_unl(classes, secs):
+    """Each class's unlimited share and throughput alone, measured in this call unless singles did."""
+    for c in classes:
+        if c not in UNL_RATE:
+            (unl,) = together([(c, env())], secs)
+            UNL[c], UNL_RATE[c] = unl["nvml_share"], unl["rate"][c]
 
 
 def tput(lim, unl):
@@ -199,25 +326,34 @@ def singles(classes, limits, secs):
             log(ROWS[-1])
 
 
+# classes whose throughput is proportional to their GPU time (each keeps the GPU >= 97 % busy alone: H200,
+# 2026-11-26), so throughput against the same workload alone and unlimited reads their share of GPU time
+TPUT_BOUND = ("gemm", "graph", "dyn")
+
+
 @step
-def sharing(name, specs, secs, policy="force"):
+def sharing(name, specs, secs, policy="force", mode="env"):
     """Several tenants at once. NVML's per-process smUtil cannot tell time-sliced processes apart (each active
     one is reported with about the device's utilization: measured, baseline 2026-11-26), so a tenant's share is
     the shim's accounting, checked two ways: their sum against NVML's device-wide busy share, and for the
-    GPU-bound classes (gemm, graph: throughput is proportional to GPU time) the throughput against the same
-    workload alone and unlimited in this call."""
-    res = together([(c, env(limit=lim, policy=policy)) for c, lim in specs], secs)
+    GPU-bound classes (TPUT_BOUND) the throughput against the same workload alone and unlimited in this call.
+    mode "file": the daemon's limits files and live pass (sharing correction); "env": HAMi-core's variables."""
+    mk = filed if mode == "file" else env
+    n0 = len(PASSES)
+    res = together([(c, mk(limit=lim, policy=policy)) for c, lim in specs], secs)
     # a tenant that cannot fill its share alone (UNL: its unlimited share in this call) is held to that
     want = [min(lim, UNL.get(c, 100)) for c, lim in specs]
-    tshare = [100 * r["rate"][c] / UNL_RATE[c] if c in ("gemm", "graph") and c in UNL_RATE else None
+    tshare = [100 * r["rate"][c] / UNL_RATE[c] if c in TPUT_BOUND and c in UNL_RATE else None
               for r, (c, _) in zip(res, specs)]
     ok = all(r["shim_share"] is not None and abs(r["shim_share"] - w) <= 5 for r, w in zip(res, want))
     ok = ok and all(t is None or abs(t - w) <= 5 for t, w in zip(tshare, want))
     tot = sum(r["shim_share"] or 0 for r in res)
     cross = res[0]["dev_share"] is not None and abs(tot - res[0]["dev_share"]) <= 5
-    R.setdefault("sharing", {})[name] = {"runs": res, "want": want, "tput_share": tshare, "pass": ok,
-                                         "sum_vs_device": cross, "policy": policy}
-    ROWS.append(f"| share {name} ({policy}) | {'/'.join(str(lim) for _, lim in specs)} | - | "
+    R.setdefault("sharing", {})[f"{name} {policy} {mode}"] = {
+        "runs": res, "want": want, "tput_share": tshare, "pass": ok, "sum_vs_device": cross, "policy": policy,
+        "mode": mode, "passes": PASSES[n0:]}
+    fac = [p["factor"] for p in PASSES[n0:] if p["shared"]]
+    ROWS.append(f"| share {name} ({policy}, {mode}{f', factor {fac[-1]:.2f}' if fac else ''}) | {'/'.join(str(lim) for _, lim in specs)} | - | "
                 f"tput-share {' / '.join(fmt(t) for t in tshare)} | {' / '.join(fmt(r['shim_share']) for r in res)} "
                 f"(sum {tot:.1f}) | {fmt(res[0]['dev_share'])} | - | {'pass' if ok else 'FAIL'}"
                 f"{'' if cross else ', sum != device'} |")
@@ -228,9 +364,7 @@ def sharing(name, specs, secs, policy="force"):
 def policy_alone(secs):
     out = R.setdefault("policy", {})
     for c in ("gemm", "small"):
-        if c not in UNL_RATE:
-            (unl,) = together([(c, env())], secs)
-            UNL[c], UNL_RATE[c] = unl["nvml_share"], unl["rate"][c]
+        ensure_unl((c,), secs)
         (d,) = together([(c, env(limit=30, policy="default"))], secs)
         (x,) = together([(c, env(limit=30, policy="disable"))], secs)
         rd, rx = d["rate"][c] / UNL_RATE[c], x["rate"][c] / UNL_RATE[c]
@@ -244,13 +378,31 @@ def policy_alone(secs):
 
 @step
 def priority(secs, policy):
-    (alone,) = together([("dyn", env(priority=0, policy=policy))], secs)
-    hi, lo = together([("dyn", env(priority=0, policy=policy)), ("train", env(priority=1, policy=policy))], secs)
-    ratio = tput(hi, alone)
-    R["priority"] = {"alone": alone, "high": hi, "low": lo, "ratio": ratio, "pass": ratio >= 0.9}
-    ROWS.append(f"| priority: dyn (high) beside train (low), policy {policy} | - | {fmt(alone['nvml_share'])} | "
-                f"{fmt(hi['nvml_share'])} / {fmt(lo['nvml_share'])} | - | {fmt(hi['dev_share'])} | {ratio:.2f} | "
+    """HAMi's task priority: a high-priority inference tenant (dyn, priority 0) beside a saturating
+    low-priority training tenant (train, priority 1), both the daemon's (limits files, no compute limit): the
+    daemon's live pass lists the high one's pid in the low one's file, whose shim holds its launches while
+    the high one runs kernels. Pass: the high one keeps >= 90 % of its alone throughput. The same pair in env
+    mode (no daemon, nothing to hold behind) is the baseline."""
+    (alone,) = together([("dyn", filed(priority=0, policy=policy))], secs)
+    n0 = len(PASSES)
+    hi, lo = together([("dyn", filed(priority=0, policy=policy)), ("train", filed(priority=1, policy=policy))],
+                      secs)
+    holds = [p for p in PASSES[n0:]]
+    ensure_unl(("train",), secs)
+    lo_rate = UNL_RATE["train"]
+    ehi, elo = together([("dyn", env(priority=0, policy=policy)), ("train", env(priority=1, policy=policy))], secs)
+    ratio, eratio = tput(hi, alone), tput(ehi, alone)
+    R["priority"] = {"alone": alone, "high": hi, "low": lo, "ratio": ratio, "pass": ratio >= 0.9,
+                     "low_ratio": lo["rate"]["train"] / lo_rate, "passes": holds,
+                     "env_high": ehi, "env_low": elo, "env_ratio": eratio}
+    ROWS.append(f"| priority: dyn (high) beside train (low), policy {policy}, daemon's files | - | "
+                f"{fmt(alone['nvml_share'])} | {fmt(hi['nvml_share'])} / {fmt(lo['nvml_share'])} | - | "
+                f"{fmt(hi['dev_share'])} | {ratio:.2f} (low {lo['rate']['train'] / lo_rate:.2f}) | "
                 f"{'pass' if ratio >= 0.9 else 'FAIL'} |")
+    ROWS.append(f"| priority baseline: the same pair, env (no hold) | - | - | {fmt(ehi['nvml_share'])} / "
+                f"{fmt(elo['nvml_share'])} | - | {fmt(ehi['dev_share'])} | {eratio:.2f} "
+                f"(low {elo['rate']['train'] / lo_rate:.2f}) | - |")
+    log(ROWS[-2])
     log(ROWS[-1])
 
 
@@ -293,12 +445,24 @@ def main():
     ap.add_argument("--env", action="append", default=[])
     ap.add_argument("--policy", default="default")
     ap.add_argument("--tag", default="run")
+    ap.add_argument("--share-modes", default="env,file")
+    # tenants sharing the GPU run longer: the daemon's correction learns once a second from the second pass
+    # on, and the first seconds of a new mix are what it learns from
+    ap.add_argument("--share-secs", type=float, default=10)
     a = ap.parse_args()
     for kv in a.env:
         k, v = kv.split("=", 1)
         EXTRA[k] = v
     out = Path(a.out)
     NV = Nvml()
+    global LIVE, BUSY
+    from hamid.devices.nvml import NvmlBackend
+    from hamid.shimlimits.live import LivePass
+    LIVE, BUSY = LivePass(), NvmlBackend()
+    import limits_work  # noqa: F401 - imported now (it imports torch): a live pass must not wait for it
+    if os.path.exists(os.path.join(LIMITS_DIR, "hamid.limits")):
+        raise SystemExit(f"{LIMITS_DIR}/hamid.limits exists: every shim on this machine would read it")
+    os.makedirs(LIMITS_DIR, exist_ok=True)
     R.update(date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), gpu=NV.name, tag=a.tag,
              env=EXTRA, torch=subprocess.run([sys.executable, "-c", "import torch;print(torch.__version__)"],
                                              capture_output=True, text=True).stdout.strip())
@@ -307,29 +471,31 @@ def main():
     def save():
         (out / f"{a.tag}.json").write_text(json.dumps(R, indent=1, default=str))
         (out / f"{a.tag}.md").write_text(table(a.tag) + "\n")
-    if "singles" in cases:
-        singles(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs)
-        save()
-    if "pairs" in cases:
-        sharing("gemm+gemm", [("gemm", 30), ("gemm", 70)], a.secs)
-        sharing("gemm+dyn", [("gemm", 30), ("dyn", 70)], a.secs)
-        sharing("dyn+dyn", [("dyn", 30), ("dyn", 70)], a.secs)
-        sharing("gemm+dyn+train", [("gemm", 20), ("dyn", 30), ("train", 50)], a.secs)
-        save()
-    if "policy" in cases:  # default: a lone container is not limited; two sharing are
-        if "singles" not in cases:
-            for c in ("gemm", "dyn"):
-                (unl,) = together([(c, env())], a.secs)
-                UNL[c], UNL_RATE[c] = unl["nvml_share"], unl["rate"][c]
+    def pairs(modes=None):
+        ensure_unl(("gemm", "dyn", "train"), a.secs)
+        for mode in modes or a.share_modes.split(","):
+            sharing("gemm+gemm", [("gemm", 30), ("gemm", 70)], a.share_secs, "force", mode)
+            sharing("gemm+dyn", [("gemm", 30), ("dyn", 70)], a.share_secs, "force", mode)
+            sharing("dyn+dyn", [("dyn", 30), ("dyn", 70)], a.share_secs, "force", mode)
+            sharing("gemm+dyn+train", [("gemm", 20), ("dyn", 30), ("train", 50)], a.share_secs, "force", mode)
+            save()
+
+    def policy():  # default: a lone container is not limited (two sharing are: the case "policy-shared")
+        ensure_unl(("gemm", "small"), a.secs)
         policy_alone(a.secs)
-        sharing("gemm+gemm", [("gemm", 30), ("gemm", 70)], a.secs, "default")
-        sharing("gemm+dyn", [("gemm", 30), ("dyn", 70)], a.secs, "default")
-        save()
-    if "priority" in cases:
-        priority(a.secs, a.policy)
-        save()
-    if "overhead" in cases:
-        overhead(a.work)
+
+    def policy_shared():
+        ensure_unl(("gemm", "dyn"), a.secs)
+        sharing("gemm+gemm", [("gemm", 30), ("gemm", 70)], a.share_secs, "default", "file")
+        sharing("gemm+dyn", [("gemm", 30), ("dyn", 70)], a.share_secs, "default", "file")
+
+    run = {"singles": lambda: singles(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs),
+           "pairs": pairs, "pairs-env": lambda: pairs(["env"]), "policy": policy, "policy-shared": policy_shared, "priority": lambda: priority(a.secs, a.policy),
+           "overhead": lambda: overhead(a.work)}
+    for c in cases:  # in the order given
+        if c not in run:
+            raise SystemExit(f"--cases: unknown case {c!r}; expected some of {', '.join(run)}")
+        run[c]()
         save()
     NV.stop.set()
     print("\n" + table(a.tag))

@@ -5,7 +5,12 @@ one JSON line: its rate (units/s), its pid, its measurement window (wall
 clock) and, when the shim's region is set, the GPU time the shim accounted in
 that window (read from the region file: hamid_region.h, device 0).
 
-  python3 limits_work.py <class> <seconds> <start_epoch_ns>
+  python3 limits_work.py <class> <seconds> <start_epoch_ns | ->
+
+With "-" it prints "READY <pid>" once warmed up and reads the start time (epoch
+ns) from its stdin: the bench starts tenants that share the GPU on one clock
+only once all of them are ready (a fixed lead left a slow warm-up, such as
+dynamic shapes under a limit, measuring alone).
 
 Classes (each its own kind of GPU work, none tuned to the limiter):
   gemm     one large bf16 GEMM (8192^3), repeated: long kernels, queue full
@@ -30,16 +35,22 @@ import time
 import torch
 
 REGION_GPU_TIME_OFF = 256 + 56  # hamid_region.devices[0].gpu_time_ns (hamid_region.h)
+REGION_THROTTLE_OFF = 256 + 64  # hamid_region.devices[0].throttle_ns: the time launches were held back
 
 
-def region_read():
-    p = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
-    if not p or not os.path.exists(p):
+def region_read(off=REGION_GPU_TIME_OFF):
+    return region_gpu_time(os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"), off)
+
+
+def region_gpu_time(p, off=REGION_GPU_TIME_OFF):
+    """The GPU time (ns) the shim charged on device 0 in the region file at p (or the counter at off);
+    None when there is none."""
+    if not p or not os.path.exists(p) or os.path.getsize(p) < off + 8:
         return None
     with open(p, "rb") as f:
         m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            g = int.from_bytes(m[REGION_GPU_TIME_OFF:REGION_GPU_TIME_OFF + 8], "little")
+            g = int.from_bytes(m[off:off + 8], "little")
         finally:
             m.close()
     return g
@@ -131,7 +142,7 @@ def make(cls, seed=7):
 
 
 def main():
-    cls, seconds, start_ns = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    cls, seconds, start_arg = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     torch.cuda.init()
     torch.backends.cuda.matmul.allow_tf32 = True
     if cls == "switch":
@@ -144,9 +155,14 @@ def main():
         while time.perf_counter() - t < 0.8:
             st()
     torch.cuda.synchronize()
+    if start_arg == "-":
+        print(f"READY {os.getpid()}", flush=True)
+        start_ns = int(sys.stdin.readline())
+    else:
+        start_ns = int(start_arg)
     while time.time_ns() < start_ns:
         time.sleep(0.0005)
-    g0 = region_read()
+    g0, h0 = region_read(), region_read(REGION_THROTTLE_OFF)
     t0 = time.time()
     units = {p: 0 for p in steps}
     secs = {p: 0.0 for p in steps}
@@ -164,12 +180,13 @@ def main():
         units[p] += steps[p]()
     torch.cuda.synchronize()
     t1 = time.time()
-    g1 = region_read()
+    g1, h1 = region_read(), region_read(REGION_THROTTLE_OFF)
     # the switching class spends about seconds/len(names) in each part: its rate per part is units per part
     # over its share of the time
     rate = {p: units[p] / ((t1 - t0) / len(names)) for p in names}
     out = {"cls": cls, "pid": os.getpid(), "t0": t0, "t1": t1, "rate": rate,
-           "shim_gpu_s": None if g0 is None else (g1 - g0) / 1e9}
+           "shim_gpu_s": None if g0 is None else (g1 - g0) / 1e9,
+           "held_s": None if h0 is None else (h1 - h0) / 1e9}
     print(json.dumps(out), flush=True)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .errors import DeviceError
-from .types import GpuInfo, HostReading, MigInstance, MigPlacement
+from .types import BusyReading, GpuInfo, HostReading, MigInstance, MigPlacement
 
 
 class DeviceBackend(Protocol):
@@ -18,6 +18,8 @@ class DeviceBackend(Protocol):
     def gpus(self) -> list[GpuInfo]: ...
 
     def readings(self) -> list[HostReading]: ...
+
+    def busy(self) -> dict[str, BusyReading]: ...  # by GPU UUID, since the previous call; unknown GPUs left out
 
     def create_mig_instance(self, gpu: str, profile_name: str, placement: MigPlacement) -> MigInstance: ...
 

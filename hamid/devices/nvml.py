@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .errors import DeviceError
-from .types import GpuInfo, HostReading, MigInstance, MigPlacement, MigProfile
+from .types import BusyReading, GpuInfo, HostReading, MigInstance, MigPlacement, MigProfile
 
 try:  # the module is a hard dependency, but the shared library may be absent
     import pynvml
@@ -71,6 +71,7 @@ class NvmlBackend:
         self.description = _text(pynvml.nvmlSystemGetDriverVersion())
         self._last: dict[int, GpuInfo] = {}  # the last good reading of each index (a lost GPU keeps its UUID)
         self._xid_bad: dict[str, float] = {}  # uuid -> monotonic time of its last critical XID
+        self._busy_ts: dict[str, tuple[int, int]] = {}  # uuid -> the last device / process sample seen (busy)
         self._events: threading.Thread | None = None
         self._closing = threading.Event()
 
@@ -113,6 +114,34 @@ class NvmlBackend:
                     power_w=None if power is None else power / 1000.0,
                     ecc_uncorrected=ask(pynvml.nvmlDeviceGetTotalEccErrors, h,
                                         pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)))
+        return out
+
+    def busy(self) -> dict[str, BusyReading]:
+        """Per GPU (UUID), since the previous call: the mean of NVML's device utilization samples
+        (nvmlDeviceGetSamples, GPU utilization: the share of each sample period a kernel ran) and the pids of
+        its process utilization samples with smUtil > 0. A GPU that answers neither, or had no sample since,
+        is left out (nothing known)."""
+        out: dict[str, BusyReading] = {}
+        with self._lock:
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                try:
+                    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+                    last_dev, last_proc = self._busy_ts.get(uuid, (0, 0))
+                    _, samples = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last_dev)
+                    try:
+                        procs = pynvml.nvmlDeviceGetProcessUtilization(h, last_proc)
+                    except pynvml.NVMLError_NotFound:
+                        procs = []  # no process sample since: nobody busy
+                except pynvml.NVMLError:
+                    continue
+                fresh = [s for s in samples if s.timeStamp > last_dev]
+                self._busy_ts[uuid] = (max([last_dev, *(s.timeStamp for s in samples)]),
+                                       max([last_proc, *(p.timeStamp for p in procs)]))
+                if not fresh or not last_dev:  # the first call only sets where the next one starts
+                    continue
+                out[uuid] = BusyReading(busy_pct=sum(s.sampleValue.uiVal for s in fresh) / len(fresh),
+                                        busy_pids=frozenset(p.pid for p in procs if p.smUtil > 0))
         return out
 
     def gpus(self) -> list[GpuInfo]:

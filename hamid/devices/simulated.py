@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .catalog import Model, lookup, model_keys
 from .errors import DeviceError
-from .types import GpuInfo, HostReading, MigInstance, MigPlacement
+from .types import BusyReading, GpuInfo, HostReading, MigInstance, MigPlacement
 
 _NS = uuid.UUID("6b1f3c52-9a4e-4d8e-8f0e-5b7a1c2d3e4f")
 
@@ -154,6 +154,11 @@ class SimulatedBackend:
         temperature, power and ECC are not simulated (no series)."""
         return [HostReading(index=i, uuid=gpu_uuid(self._node, i), name=m.nvml_name, memory_used_bytes=0,
                             utilization_gpu=0, utilization_memory=0) for i, m in enumerate(self._models)]
+
+    def busy(self) -> dict[str, BusyReading]:
+        """Nothing is known of what a simulated GPU ran (its processes run on no GPU): no reading, so no
+        sharing correction is ever learned from one."""
+        return {}
 
     def gpus(self) -> list[GpuInfo]:
         with self._locked_state() as state:

@@ -102,6 +102,14 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
+class BusyReading:
+    """What one GPU ran since the previous reading (the sharing correction, hamid/shimlimits/live.py)."""
+
+    busy_pct: float  # device-wide: the mean of NVML's GPU utilization samples since then
+    busy_pids: frozenset[int]  # pids with a process utilization sample of smUtil > 0 since then
+
+
+@dataclass(frozen=True)
 class HostReading:
     """What one GPU reports of its use right now (for metrics); None: not known."""
 

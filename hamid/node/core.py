@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,6 +33,7 @@ from ..ledger import Details, Ledger, LedgerConflict, Reservation, claimant_id
 from ..ledger.report import status_document
 from ..logs import get_logger
 from ..request.model import Defaults, Request, effective_core_policy
+from ..shimlimits.live import GpuReading, LivePass, Tenant
 from . import layout, mig, mps, regionfs, released
 from .edits import ContainerEdits
 from .facts import NodeFacts
@@ -79,7 +81,7 @@ class NodeCore:
         self._open_backend = backend
         self._backend: DeviceBackend | None = None
         self.claimant = claimant_id()
-        self._hold_written: dict[tuple[str, int], list[int]] = {}  # (limits file, vdev) -> the list last written
+        self._live = LivePass()  # the limits files' live part: hold lists, sharing correction
         # Directories outside the state directory where a face writes files for
         # a reservation (the kubelet face's CDI specs); release deletes a file
         # named in a reservation only when it is a plain entry of one of these.
@@ -383,14 +385,15 @@ class NodeCore:
         return out
 
     def priority_pass(self) -> int:
-        """HAMi's task priority (0 high, 1 low; unset is 1): into every limits file, per GPU, the NVML pids of
-        the processes of the containers on that GPU with a higher priority (read from their regions), which
-        the shim holds its launches behind while they run kernels. Written in place, only when a list
-        changed; returns how many lists were written."""
-        from ..shimlimits import max_hold, write_hold_pids
+        """The live part of every limits file (hamid/shimlimits/live.py), once a second: per GPU, the hold
+        lists (HAMi's task priority: 0 high, 1 low, unset 1; the NVML pids of the higher-priority containers'
+        processes, read from their regions) and the sharing correction (each container's charged GPU time
+        from its region against NVML's device-wide busy share). Written in place, only what changed; returns
+        how many fields were written."""
+        from ..shimlimits import LimitsFormatError, decode
         from ..shimregion import RegionError, read_region
 
-        on_gpu: dict[str, list[tuple[int, str, int, tuple[int, ...]]]] = {}  # uuid -> (prio, limits, vdev, pids)
+        on_gpu: dict[str, list[Tenant]] = {}
         for res in self.ledger.list():
             if res.state not in ("allocated", "running") or not res.decision:
                 continue
@@ -401,31 +404,35 @@ class NodeCore:
                         prio = int(rc["gpu"]["priority"])
                 slot = slot_name(res, c.name)
                 limits = layout.limits_file(self.state_dir, slot)
-                if not os.path.exists(limits):
+                try:
+                    with open(limits, "rb") as f:
+                        lim = decode(f.read())
+                except FileNotFoundError:
+                    continue
+                except (OSError, LimitsFormatError) as e:
+                    log.warning("limits file unreadable; its live part is left alone", limits=limits, error=str(e))
                     continue
                 try:
                     snap = read_region(os.path.join(layout.region_dir(self.state_dir, slot), "vgpu.cache"))
-                    procs = snap.processes
                 except (RegionError, OSError):
-                    procs = ()  # no process has started CUDA yet (or the region is refused): nothing to hold behind
+                    snap = None  # no process has started CUDA yet (or the region is refused)
+                procs = snap.processes if snap else ()
                 for i, d in enumerate(slot_assignment(res, c.name).devices):
                     pids = tuple(sorted({p.nvml_pid for p in procs if p.nvml_pid > 0 and i in p.used_bytes}))
-                    on_gpu.setdefault(d.uuid, []).append((prio, limits, i, pids))
-        written = 0
-        for entries in on_gpu.values():
-            for prio, limits, i, _ in entries:
-                hold = sorted({pid for p2, _, _, pids in entries if p2 < prio for pid in pids})[:max_hold()]
-                key = (limits, i)
-                if self._hold_written.get(key) == hold:
-                    continue
-                try:
-                    write_hold_pids(limits, i, hold)
-                except HamidError as e:
-                    log.warning("hold list not written", limits=limits, error=str(e))
-                    continue
-                self._hold_written[key] = hold
-                written += 1
-        return written
+                    du = snap.device(i) if snap else None
+                    charged = (i < len(lim.devices) and lim.devices[i].sm_percent > 0 and not lim.mps
+                               and lim.sm_policy != "disable")
+                    on_gpu.setdefault(d.uuid, []).append(Tenant(
+                        limits=str(limits), device=i, priority=prio, pids=pids,
+                        charged_ns=None if du is None else du.gpu_time_ns, charged=charged))
+        try:
+            readings = self.backend.busy()
+        except Exception as e:  # no reading: no sharing correction this pass (the hold lists still go)
+            log.warning("GPU busy shares not read", error=str(e)[:300])
+            readings = {}
+        return self._live.run(time.monotonic(), {
+            u: (GpuReading(readings[u].busy_pct, readings[u].busy_pids) if u in readings else GpuReading(None), ts)
+            for u, ts in on_gpu.items()})
 
     # --- MPS control daemons ----------------------------------------------------
 

@@ -18,7 +18,7 @@ from hamid.shimlimits.codec import (
     limits_size,
     max_hold,
 )
-from hamid.shimlimits.writer import write_hold_pids, write_limits_file
+from hamid.shimlimits.writer import write_hold_pids, write_limits_file, write_share
 
 __all__ = [
     "LIMITS_IN_CONTAINER",
@@ -31,4 +31,5 @@ __all__ = [
     "max_hold",
     "write_hold_pids",
     "write_limits_file",
+    "write_share",
 ]

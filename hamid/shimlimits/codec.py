@@ -83,7 +83,7 @@ def _consts() -> dict[str, int]:
     names = ("HAMID_LIMITS_MAGIC", "HAMID_LIMITS_ABI_VERSION", "HAMID_LIMITS_ABI_MIN", "HAMID_LIMITS_MAX_DEVICES",
              "HAMID_LIMITS_MAX_HOLD",
              "HAMID_LIMITS_MAX_SLOTS", "HAMID_LIMITS_UUID_LEN", "HAMID_LIMITS_PATH_LEN", "HAMID_LIMITS_FLAG_PRIORITY",
-             "HAMID_LIMITS_FLAG_MPS")
+             "HAMID_LIMITS_FLAG_MPS", "HAMID_LIMITS_SHARE_MIN", "HAMID_LIMITS_SHARE_MAX")
     return {n: int(getattr(lib, n)) for n in names}
 
 
@@ -264,3 +264,17 @@ def hold_pids_offset(device: int) -> int:
 
 def max_hold() -> int:
     return _consts()["HAMID_LIMITS_MAX_HOLD"]
+
+
+def share_offset(device: int) -> int:
+    """Where device ``device``'s live share_milli (uint32, ABI 3) is in the file."""
+    hold_pids_offset(device)  # checks the index
+    ffi = _ffi()
+    return (ffi.offsetof("struct hamid_limits", "devices") + device * ffi.sizeof("struct hamid_limits_device")
+            + ffi.offsetof("struct hamid_limits_device", "share_milli"))
+
+
+def share_range() -> tuple[int, int]:
+    """The share_milli values a shim accepts besides 0 (none), inclusive."""
+    c = _consts()
+    return c["HAMID_LIMITS_SHARE_MIN"], c["HAMID_LIMITS_SHARE_MAX"]

@@ -7,11 +7,13 @@ O_NOFOLLOW), mode 0644, fsync, rename over the target, fsync of the
 directory. A symbolic link at the target is replaced, never followed; the
 file's owner is whoever runs this (the daemon: root), which the shim checks.
 
-And the file's one live part, :func:`write_hold_pids`: a GPU's list of
-higher-priority processes (NVML pids) whose busy kernels hold this container's
-launches back. It changes while the container runs, and a bind mount of one
-file keeps the inode it was given, so it is written in place (one pwrite of
-the device's list), on a regular file of the expected size and owner only.
+And the file's live parts, :func:`write_hold_pids` (a GPU's list of
+higher-priority processes, NVML pids, whose busy kernels hold this container's
+launches back) and :func:`write_share` (the sharing correction of the
+container's charge on a GPU, hamid/shimlimits/live.py). They change while the
+container runs, and a bind mount of one file keeps the inode it was given, so
+they are written in place (one pwrite each), on a regular file of the expected
+size and owner only.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from hamid.errors import HamidError
 from hamid.logs import get_logger
 import struct
 
-from hamid.shimlimits.codec import ContainerLimits, encode, hold_pids_offset, limits_size, max_hold
+from hamid.shimlimits.codec import (ContainerLimits, encode, hold_pids_offset, limits_size, max_hold, share_offset,
+                                    share_range)
 
 log = get_logger("shimlimits")
 
@@ -76,18 +79,31 @@ def write_hold_pids(path: str | os.PathLike[str], device: int, pids: list[int] |
     pids = sorted({int(p) for p in pids})
     if len(pids) > n or any(not 0 < p < 2**31 for p in pids):
         raise HamidError(f"hold pids {pids}: at most {n} pids, each 1..2147483647")
-    data = struct.pack(f"<{n}i", *(pids + [0] * (n - len(pids))))
+    _pwrite_live(path, struct.pack(f"<{n}i", *(pids + [0] * (n - len(pids)))), hold_pids_offset(device),
+                 "the hold list")
+
+
+def write_share(path: str | os.PathLike[str], device: int, share_milli: int) -> None:
+    """Set device ``device``'s sharing correction (1/1000; 0: none) in the limits file at ``path`` (in place)."""
+    lo, hi = share_range()
+    if isinstance(share_milli, bool) or not isinstance(share_milli, int) or not (
+            share_milli == 0 or lo <= share_milli <= hi):
+        raise HamidError(f"share_milli={share_milli!r}: expected 0 (none) or {lo}..{hi}")
+    _pwrite_live(path, struct.pack("<I", share_milli), share_offset(device), "the sharing correction")
+
+
+def _pwrite_live(path: str | os.PathLike[str], data: bytes, offset: int, what: str) -> None:
     path = os.fspath(path)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
-        raise HamidError(f"limits file {path}: cannot open it to update the hold list: {e.strerror}") from e
+        raise HamidError(f"limits file {path}: cannot open it to update {what}: {e.strerror}") from e
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != limits_size() or st.st_uid != os.geteuid():
             raise HamidError(f"limits file {path}: not a limits file of ours (a regular file of {limits_size()} "
-                             f"bytes owned by uid {os.geteuid()}); hold list not written")
-        if os.pwrite(fd, data, hold_pids_offset(device)) != len(data):
-            raise HamidError(f"limits file {path}: short write of the hold list")
+                             f"bytes owned by uid {os.geteuid()}); {what} not written")
+        if os.pwrite(fd, data, offset) != len(data):
+            raise HamidError(f"limits file {path}: short write of {what}")
     finally:
         os.close(fd)

@@ -19,6 +19,7 @@
  * abi_version is bumped when they are; 0 always means "not set" / "none".
  * ABI 2: sm_policy, devices[].hold_pids (a reader still accepts ABI 1 files,
  * which meant force and have no hold list).
+ * ABI 3: devices[].share_milli (live, like hold_pids; 0 in older files).
  * All integers are little-endian as the writer's machine stores them (the
  * daemon and the container share the host).
  */
@@ -42,7 +43,7 @@
 
 /* HAMID_CDEF_BEGIN */
 #define HAMID_LIMITS_MAGIC 0x48414d49444c4d31
-#define HAMID_LIMITS_ABI_VERSION 2
+#define HAMID_LIMITS_ABI_VERSION 3
 #define HAMID_LIMITS_ABI_MIN 1
 #define HAMID_LIMITS_POLICY_DEFAULT 0
 #define HAMID_LIMITS_POLICY_FORCE 1
@@ -59,6 +60,10 @@
    CUDA_MPS_PIPE_DIRECTORY to HAMID_MPS_PIPE_DIR, and runs no compute limiter of its own
    (MPS partitions the SMs). A shim that predates it refuses the file (unknown flag). */
 #define HAMID_LIMITS_FLAG_MPS 2
+/* devices[].share_milli: 0 = none (the charge as the shim measures it), else
+   HAMID_LIMITS_SHARE_MIN..HAMID_LIMITS_SHARE_MAX (1/1000; see hamid/shimlimits/live.py) */
+#define HAMID_LIMITS_SHARE_MIN 250
+#define HAMID_LIMITS_SHARE_MAX 4000
 #define HAMID_LIMITS_SM_ENFORCE 0
 #define HAMID_LIMITS_SM_OBSERVE 1
 
@@ -73,7 +78,13 @@ struct hamid_limits_device {
     int32_t hold_pids[16];      /* HAMID_LIMITS_MAX_HOLD; ABI 2, live (the daemon rewrites it in place while the container runs): NVML
                                    pids of higher-priority containers' processes on this GPU; 0 = unused. While
                                    one of them runs kernels, this container's launches are held back. */
-    uint64_t reserved[6];
+    uint32_t share_milli;       /* ABI 3, live (rewritten in place like hold_pids): while several containers
+                                   time-share this GPU, the daemon's correction of this container's charge
+                                   (1/1000: every kernel is charged its measured cost times share_milli/1000),
+                                   learned from NVML's device-wide busy time against the sum of all the
+                                   containers' accounting; 0 = none (alone, or nothing learned) */
+    uint32_t pad_dev;
+    uint64_t reserved[5];
 };
 
 struct hamid_limits {

@@ -63,6 +63,10 @@ static int check(const struct hamid_limits *l, char *err, size_t errlen)
         if (d->sm_percent > 99) FAIL("%s: device %u: sm_percent %u, expected 0..99", p, i, d->sm_percent);
         if (d->nslots > HAMID_LIMITS_MAX_SLOTS) FAIL("%s: device %u: %u slots, at most %d", p, i, d->nslots, HAMID_LIMITS_MAX_SLOTS);
         if (d->nslots && !d->sm_percent) FAIL("%s: device %u: time slots without a compute limit", p, i);
+        if (l->abi_version >= 3 && d->share_milli &&
+            (d->share_milli < HAMID_LIMITS_SHARE_MIN || d->share_milli > HAMID_LIMITS_SHARE_MAX))
+            FAIL("%s: device %u: share_milli %u, expected 0 (none) or %d..%d", p, i, d->share_milli,
+                 HAMID_LIMITS_SHARE_MIN, HAMID_LIMITS_SHARE_MAX);
         unsigned prev = 0;
         for (uint32_t s = 0; s < d->nslots; s++) {
             unsigned a = d->slots[s][0], b = d->slots[s][1];

@@ -66,6 +66,8 @@ struct shim_config {
      * whose priority is not high takes the launch path's slow side, where launches wait while a
      * higher-priority container's process (the file's live hold_pids) runs kernels. */
     int hold_capable;
+    /* The file's live part (ABI >= 2: hold_pids; ABI >= 3: share_milli) is re-read by the monitor. */
+    int live_file;
     /* Fail closed: a limit that cannot be parsed, or a limits file that is
      * there but not right, refuses CUDA (shim_refused()). */
     int refused;
@@ -217,6 +219,7 @@ HIDDEN void limiter_monitor_poll(void);  /* one round of the monitor (tests call
 HIDDEN int limiter_contended(int rdev);
 HIDDEN uint32_t limiter_k_gap(int rdev);
 HIDDEN uint32_t limiter_k_all(int rdev);
+HIDDEN uint32_t limiter_share(int rdev);
 
 /* ---- hook table (resolve.c) ---- */
 HIDDEN void *hook_for_real(const char *name, void *real_fn, int cuda_version, cuuint64_t flags);

@@ -107,7 +107,7 @@ def test_bad_values_are_named(bad, needle):
 @pytest.mark.parametrize("mutate,needle", [
     (lambda b: b[:-1], "8191 bytes"),
     (lambda b: b"\0" * 8 + b[8:], "bad magic"),
-    (lambda b: b[:8] + struct.pack("<I", 3) + b[12:], "ABI 3"),
+    (lambda b: b[:8] + struct.pack("<I", 4) + b[12:], "ABI 4"),
     (lambda b: b[:SM_POLICY_OFF] + struct.pack("<I", 3) + b[SM_POLICY_OFF + 4:], "sm_policy 3"),
     (lambda b: b[:16] + struct.pack("<I", 99) + b[20:], "device_count 99"),
 ])
@@ -387,3 +387,42 @@ def test_the_release_shim_reads_the_fixed_path(built, shim, tmp_path):
     assert allocs(lines) == ["0", "2"], (lines, err)
     assert read_region(region).device(0).limit_bytes == GiB
     assert not os.path.exists(LIMITS_IN_CONTAINER)  # nothing leaked out of the namespace
+
+
+@pytest.mark.parametrize("share,expect", [(0, 0.50), (2000, 0.25)], ids=["none", "doubled"])
+def test_the_daemons_sharing_correction_scales_the_charge(built, shim, limits, tmp_path, share, expect):
+    """share_milli (the daemon's correction while containers time-share a GPU, written in place) multiplies
+    every charge: at a 50 % limit a correction of 2000 holds the process to a quarter of the GPU."""
+    from hamid.shimlimits import write_share
+    limits(mem=0, sm=50, sm_policy="force")
+    write_share(built.limits_path, 0, share)
+    util = tmp_path / "nvml_util"
+    util.write_text("")  # NVML answers, nobody busy: the monitor runs (and reads the live part)
+    e = bare_env(built, shim)
+    e["FAKE_NVML_UTIL"] = str(util)
+    bare_out, _, _ = run([str(built.shimtest), "direct", "init", "run:1.0:400:k"],
+                         {k: v for k, v in e.items() if k != "LD_PRELOAD"})
+    out, err, rc = run([str(built.shimtest), "direct", "init", "run:0.4:400:k", "run:1.2:400:k"], e)
+    rate = [ln.split() for ln in out if ln.startswith("run ")]
+    bare_n, bare_ns = (int(x) for x in [ln for ln in bare_out if ln.startswith("run ")][0].split()[1:3])
+    n, ns = (int(x) for x in rate[-1][1:3])
+    got = (n / ns) / (bare_n / bare_ns)
+    assert abs(got - expect) <= 0.06, (share, got, err[-2000:])
+
+
+def test_a_share_out_of_range_is_refused_by_writer_and_shim(built, shim, limits):
+    from hamid.errors import HamidError
+    from hamid.shimlimits import write_share
+    from hamid.shimlimits.codec import share_offset
+    limits(mem=0, sm=50)
+    for bad in (1, 249, 4001, -5, True):
+        with pytest.raises(HamidError, match="expected 0 .none. or 250..4000"):
+            write_share(built.limits_path, 0, bad)
+    raw = bytearray(built.limits_path.read_bytes())  # a file written with a bad value: the shim refuses CUDA
+    raw[share_offset(0):share_offset(0) + 4] = struct.pack("<I", 9000)
+    built.limits_path.unlink()
+    fd = os.open(built.limits_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, bytes(raw))
+    os.close(fd)
+    out, err, rc = run([str(built.shimtest), "direct", "init"], bare_env(built, shim))
+    assert "share_milli 9000, expected 0 (none) or 250..4000" in err, (out, err)

@@ -131,3 +131,25 @@ def test_the_daemon_lists_higher_priority_processes_in_lower_priority_limits_fil
             finish(p)
     finally:
         d.close()
+
+
+def test_samples_of_a_process_gone_before_this_one_began_are_not_a_neighbour(shim, bare, tmp_path):
+    """NVML keeps seconds of per-process samples: a neighbour busy 5 s ago (before this process started; the
+    bench's unlimited run just before a limited one) must not make `default` limit a process that is alone
+    (on the H200 it held one at 0.76-0.91 of its unlimited throughput)."""
+    util = tmp_path / "nvml_util"
+    util.write_text("999999 60 5000\n")  # busy 5 s ago, nothing since
+    r = shim.run("direct", "init", f"run:0.4:{KERNEL_US}:k", f"run:1.2:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="30",
+                 GPU_CORE_UTILIZATION_POLICY="default", FAKE_NVML_UTIL=str(util))
+    assert share(r.find("run")[-1], bare) > 0.85, r.stderr[-2000:]
+
+
+def test_a_quiet_stretch_leaves_a_bounded_burst(shim, bare):
+    """The burst credit: after a pause, a process at a 30 % limit runs a short burst (30 ms of kernels, within
+    its 50 ms of credit) unheld, and a long run afterwards is held to the limit again (the credit is spent,
+    never more)."""
+    r = shim.run("direct", "init", f"run:0.4:{KERNEL_US}:k", "sleep:500", f"run:0.03:{KERNEL_US}:k",
+                 f"run:1.0:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
+    runs = r.find("run")
+    assert share(runs[1], bare) > 0.8, (runs, r.stderr[-2000:])
+    assert abs(share(runs[2], bare) - 0.30) <= 0.07, runs

@@ -88,17 +88,17 @@ API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t h, unsigne
 
 /*
  * Per-process utilization samples. FAKE_NVML_UTIL names a file of lines
- * "<pid> <smUtil>": every call returns one sample per line, stamped now (so
- * always newer than lastSeenTimeStamp), the file re-read each call so a test
- * can change who is busy while a process runs. Unset: NOT_SUPPORTED (3), as
- * NVML answers where it has no per-process accounting.
+ * "<pid> <smUtil> [<age ms>]": every call returns one sample per line, stamped
+ * now (minus its age, as NVML keeps seconds of samples), the file re-read each
+ * call so a test can change who is busy while a process runs; as NVML, only
+ * samples newer than lastSeenTimeStamp. Unset: NOT_SUPPORTED (3), as NVML
+ * answers where it has no per-process accounting.
  */
 #include <stdlib.h>
 API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessUtilizationSample_t *out,
                                                  unsigned int *count, unsigned long long last)
 {
     (void)h;
-    (void)last;
     const char *p = getenv("FAKE_NVML_UTIL");
     if (!p) return 3;
     FILE *f = fopen(p, "r");
@@ -107,14 +107,19 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessUtil
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     unsigned long long now = (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
-    while (fscanf(f, "%u %u", &pid, &sm) == 2) {
+    char line[128];
+    while (fgets(line, sizeof line, f)) {
+        unsigned int age_ms = 0;
+        if (sscanf(line, "%u %u %u", &pid, &sm, &age_ms) < 2) continue;
+        unsigned long long stamp = now - (unsigned long long)age_ms * 1000ull;
+        if (stamp <= last) continue;
         if (n >= *count) {
             fclose(f);
             return NVML_ERROR_INSUFFICIENT_SIZE;
         }
         memset(&out[n], 0, sizeof out[n]);
         out[n].pid = pid;
-        out[n].timeStamp = now;
+        out[n].timeStamp = stamp;
         out[n].smUtil = sm;
         n++;
     }

@@ -1,0 +1,205 @@
+"""The live part of the containers' limits files, one GPU at a time: the
+priority hold lists and the sharing correction.
+
+Owns the daemon's once-a-second pass over the containers that time-share each
+GPU (:class:`LivePass`): what each container's file must say now, and writing
+it (writer.py) only when it changed. The caller gathers the inputs (who the
+containers on a GPU are, their priorities, their processes' NVML pids, the GPU
+time each one's region has charged, and NVML's device-wide busy share since
+the previous pass); this module reads no region and asks no GPU, so the daemon
+(NodeCore.priority_pass) and the GPU bench (bench/gpu/limits_bench.py) run the
+very same pass.
+
+Hold lists (HAMi's task priority: 0 high, 1 low, unset 1): each container's
+file lists, per GPU, the NVML pids of the processes of the containers on that
+GPU with a higher priority; the shim holds its launches while one of them runs
+kernels.
+
+The sharing correction (share_milli). Each shim charges its kernels a measured
+cost and learns, while its process runs alone, how far that falls from NVML's
+busy time for it (limiter.c, k_gap/k_all). While several processes time-share
+the GPU, NVML reports every one of them at about the device's busy share (H200,
+2026-11-26), so a container that never runs alone never learns: dynamic-shape
+inference beside another was charged 38 % for about 70 % of the GPU. The
+daemon sees what no shim sees: every container's charged GPU time (its region)
+and NVML's device-wide busy time, which time slicing makes the sum of the
+containers' true GPU time. While two or more containers are busy on a GPU, all
+of them limited and no process of anyone else busy, the pass moves the GPU's
+factor f so that the sum of the charges matches the busy time: f <- f *
+sqrt(busy / sum of charges) (the charges already carry f; halfway in log, as
+the shim's own feedback moves: NVML's busy share lags a sixth of a second to
+a second, and a full step overshoots on that lag), and writes f into every
+container's file on that GPU. The same f for all: one equation (the sum) per
+pass cannot tell whose charge is off, and a factor per container would be a
+guess; the limit-bound containers then keep their ratio to each other and
+their sum is the GPU's true busy time. A pass learns only while the mix is
+steady (the same busy containers as in the previous pass, each charging
+within STEADY of its previous share): a container that starts or stops has
+charged at launch what the GPU runs in the next pass. A new mix starts again
+from 1 (a factor learned for other containers says nothing about these).
+When fewer than two are busy, or the pass cannot know (NVML did not answer,
+a process of nobody's ran, a busy container is not charged), the files say
+none (0) and the shims' own feedback holds (the shim learns only alone).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hamid.errors import HamidError
+from hamid.logs import get_logger
+from hamid.shimlimits.codec import max_hold, share_range
+from hamid.shimlimits.writer import write_hold_pids, write_share
+
+log = get_logger("shimlimits")
+
+# A container is busy on a GPU in a pass when it charged at least 2 % of the pass's time there: less is below
+# NVML's resolution (whole percent over 1/6..1 s samples), so it neither proves sharing nor moves the sum.
+BUSY_MIN = 0.02
+# A pass moves f at most by this factor either way, whatever one reading said (a busy share read over a
+# stretch that the regions' read did not cover exactly); halfway in log makes that a ratio of 2.25 seen.
+STEP_MAX = 1.5
+# NVML's busy share this low says nothing about how the charges compare (idle GPU, rounding): no pass learns.
+BUSY_PCT_MIN = 5.0
+# A pass learns only when every busy container's charged share is within this factor of its share in the
+# previous pass (see _share_for); a limit-bound container's share moves by a few percent between passes.
+STEADY = 1.5
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One container's use of one GPU, as the caller read it for this pass."""
+
+    limits: str  # the container's limits file on the host
+    device: int  # the GPU's index in that file (the container's CUDA ordinal)
+    priority: int = 1  # HAMi's: 0 high, 1 low (unset)
+    pids: tuple[int, ...] = ()  # NVML pids of its processes using this GPU
+    charged_ns: int | None = None  # its region's gpu_time_ns on this device (cumulative); None: no region yet
+    charged: bool = True  # its shim charges its kernels here (a compute limit, policy not disable)
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """NVML's view of one GPU since the previous pass."""
+
+    busy_pct: float | None  # device-wide busy share (nvmlDeviceGetSamples GPU utilization), mean; None: unknown
+    busy_pids: frozenset[int] | None = None  # pids with busy samples (process utilization); None: unknown
+
+
+def next_factor(f: float, charged_ns: Sequence[int], interval_ns: float, busy_pct: float) -> float:
+    """The factor after one shared pass: ``f`` moved halfway (in log) towards making the sum of
+    ``charged_ns`` (each already charged with ``f``) equal ``busy_pct`` of ``interval_ns``, each step within
+    STEP_MAX, the result within the file's share range."""
+    total = sum(charged_ns)
+    if total <= 0 or interval_ns <= 0:
+        raise HamidError(f"next_factor: charges {list(charged_ns)} over {interval_ns} ns: nothing to compare")
+    ratio = busy_pct / 100.0 * interval_ns / total
+    step = min(STEP_MAX, max(1.0 / STEP_MAX, math.sqrt(ratio)))
+    lo, hi = share_range()
+    return min(hi / 1000.0, max(lo / 1000.0, f * step))
+
+
+@dataclass
+class _Gpu:
+    factor: float = 1.0
+    mix: frozenset = frozenset()  # the busy containers (file, device) the factor was learned for
+    rates: dict = field(default_factory=dict)  # (file, device) -> its charged share in the previous pass
+    shared: bool = False
+
+
+@dataclass
+class LivePass:
+    """The pass's memory between runs: each GPU's factor, each file's last charge reading and what was written."""
+
+    _gpus: dict[str, _Gpu] = field(default_factory=dict)
+    _last: dict[tuple[str, int], tuple[float, int]] = field(default_factory=dict)  # (file, dev) -> (t, charged)
+    _hold: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    _share: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def factor(self, uuid: str) -> float:
+        """The GPU's learned factor (1.0 before any shared pass)."""
+        return self._gpus.get(uuid, _Gpu()).factor
+
+    def shared(self, uuid: str) -> bool:
+        """Whether the last pass found the GPU shared and corrected it."""
+        return self._gpus.get(uuid, _Gpu()).shared
+
+    def run(self, now: float, gpus: Mapping[str, tuple[GpuReading, Sequence[Tenant]]]) -> int:
+        """One pass at monotonic time ``now`` (s) over ``gpus`` (uuid -> its reading and its tenants); writes
+        what changed; returns how many live fields were written."""
+        written = 0
+        seen: set[tuple[str, int]] = set()
+        for uuid, (reading, tenants) in gpus.items():
+            share = self._share_for(uuid, now, reading, tenants)
+            for t in tenants:
+                key = (t.limits, t.device)
+                seen.add(key)
+                hold = sorted({p for o in tenants if o.priority < t.priority for p in o.pids})[:max_hold()]
+                if self._hold.get(key) != hold:
+                    written += self._write(key, write_hold_pids, hold, self._hold)
+                if self._share.get(key) != share:
+                    written += self._write(key, write_share, share, self._share)
+        for key in [k for k in self._last if k not in seen]:  # containers gone are forgotten
+            self._last.pop(key, None)
+            self._hold.pop(key, None)
+            self._share.pop(key, None)
+        return written
+
+    @staticmethod
+    def _write(key: tuple[str, int], fn, value, memo: dict) -> int:
+        try:
+            fn(key[0], key[1], value)
+        except HamidError as e:
+            log.warning("live limits not written", limits=key[0], device=key[1], error=str(e))
+            return 0
+        memo[key] = value
+        return 1
+
+    def _share_for(self, uuid: str, now: float, reading: GpuReading, tenants: Sequence[Tenant]) -> int:
+        """This pass's share_milli for the GPU's containers (0: none); learns the GPU's factor when it can."""
+        g = self._gpus.setdefault(uuid, _Gpu())
+        deltas: list[tuple[Tenant, int, float]] = []
+        known = True
+        for t in tenants:
+            key = (t.limits, t.device)
+            prev = self._last.get(key)
+            if t.charged_ns is None:
+                known = False
+                continue
+            self._last[key] = (now, t.charged_ns)
+            if prev is None or now <= prev[0] or t.charged_ns < prev[1]:
+                known = False  # a new container, or a new region: no interval to compare yet
+                continue
+            deltas.append((t, t.charged_ns - prev[1], (now - prev[0]) * 1e9))
+        busy = [(t, d, iv) for t, d, iv in deltas if d >= BUSY_MIN * iv]
+        rates = {(t.limits, t.device): d / iv for t, d, iv in deltas}
+        prev_rates, g.rates = g.rates, rates
+        ours = {p for t in tenants for p in t.pids}
+        strangers = reading.busy_pids is None or bool(reading.busy_pids - ours)
+        g.shared = False
+        if len(busy) < 2:
+            return 0
+        if (not known or strangers or reading.busy_pct is None or reading.busy_pct < BUSY_PCT_MIN
+                or not all(t.charged for t, _, _ in busy)):
+            return 0
+        mix = frozenset((t.limits, t.device) for t, _, _ in busy)
+        if mix != g.mix:  # another mix: the factor learned for the last one says nothing about this one
+            g.mix, g.factor = mix, 1.0
+        # Steady: every busy container charged within STEADY of its share in the previous pass. A container
+        # that starts or stops (or pauses) charges at launch what the GPU runs later, often in the next pass:
+        # such a pass compares charges and busy time of different work (measured on the H200: the pass after
+        # a tenant stopped saw 24 % charged against 99 % busy).
+        steady = all(k in prev_rates and prev_rates[k] > 0 and 1 / STEADY <= r / prev_rates[k] <= STEADY
+                     for k, r in rates.items() if k in mix)
+        g.shared = True
+        if steady:
+            interval = max(iv for _, _, iv in deltas)
+            was = g.factor
+            g.factor = next_factor(g.factor, [d * interval / iv for _, d, iv in deltas], interval,
+                                   reading.busy_pct)
+            log.debug("sharing correction", gpu=uuid, busy_pct=round(reading.busy_pct, 1), busy=len(busy),
+                      charged_pct=round(100 * sum(d / iv for _, d, iv in deltas), 1),
+                      factor=f"{was:.3f}->{g.factor:.3f}")
+        return round(g.factor * 1000)

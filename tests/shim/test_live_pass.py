@@ -1,0 +1,154 @@
+"""The daemon's live pass over the limits files (hamid/shimlimits/live.py): the sharing correction's
+arithmetic and when it may learn, on real limits files (the writer's own), with the GPU's tenants simulated
+as the shim would behave: each charges its raw measured cost times the factor written into its file and is
+held to its limit, while its true GPU time is its raw cost over a bias that no shim can see while sharing."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+
+from hamid.shimlimits import ContainerLimits, DeviceLimits, write_limits_file
+from hamid.shimlimits.codec import hold_pids_offset, max_hold, share_offset
+from hamid.shimlimits.live import STEP_MAX, GpuReading, LivePass, Tenant, next_factor
+
+GPU = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def share_of(path) -> int:
+    return struct.unpack_from("<I", path.read_bytes(), share_offset(0))[0]
+
+
+def hold_of(path) -> list[int]:
+    raw = path.read_bytes()[hold_pids_offset(0):hold_pids_offset(0) + 4 * max_hold()]
+    return [p for p in struct.unpack(f"<{max_hold()}i", raw) if p]
+
+
+@pytest.fixture
+def files(tmp_path):
+    def make(n: int, sm: int = 30):
+        out = []
+        for i in range(n):
+            p = tmp_path / f"c{i}.limits"
+            write_limits_file(p, ContainerLimits(devices=(DeviceLimits(GPU, sm_percent=sm),), region_path="/r"))
+            out.append(p)
+        return out
+    return make
+
+
+class Sim:
+    """Tenants on one GPU, each limit-bound: per second it charges its limit (the shim holds it there),
+    which at factor f is limit/f of raw cost, i.e. limit/(f*bias) of true GPU time (bias: raw/true)."""
+
+    def __init__(self, paths, limits, biases, pids=None):
+        self.paths, self.limits, self.biases = paths, limits, biases
+        self.charged = [0] * len(paths)
+        self.pids = pids or [(1000 + i,) for i in range(len(paths))]
+        self.t = 0.0
+
+    def tenants(self, charged=True):
+        return [Tenant(str(p), 0, 1, pid, c, charged) for p, pid, c in zip(self.paths, self.pids, self.charged)]
+
+    def step(self, live: LivePass, rate_scale=None, busy_override=None, strangers=frozenset()):
+        f = [share_of(p) / 1000 or 1.0 for p in self.paths]
+        scale = rate_scale or [1.0] * len(self.paths)
+        true = [lim / 100 * s / (fi * b) for lim, s, fi, b in zip(self.limits, scale, f, self.biases)]
+        for i, lim in enumerate(self.limits):
+            self.charged[i] += int(lim / 100 * scale[i] * 1e9)
+        self.t += 1.0
+        busy = busy_override if busy_override is not None else min(100.0, 100 * sum(true))
+        pids = frozenset(p for pid in self.pids for p in pid) | strangers
+        return live.run(self.t, {GPU: (GpuReading(busy, pids), self.tenants())})
+
+
+def test_next_factor_moves_halfway_in_log_and_at_most_step_max():
+    # charges are half the busy time: the factor moves by sqrt(2)
+    assert next_factor(1.0, [0.2e9, 0.3e9], 1e9, 100.0) == pytest.approx(math.sqrt(2))
+    # a ratio of 16 seen in one pass moves it by STEP_MAX only
+    assert next_factor(1.0, [0.05e9], 1e9, 80.0) == pytest.approx(STEP_MAX)
+    assert next_factor(1.0, [0.8e9], 1e9, 5.0) == pytest.approx(1 / STEP_MAX)
+    # within the file's range, whatever the history
+    assert next_factor(3.9, [0.1e9], 1e9, 90.0) == pytest.approx(4.0)
+
+
+def test_a_steady_shared_gpu_learns_so_the_charges_sum_to_its_busy_time(files):
+    """Two containers at 20 and 30 %, whose shims both charge 0.6 of their true GPU time while sharing: the
+    pass converges on 1/0.6 and writes it into both files; their charges then sum to NVML's busy time."""
+    sim = Sim(files(2), [20, 30], [0.6, 0.6])
+    live = LivePass()
+    for _ in range(14):
+        sim.step(live)
+    want = 1 / 0.6
+    assert [share_of(p) for p in sim.paths] == [round(live.factor(GPU) * 1000)] * 2
+    assert live.factor(GPU) == pytest.approx(want, rel=0.03)
+    f = live.factor(GPU)
+    assert 100 * sum(lim / 100 / (f * 0.6) for lim in (20, 30)) == pytest.approx(50, rel=0.03)
+
+
+@pytest.mark.parametrize("case", ["alone", "stranger", "uncharged", "nvml-unknown"])
+def test_no_correction_where_the_pass_cannot_know(files, case):
+    """Alone (the shim's own feedback holds), a process of nobody's busy (its time is in the busy share, in
+    no charge), a busy container whose shim does not charge (no limit, or policy disable), or no NVML
+    reading: the files say none."""
+    n = 1 if case == "alone" else 2
+    sim = Sim(files(n), [30, 30][:n], [0.5, 0.5][:n])
+    live = LivePass()
+    for _ in range(5):
+        if case == "stranger":
+            sim.step(live, strangers=frozenset({777}))
+        elif case == "uncharged":
+            sim.t += 1
+            for i in range(n):
+                sim.charged[i] += int(0.3e9)
+            live.run(sim.t, {GPU: (GpuReading(100.0, frozenset({1000, 1001})),
+                                   [sim.tenants()[0], Tenant(str(sim.paths[1]), 0, 1, (1001,), sim.charged[1], False)])})
+        elif case == "nvml-unknown":
+            sim.t += 1
+            for i in range(n):
+                sim.charged[i] += int(0.3e9)
+            live.run(sim.t, {GPU: (GpuReading(None), sim.tenants())})
+        else:
+            sim.step(live)
+    assert [share_of(p) for p in sim.paths] == [0] * n
+    assert live.factor(GPU) == 1.0
+
+
+def test_a_container_starting_or_stopping_teaches_nothing(files):
+    """A pass in which a container's charges jump or collapse (it started, stopped, paused) compares charges
+    and busy time of different work: the factor does not move (on the H200 the pass after a tenant stopped
+    saw 24 % charged against 99 % busy, and a learning pass doubled the factor)."""
+    sim = Sim(files(2), [30, 70], [1.0, 1.0])
+    live = LivePass()
+    for _ in range(4):
+        sim.step(live)
+    settled = live.factor(GPU)
+    assert settled == pytest.approx(1.0, abs=0.02)
+    sim.step(live, rate_scale=[0.2, 0.3], busy_override=99.0)  # both stopped launching; their queues still run
+    assert live.factor(GPU) == settled
+    assert share_of(sim.paths[0]) == round(settled * 1000)
+
+
+def test_a_new_mix_starts_from_one(files):
+    """The factor belongs to the containers it was learned for: another pair on the GPU starts at 1."""
+    a = Sim(files(2), [20, 30], [0.5, 0.5])
+    live = LivePass()
+    for _ in range(10):
+        a.step(live)
+    assert live.factor(GPU) > 1.5
+    paths = files(4)[2:]
+    b = Sim(paths, [20, 30], [1.0, 1.0])
+    b.step(live)  # first sight: no interval yet
+    b.step(live)
+    assert live.factor(GPU) == pytest.approx(1.0, abs=0.01)
+    assert [share_of(p) for p in paths] == [1000, 1000]
+
+
+def test_hold_lists_name_the_higher_priority_pids_and_are_written_once(files):
+    paths = files(3)
+    ts = [Tenant(str(paths[0]), 0, 0, (11, 12)), Tenant(str(paths[1]), 0, 1, (21,)), Tenant(str(paths[2]), 0, 1, ())]
+    live = LivePass()
+    assert live.run(1.0, {GPU: (GpuReading(None), ts)}) == 6  # three hold lists, three shares (none)
+    assert hold_of(paths[0]) == [] and hold_of(paths[1]) == [11, 12] and hold_of(paths[2]) == [11, 12]
+    assert live.run(2.0, {GPU: (GpuReading(None), ts)}) == 0
