@@ -5,7 +5,9 @@ cffi from that same header): turning a :class:`ContainerLimits` into the file's
 bytes and back, with every value checked, and writing it atomically. The
 daemon writes one per container and mounts it read-only at
 :data:`LIMITS_IN_CONTAINER`; the shim then takes its limits from it and from
-nothing else. It never reads a region and never talks to the GPU.
+nothing else. The file's live part (priority hold lists, the sharing
+correction) is rewritten in place once a second by :mod:`.live` from what its
+caller read. It never reads a region and never talks to the GPU.
 """
 
 from hamid.shimlimits.codec import (
