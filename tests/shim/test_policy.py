@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.timing  # rates measured in real processes: a quiet CPU (see the Makefile)
+
 from hamid.shimregion import read_region
 from shimharness import finish, wait_ready
 

@@ -442,6 +442,7 @@ def bare_rate(built, tmp_path_factory) -> float:
     return rate(s.run("direct", "init", f"run:1.2:{KERNEL_US}:k", preload=False))
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("variant,limit", [("k", 30), ("graph", 30), ("coop", 50), ("ex", 10), ("p", 70)])
 def test_compute_share_follows_the_limit(shim, bare_rate, variant, limit):
     r = shim.run("direct", "init", f"run:0.3:{KERNEL_US}:{variant}", f"run:1.2:{KERNEL_US}:{variant}",
@@ -475,11 +476,13 @@ def _pair_shares(built, tmp_path, bare_rate, env_a: dict, env_b: dict) -> list[f
     return shares
 
 
+@pytest.mark.timing
 def test_two_containers_30_and_70_share_one_gpu(built, tmp_path, bare_rate):
     shares = _pair_shares(built, tmp_path, bare_rate, {"CUDA_DEVICE_SM_LIMIT": "30"}, {"CUDA_DEVICE_SM_LIMIT": "70"})
     assert abs(shares[0] - 0.30) <= 0.08 and abs(shares[1] - 0.70) <= 0.08, shares
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("limit,slots", [(30, "0-30"), (50, "10-35,60-85")])
 def test_time_slots_hold_the_share(shim, bare_rate, limit, slots):
     # the daemon gives each limited container on a GPU its own slots of a 100 ms period
@@ -494,6 +497,7 @@ def test_time_slots_hold_the_share(shim, bare_rate, limit, slots):
     assert any(int(a) <= at <= int(b) for a, b in (x.split("-") for x in slots.split(","))), (at, slots)
 
 
+@pytest.mark.timing
 def test_two_containers_in_their_own_slots_get_their_limits(built, tmp_path, bare_rate):
     shares = _pair_shares(built, tmp_path, bare_rate, {"CUDA_DEVICE_SM_LIMIT": "30", "HAMID_SM_SLOTS": "0-30"},
                           {"CUDA_DEVICE_SM_LIMIT": "70", "HAMID_SM_SLOTS": "30-100"})
@@ -507,6 +511,7 @@ def test_malformed_slots_refuse_cuda(shim, bad):
     assert f"HAMID_SM_SLOTS={bad}" in r.stderr and "0-30,50-70" in r.stderr
 
 
+@pytest.mark.timing
 def test_no_limit_means_no_limiter_work(shim, bare_rate):
     r = shim.run("direct", "init", f"run:0.6:{KERNEL_US}:k", CUDA_DEVICE_MEMORY_LIMIT="1g")
     assert rate(r) / bare_rate > 0.9
@@ -520,6 +525,7 @@ def test_captured_launches_are_not_throttled(shim):
     assert ok == "0" and ok2 == "0" and int(ns) < 200e6  # 0.4 s of work at 10% would take 4 s
 
 
+@pytest.mark.timing
 def test_observe_mode_charges_without_holding_back(shim, bare_rate):
     r = shim.run("direct", "init", f"run:0.6:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="10", HAMID_SM_LIMIT_MODE="observe")
     assert rate(r) / bare_rate > 0.9
@@ -527,6 +533,7 @@ def test_observe_mode_charges_without_holding_back(shim, bare_rate):
     assert d.gpu_time_ns > 0.3e9 and d.throttle_ns == 0
 
 
+@pytest.mark.timing
 def test_a_slow_first_launch_does_not_skew_the_share(shim, bare_rate):
     # a real driver's first launch of a kernel is often far slower (lazy loading);
     # the stand-in makes it 50x the kernel's time
@@ -550,6 +557,7 @@ def test_a_backlog_from_a_sudden_slowdown_is_not_stacked(shim):
     assert share <= 0.10 + 0.10, (n, share)
 
 
+@pytest.mark.timing
 def test_the_rate_limit_follows_a_kernel_that_slows_down(shim):
     # a power-capped GPU lowers its clocks once warm: after 300 launches every
     # kernel runs 1.8x longer. The estimates must follow within a fraction of
@@ -564,6 +572,7 @@ def test_the_rate_limit_follows_a_kernel_that_slows_down(shim):
     assert abs(share - 0.50) <= 0.05, (n, share)  # 0.59 with estimates renewed once per 8 samples of 1 in 64
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("limit", [30, 60])
 def test_a_launchs_own_cpu_time_is_not_charged_as_gpu_time(shim, limit):
     # each launch costs the CPU 40 us before the GPU sees its 100 us kernel.
