@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# bench/gpu/mps_run.sh: the MPS bench (bench/gpu/mps_bench.py) on a GPU host, as root.
+# bench/gpu/mps_run.sh: the MPS bench on a GPU host, as root: bench/gpu/mps_bench.py, or the
+# script $BENCH names (bench/gpu/mps_partition_bench.py: round 2, partitions and faults).
 # Builds the shim, installs the wheels in $WHEELS (cffi, pycparser, structlog: hamid's
 # modules need them and the GPU image lacks them) into a private target, runs the
 # bench, and whatever happens stops every MPS control daemon the bench started
@@ -22,6 +23,7 @@ if [ -n "${WHEELS:-}" ]; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/mps-site "$WHEELS"/*.whl || exit 1
     export PYTHONPATH=/tmp/mps-site${PYTHONPATH:+:$PYTHONPATH}
 fi
-timeout "${BENCH_TIMEOUT:-400}" python3 bench/gpu/mps_bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/mps-bench.log" \
+BENCH=${BENCH:-bench/gpu/mps_bench.py}
+timeout "${BENCH_TIMEOUT:-400}" python3 "$BENCH" --out "$OUT" "$@" 2>&1 | tee "$OUT/$(basename "$BENCH" .py).log" \
     | grep -v '\[debug'
 exit "${PIPESTATUS[0]}"
