@@ -232,13 +232,53 @@ def test_a_failed_daemon_marks_its_tenants_and_is_restarted(node_of, monkeypatch
     assert "(MPS daemon failed, restarted)" in status_table(d.core.status("test"))
 
 
-def test_mps_refused_where_the_control_program_is_missing(tmp_path):
+@pytest.mark.parametrize("missing", ["control", "server"])
+def test_a_node_without_the_mps_programs_refuses_mps_at_placement_and_says_what_to_install(tmp_path, missing):
+    """The programs come with the driver, not the image: a node without them says so in its view
+    (so no scheduler places an MPS share there), in the refusal, in ``status``, and admits nothing."""
+    from hamid.errors import HamidError
+    from hamid.placement.view import gpu_view_from_dict, gpu_view_to_dict
+
+    if missing == "control":
+        control = "/nonexistent/nvidia-cuda-mps-control"
+    else:  # the control program without its server beside it (and none on PATH)
+        (tmp_path / "bin").mkdir()
+        control = str(tmp_path / "bin" / "nvidia-cuda-mps-control")
+        shutil.copy(STANDIN, control)
+    d = make_node(tmp_path / "s", "H100:2", mode="mps", mpsControl=control, deviceModes={"1": "any"})
+    try:
+        g0, g1 = d.ledger.view().gpus
+        assert g0.mps_missing and g1.mps_missing
+        assert gpu_view_from_dict(gpu_view_to_dict(g0)).mps_missing  # what peers and the leader see
+        got = place(parse_docker_env(env("mode=mps,mem=4g,cores=30"), "a"), [d.ledger.view()])
+        msg = got.message()
+        assert "GPU 0 is set to serve mps but its node cannot run MPS" in msg, msg
+        assert "nvidia.driverCapabilities" in msg and "utility,compute" in msg and "nvidia-cuda-mps-server" in msg
+        with pytest.raises(HamidError) as e:
+            d.core.admit(Owner("docker", "a"), parse_docker_env(env("mode=mps,mem=4g,cores=30"), "a"))
+        assert "is set to serve mps but its node cannot run MPS" in str(e.value), str(e.value)
+        assert d.ledger.get("docker:a") is None  # nothing booked
+        # a GPU that also serves hami-core takes a request that names no mode in hami-core
+        plain = d.core.admit(Owner("docker", "b"), parse_docker_env(env("mem=4g,cores=30"), "b"))
+        dev = plain.reservation.decision.containers[0].devices[0]
+        assert (dev.index, dev.mps) == (1, False)
+        doc = d.core.status("test")
+        why = ("nvidia-cuda-mps-control" if missing == "control" else "nvidia-cuda-mps-server") + " not found"
+        assert why in doc["mps_missing"], doc["mps_missing"]
+        table = status_table(doc)
+        assert "NO-MPS-PROGRAMS" in table and "MPS shares refused here: " in table and why in table, table
+    finally:
+        d.close()
+
+
+def test_kube_scheduler_hears_that_a_node_lacks_the_mps_programs(tmp_path):
+    from hamid.control.nodefit import summarize
+
     d = make_node(tmp_path / "s", "H100:1", mode="mps", mpsControl="/nonexistent/nvidia-cuda-mps-control")
     try:
-        with pytest.raises(Exception) as e:
-            d.core.admit(Owner("docker", "a"), parse_docker_env(env("mem=4g,cores=30"), "a"))
-        assert "mpsControl" in str(e.value)
-        assert d.ledger.get("docker:a") is None  # rolled back
+        got = place(parse_pod(pod("mps")), [d.ledger.view()])
+        msg = summarize({"n": list(got.reasons[d.ledger.view().name])}, 1)
+        assert "GPU mode (mps: the node lacks NVIDIA's MPS programs, nvidia-cuda-mps-control)" in msg, msg
     finally:
         d.close()
 

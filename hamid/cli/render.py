@@ -48,6 +48,8 @@ def status_table(doc: dict) -> str:
             flags.append("UNHEALTHY")
         if g["exclusive"]:
             flags.append("exclusive")
+        if g.get("mps_missing"):
+            flags.append("NO-MPS-PROGRAMS")
         if g["mode"] == "mig":
             mem = f"{bar(g['mig_slices_used'], g['mig_slices_total'])} {g['mig_slices_used']}/{g['mig_slices_total']} slices"
             cores = ", ".join(f"{m['profile']}@{m['start']}" for m in g["mig_instances"]) or "-"
@@ -57,6 +59,8 @@ def status_table(doc: dict) -> str:
         rows.append([str(g["index"]), g["name"], mode_cell(g), mem, cores,
                      f"{g['shares_used']}/{g['shares_total']}", " ".join(flags)])
     lines.append(table(rows, ["GPU", "MODEL", "MODE", "MEMORY", "CORES / MIG", "SHARES", ""]))
+    if doc.get("mps_missing"):
+        lines += ["", f"MPS shares refused here: {doc['mps_missing']}"]
     if doc["reservations"]:
         lines.append("")
         rrows = []

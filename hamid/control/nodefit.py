@@ -384,6 +384,7 @@ def _gpu_reason(kind: str, req: str | None, free: int | None, what: str | None) 
         "mig": f"GPU mode ({req} requested, GPU in MIG mode)",
         "serves": f"GPU mode ({req} not served: set operatingMode or deviceModes to {req} or any)",
         "onemode": f"GPU mode ({req} requested, GPU busy with {what} tenants)",
+        "mpsmissing": "GPU mode (mps: the node lacks NVIDIA's MPS programs, nvidia-cuda-mps-control)",
         "migcreate": f"GPU MIG ({what} on {req} GPU(s) requested, at most {free} can create it)",
         "migprofile": f"GPU MIG (no profile {what})",
         "migsize": f"GPU MIG (no profile holds {req} MiB)",

@@ -33,7 +33,7 @@ from ..logs import get_logger
 from .supervise import FaceHealth, supervised
 from ..node import devnodes
 from ..node.capacity import capacity_views
-from ..node.mps import find_program as find_mps_program
+from ..node.mps import find_programs as find_mps_programs
 from ..node.core import NodeCore
 from ..node.face import Face, collector_of, liveness_of
 from ..node.facts import NodeFacts, write_facts
@@ -171,7 +171,13 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
         if config.frontDir:
             _front_dir(Path(config.frontDir), config.frontGroup)
         ledger = Ledger(state_dir / LEDGER_NAME)
-        views = capacity_views(gpus, settings)
+        mps_control = mps_missing = None
+        if any("mps" in settings.share_modes(g.index, g.uuid) for g in gpus if not g.mig_enabled):
+            mps_control, mps_missing = find_mps_programs(settings.mpsControl)
+            if mps_missing:
+                log.error("some GPUs serve MPS but NVIDIA's MPS programs are missing: those GPUs refuse MPS shares "
+                          "until they are there", why=mps_missing)
+        views = capacity_views(gpus, settings, mps_missing=mps_missing is not None)
         try:
             _refuse_mode_change_with_tenants(ledger, views, settings.operatingMode, state_dir)
         except BaseException:
@@ -180,12 +186,6 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
         ledger.set_inventory(node, views, settings.gpuSchedulerPolicy)
         shim = install_shim_for(config, state_dir)
         real = backend.kind == "nvml"
-        mps_control = None
-        if any("mps" in settings.share_modes(g.index, g.uuid) for g in gpus if not g.mig_enabled):
-            mps_control = find_mps_program(settings.mpsControl)
-            if mps_control is None:
-                log.warning("some GPUs serve MPS but the MPS control program was not found; MPS tenants will be "
-                            "refused until it is installed", mpsControl=settings.mpsControl)
         gpu_nodes = {}
         for g in gpus:
             if g.minor is not None and (n := devnodes.gpu_node(config.devRoot, g.minor)) is not None:
@@ -201,7 +201,8 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
             defaults={"memory_mib": settings.defaultMemory, "cores": settings.defaultCores,
                       "gpu_num": settings.defaultGPUNum},
             node_policy=settings.nodeSchedulerPolicy, region_tmpfs=config.regionTmpfs,
-            core_policy=settings.gpuCorePolicy, mps_control=mps_control, mps_dir=settings.mpsDir)
+            core_policy=settings.gpuCorePolicy, mps_control=mps_control, mps_dir=settings.mpsDir,
+            mps_missing=mps_missing)
         write_facts(state_dir, facts)
         (state_dir / CONTAINERS_DIR).mkdir(mode=0o700, exist_ok=True)
         core = NodeCore(ledger, facts, lambda: backend)

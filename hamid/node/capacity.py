@@ -17,14 +17,16 @@ def is_filtered(info: GpuInfo, settings: Any) -> bool:
     return info.uuid in f.uuid or info.index in f.index
 
 
-def capacity_views(gpus: Iterable[GpuInfo], settings: Any) -> list[GpuView]:
+def capacity_views(gpus: Iterable[GpuInfo], settings: Any, mps_missing: bool = False) -> list[GpuView]:
     """Each GPU as the node books it: split count, scaling, filterDevices,
     the share modes it serves (``operatingMode``/``deviceModes``) and the MIG
-    profiles ``migProfileAllowlist`` leaves it."""
+    profiles ``migProfileAllowlist`` leaves it. ``mps_missing``: NVIDIA's MPS
+    programs are not there, so a GPU set to serve mps is marked and refuses it."""
     return [restrict_mig_profiles(gpu_view_from_info(g, split_count=settings.deviceSplitCount,
                                                      memory_scaling=settings.deviceMemoryScaling,
                                                      core_scaling=settings.deviceCoreScaling,
                                                      filtered=is_filtered(g, settings),
-                                                     serves=settings.share_modes(g.index, g.uuid)),
+                                                     serves=settings.share_modes(g.index, g.uuid),
+                                                     mps_missing=mps_missing),
                                   settings.migProfileAllowlist)
             for g in gpus]

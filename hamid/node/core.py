@@ -439,8 +439,8 @@ class NodeCore:
     @property
     def mps(self) -> mps.MpsControl:
         if not self.facts.mps_control:
-            raise HamidError("this node has no MPS control program (mpsControl: the driver's "
-                             "nvidia-cuda-mps-control was not found at start-up); MPS shares cannot run here")
+            raise HamidError("MPS shares cannot run on this node: "
+                             + (self.facts.mps_missing or "no GPU of it serves mps (operatingMode, deviceModes)"))
         return mps.MpsControl(self.facts.mps_control, str(self.state_dir), timeout=mps.COMMAND_TIMEOUT_S,
                               root=self.facts.mps_dir)
 
@@ -514,4 +514,7 @@ class NodeCore:
 
     def status(self, backend_label: str) -> dict[str, Any]:
         pending = {f"docker:{cid}" for cid in released.pending(str(self.state_dir))}
-        return status_document(self.ledger.view(), self.ledger.list(), backend_label, releasing=pending)
+        doc = status_document(self.ledger.view(), self.ledger.list(), backend_label, releasing=pending)
+        if self.facts.mps_missing:
+            doc["mps_missing"] = self.facts.mps_missing
+        return doc

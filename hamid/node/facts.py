@@ -39,6 +39,7 @@ class NodeFacts:
     core_policy: str = "default"  # gpuCorePolicy: GPU_CORE_UTILIZATION_POLICY unless a container asks force
     mps_control: str | None = None  # nvidia-cuda-mps-control's path, where some GPU serves MPS and it was found
     mps_dir: str | None = None  # mpsDir: where the GPUs' MPS pipe and log directories are (None: stateDir/mps)
+    mps_missing: str | None = None  # why MPS cannot run here though some GPU serves it (its programs not found)
 
     @property
     def real(self) -> bool:
@@ -54,7 +55,7 @@ class NodeFacts:
                 "shim": {"library": self.shim_library, "preload": self.shim_preload},
                 "defaults": self.defaults, "node_policy": self.node_policy, "region_tmpfs": self.region_tmpfs,
                 "core_policy": self.core_policy,
-                "mps_control": self.mps_control, "mps_dir": self.mps_dir}
+                "mps_control": self.mps_control, "mps_dir": self.mps_dir, "mps_missing": self.mps_missing}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NodeFacts":
@@ -68,7 +69,7 @@ class NodeFacts:
                    shim_library=shim.get("library"), shim_preload=shim.get("preload"),
                    defaults=dict(d.get("defaults") or {}), node_policy=d.get("node_policy", "binpack"),
                    region_tmpfs=bool(d.get("region_tmpfs", True)), core_policy=d.get("core_policy", "default"),
-                   mps_control=d.get("mps_control"), mps_dir=d.get("mps_dir"))
+                   mps_control=d.get("mps_control"), mps_dir=d.get("mps_dir"), mps_missing=d.get("mps_missing"))
 
 
 def write_facts(state_dir: str | Path, facts: NodeFacts) -> None:

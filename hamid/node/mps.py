@@ -38,6 +38,7 @@ from pathlib import Path
 from ..errors import HamidError
 from ..ledger import Reservation
 from ..logs import get_logger
+from ..placement.fit import MPS_PROGRAMS_HELP
 from . import layout
 
 log = get_logger("mps")
@@ -120,6 +121,25 @@ def find_program(name: str) -> str | None:
     if os.path.isabs(name):
         return name if os.access(name, os.X_OK) else None
     return shutil.which(name)
+
+
+SERVER_PROGRAM = "nvidia-cuda-mps-server"
+
+
+def find_programs(name: str) -> tuple[str | None, str | None]:
+    """(``mpsControl``'s path, None) when NVIDIA's MPS programs are all there, else (None, why not).
+
+    The control daemon starts ``nvidia-cuda-mps-server`` for the first client; without it the daemon
+    starts and every client then fails, so both are checked here, before any tenant is admitted:
+    the server beside the control program, or on ``PATH``."""
+    control = find_program(name)
+    if control is None:
+        where = name if os.path.isabs(name) else f"{name} on PATH ({os.environ.get('PATH', '')})"
+        return None, f"{where} not found (mpsControl); {MPS_PROGRAMS_HELP}"
+    beside = os.path.join(os.path.dirname(control), SERVER_PROGRAM)
+    if not os.access(beside, os.X_OK) and shutil.which(SERVER_PROGRAM) is None:
+        return None, f"{SERVER_PROGRAM} not found beside {control} or on PATH; {MPS_PROGRAMS_HELP}"
+    return control, None
 
 
 def _live(pid: str) -> bool:

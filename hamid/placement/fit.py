@@ -17,6 +17,14 @@ from .view import MODE_MIG, MODE_SHIM, SHARE_MPS, GpuView, MigSlot, type_matches
 
 # What a refusal tells the operator to change when a GPU does not serve the mode asked for.
 MODE_SETTING = "operatingMode (node) or deviceModes (per GPU) in the hamid config"
+# What a node that should serve MPS needs and lacks. NVIDIA's MPS programs come with the driver (their
+# version must match it), so no image can carry them: the NVIDIA container runtime mounts them into a
+# container given the driver's "compute" capability (libnvidia-container's compute binaries).
+MPS_PROGRAMS_HELP = ("NVIDIA's nvidia-cuda-mps-control and nvidia-cuda-mps-server (the driver's MPS programs) must "
+                     "be on hamid's PATH, or mpsControl must name the control program's path: on Kubernetes give "
+                     "hamid's container the driver's compute capability (chart: nvidia.driverCapabilities "
+                     "\"utility,compute\", the default) so the NVIDIA runtime mounts them; on a host, install the "
+                     "driver's utilities (e.g. Debian's nvidia-cuda-mps); then restart hamid")
 
 
 @dataclass
@@ -66,7 +74,14 @@ def eligible(req: GpuRequest, g: GpuView) -> Reason | None:
     if req.mode in (MODE_SHIM, SHARE_MPS) and req.mode not in g.serves:
         return Reason("serves", f"GPU {g.index} does not serve {req.mode} (it serves {g.mode_label}); to allow it set "
                       f"{MODE_SETTING} to {req.mode} or any", gpu=g.index, asked=req.mode)
+    if req.mode == SHARE_MPS and g.mps_missing:
+        return mps_missing_reason(g)
     return None
+
+
+def mps_missing_reason(g: GpuView) -> Reason:
+    return Reason("mpsmissing", f"GPU {g.index} is set to serve mps but its node cannot run MPS: {MPS_PROGRAMS_HELP}",
+                  gpu=g.index, asked=SHARE_MPS)
 
 
 def share_mode(req: GpuRequest, g: GpuView, u: "Use") -> str:
@@ -76,12 +91,16 @@ def share_mode(req: GpuRequest, g: GpuView, u: "Use") -> str:
         return req.mode
     if u.slots:
         return SHARE_MPS if u.mps else MODE_SHIM
+    if g.mps_missing:  # the first mode it can run (an mps-only GPU stays mps, and mode_room says why not)
+        return next((m for m in g.serves if m != SHARE_MPS), g.serves[0])
     return g.serves[0]
 
 
 def mode_room(g: GpuView, u: "Use", mode: str) -> Reason | None:
     """One share mode at a time: MPS clients and hami-core tenants never share a GPU
     (a non-MPS context would time-slice against the MPS server's partitions)."""
+    if mode == SHARE_MPS and g.mps_missing:
+        return mps_missing_reason(g)
     if mode == SHARE_MPS and u.slots > u.mps:
         return Reason("onemode", f"GPU {g.index} has {u.slots - u.mps} hami-core tenant(s); an MPS share needs a GPU "
                       "without them (a GPU serves one mode at a time)", gpu=g.index, asked=mode, what=MODE_SHIM)

@@ -25,6 +25,7 @@ KINDS = (
     "mig",        # a hami-core or MPS request on a GPU in MIG mode (asked: the mode)
     "serves",     # the GPU does not serve the share mode asked (asked: the mode) under operatingMode/deviceModes
     "onemode",    # the GPU's tenants use the other share mode (asked: the mode, what: theirs)
+    "mpsmissing", # the GPU is set to serve mps but its node lacks NVIDIA's MPS programs
     "migcreate",  # too few GPUs that can still create the profile (asked: count, free: how many can, what)
     "migprofile", # the GPU has no such profile (what)
     "migsize",    # no profile holds the memory (asked MiB)

@@ -52,6 +52,7 @@ class GpuView:
     links: tuple[tuple[str, int], ...] = ()  # (peer UUID, HAMi link score), see link_score
     serves: tuple[str, ...] = DEFAULT_SERVES  # share modes of a whole GPU ("hami-core", "mps"), default first
     mps_used: int = 0  # of slots_used, the MPS client shares (the rest are hami-core shares)
+    mps_missing: bool = False  # configured to serve mps, but its node lacks NVIDIA's MPS programs: mps refused
 
     @property
     def share_mode(self) -> str | None:
@@ -191,7 +192,7 @@ class NodeView:
 
 def gpu_view_from_info(info: GpuInfo, *, split_count: int = 10, memory_scaling: float = 1.0,
                        core_scaling: float = 1.0, filtered: bool = False,
-                       serves: tuple[str, ...] = DEFAULT_SERVES) -> GpuView:
+                       serves: tuple[str, ...] = DEFAULT_SERVES, mps_missing: bool = False) -> GpuView:
     """Capacity of a GPU under a node's settings, with nothing used yet.
 
     A GPU in MIG mode is booked by MIG instances only; its live instances
@@ -211,7 +212,8 @@ def gpu_view_from_info(info: GpuInfo, *, split_count: int = 10, memory_scaling: 
                    slots_total=split_count, numa=info.numa_node, healthy=info.healthy, filtered=filtered,
                    mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
                    memory_slices=info.memory_slices, links=links,
-                   mig_capable=bool(info.mig_capable or info.mig_profiles), serves=tuple(serves))
+                   mig_capable=bool(info.mig_capable or info.mig_profiles), serves=tuple(serves),
+                   mps_missing=mps_missing and SHARE_MPS in serves)
 
 
 def gpu_view_to_dict(g: GpuView) -> dict:
@@ -234,6 +236,8 @@ def gpu_view_to_dict(g: GpuView) -> dict:
         d["links"] = {u: s for u, s in g.links}
     if g.serves != DEFAULT_SERVES and g.mode != MODE_MIG:
         d["serves"] = list(g.serves)
+    if g.mps_missing and g.mode != MODE_MIG:
+        d["mps_missing"] = True
     return d
 
 
@@ -249,7 +253,7 @@ def gpu_view_from_dict(d: dict) -> GpuView:
                    compute_slices=int(d.get("compute_slices", 0)), memory_slices=int(d.get("memory_slices", 0)),
                    cordoned=bool(d.get("cordoned", False)), mig_capable=bool(d.get("mig_capable", False)),
                    links=tuple(sorted((str(u), int(s)) for u, s in (d.get("links") or {}).items())),
-                   serves=_serves(d.get("serves")))
+                   serves=_serves(d.get("serves")), mps_missing=bool(d.get("mps_missing", False)))
 
 
 def _serves(v) -> tuple[str, ...]:
