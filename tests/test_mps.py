@@ -232,6 +232,78 @@ def test_a_failed_daemon_marks_its_tenants_and_is_restarted(node_of, monkeypatch
     assert "(MPS daemon failed, restarted)" in status_table(d.core.status("test"))
 
 
+def server_pids(d, uuid):
+    return mps.MpsControl(STANDIN, str(d.state_dir)).server_list(uuid)
+
+
+def start_server(ctl, uuid) -> int:
+    """A server, as a client's first connection starts one; returned once it has started (it logs so)."""
+    pid = int(ctl.command(uuid, "start_server -uid 0"))
+    log = Path(ctl.logs(uuid), "server.log")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if log.exists() and f"Server {pid:>5}] Server has started" in log.read_text():
+            return pid
+        time.sleep(0.02)
+    raise AssertionError(f"server {pid} did not start")
+
+
+def test_a_client_fault_the_server_logs_marks_the_gpus_tenants_once_and_restarts_nothing(node_of, short_tmp):
+    """A client's fatal GPU fault fails every client of the server (measured on an H200) while the
+    daemon answers: hamid reads it from the server's log, marks each tenant (kept, not released),
+    tells them once, restarts nothing, and a restarted hamid does not tell them again."""
+    d = node_of(operatingMode="mps", simulate="H100:1")
+    uuid = d.ledger.view().gpus[0].uuid
+    ctl = mps.MpsControl(STANDIN, str(d.state_dir))
+    for who in ("a", "b"):
+        d.core.admit(Owner("docker", who), parse_docker_env(env("mem=4g,cores=40"), who))
+    daemon = daemon_pids(d, uuid)
+    server = start_server(ctl, uuid)  # as the first client's connection would
+    os.kill(server, signal.SIGUSR1)  # the stand-in server logs what the real one logged for a client's fault
+    deadline = time.monotonic() + 5
+    got = []
+    while not got and time.monotonic() < deadline:
+        got = d.core.mps_check()
+        time.sleep(0.05)
+    assert [(f["gpu"], f["kind"], sorted(f["owners"])) for f in got] == [(uuid, "client_fault", ["docker:a", "docker:b"])]
+    assert "fatal GPU fault" in got[0]["reason"] and "every client of that server" in got[0]["reason"]
+    assert daemon_pids(d, uuid) == daemon and server_pids(d, uuid) == [server]  # nothing restarted
+    for who in ("a", "b"):
+        r = d.ledger.get(f"docker:{who}")
+        assert r is not None and r.state == "allocated" and r.details["mps_failure"]["kind"] == "client_fault"
+    assert d.core.mps_check() == []  # told once
+    assert "(MPS client fault)" in status_table(d.core.status("test"))
+    d.close()
+    again = make_node(d.state_dir, "H100:1", mode="mps", mpsControl=STANDIN)  # hamid restarted
+    try:
+        assert again.core.mps_check() == []  # the log was read up to there: not told again
+        os.kill(server, signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        got = []
+        while not got and time.monotonic() < deadline:
+            got = again.core.mps_check()
+            time.sleep(0.05)
+        assert [f["kind"] for f in got] == ["client_fault"]  # a new fault is
+    finally:
+        for who in ("a", "b"):
+            again.core.release(f"docker:{who}")
+        again.close()
+
+
+def test_faults_logged_before_a_daemon_started_are_not_its_tenants(node_of):
+    d = node_of(operatingMode="mps", simulate="H100:1")
+    uuid = d.ledger.view().gpus[0].uuid
+    ctl = mps.MpsControl(STANDIN, str(d.state_dir))
+    d.core.admit(Owner("docker", "a"), parse_docker_env(env("mem=4g,cores=40"), "a"))
+    server = start_server(ctl, uuid)
+    os.kill(server, signal.SIGUSR1)
+    time.sleep(0.3)
+    d.core.release("docker:a")  # the daemon stops; its log stays
+    d.core.admit(Owner("docker", "b"), parse_docker_env(env("mem=4g,cores=40"), "b"))  # a new daemon
+    assert d.core.mps_check() == []
+    assert "mps_failure" not in d.ledger.get("docker:b").details
+
+
 @pytest.mark.parametrize("missing", ["control", "server"])
 def test_a_node_without_the_mps_programs_refuses_mps_at_placement_and_says_what_to_install(tmp_path, missing):
     """The programs come with the driver, not the image: a node without them says so in its view

@@ -72,8 +72,10 @@ def status_table(doc: dict) -> str:
                             f"mps: {d['mem_mib']} MiB pinned, {d['cores'] or 100}% threads" if d.get("mps") else
                             f"{d['mem_mib']} MiB, {d['cores']}% cores")
                     state = r["state"]
-                    if d.get("mps") and (r.get("details") or {}).get("mps_failure"):
-                        state += " (MPS daemon failed, restarted)"
+                    failed = (r.get("details") or {}).get("mps_failure") if d.get("mps") else None
+                    if failed:
+                        state += (" (MPS client fault)" if failed.get("kind") == "client_fault"
+                                  else " (MPS daemon failed, restarted)")
                     rrows.append([r.get("name") or "-", short_owner(r["owner"]), c["name"], str(d["index"]), what,
                                   state])
         lines.append(table(rrows, ["NAME", "OWNER", "CONTAINER", "GPU", "SHARE", "STATE"]))

@@ -430,10 +430,14 @@ class KubeletFace:
         ns, _, name = (res.name or "").partition("/")
         note = res.details.mps_failure
         pod = {"metadata": {"namespace": ns, "name": name, "uid": res.uid}}
-        self.pods.event(pod, "HamidMpsFailed",
-                        f"the MPS control daemon of GPU {note.get('gpu')} failed ({note.get('reason')}); hamid "
-                        "restarted it. This pod's CUDA processes lost their MPS server and must be restarted; its "
-                        "reservation is kept.")
+        if note.get("kind") == "client_fault":
+            text = (f"on GPU {note.get('gpu')}, {note.get('reason')}. This pod's CUDA work running then failed with it "
+                    "and must be restarted; its reservation is kept.")
+        else:
+            text = (f"the MPS control daemon of GPU {note.get('gpu')} failed ({note.get('reason')}); hamid restarted "
+                    "it. This pod's CUDA processes lost their MPS server and must be restarted; its reservation is "
+                    "kept.")
+        self.pods.event(pod, "HamidMpsFailed", text)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

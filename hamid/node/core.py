@@ -471,13 +471,24 @@ class NodeCore:
         except Exception as e:  # the release goes on; mps_check stops a daemon left without tenants
             log.error("could not stop the MPS control daemon after its last tenant", gpu=uuid, error=str(e))
 
+    def _mark_mps_failure(self, owners: list[str], note: dict[str, Any]) -> None:
+        for o in owners:
+            try:
+                self.ledger.update(o, details=Details(mps_failure=note))
+            except Exception as e:
+                log.warning("could not record the MPS failure", owner=o, error=str(e))
+
     def mps_check(self) -> list[dict[str, Any]]:
         """Bring every GPU's MPS control daemon in line with the ledger: adopt
         one that answers and has tenants (a restarted hamid never stops it),
         stop one left without tenants, and for one that is dead or wedged
         while it has tenants: record the failure on each tenant's reservation
         (``details.mps_failure``; nothing is released), restart it, and
-        return what happened so faces can tell the owners (an Event for pods)."""
+        return what happened so faces can tell the owners (an Event for pods).
+        A client's fatal GPU fault that the GPU's MPS server logged is recorded
+        the same way (``kind`` ``client_fault``): measured on an H200, it fails
+        the running work of every client of that server, while the daemon and
+        server live on and take new clients, so nothing is restarted."""
         if not self.facts.mps_control:
             return []
         ctl = self.mps
@@ -493,16 +504,21 @@ class NodeCore:
                         continue
                     why = ctl.health(uuid)
                     if why is None:
+                        faults = ctl.client_faults(uuid)
+                        if not faults:
+                            continue
+                        note = {"gpu": uuid, "kind": "client_fault", "at": time.time(),
+                                "reason": f"a client of the GPU's MPS server took a fatal GPU fault, which fails the "
+                                          f"running work of every client of that server (the server logged: "
+                                          f"{faults[-1].strip()[:300]})"}
+                        log.error("an MPS client faulted; the GPU's MPS tenants are marked", gpu=uuid,
+                                  lines=faults[-5:], tenants=owners)
+                        self._mark_mps_failure(owners, note)
+                        failures.append({**note, "owners": owners})
                         continue
                     log.error("MPS control daemon failed; restarting it", gpu=uuid, reason=why, tenants=owners)
-                    import time
-
-                    note = {"gpu": uuid, "reason": why, "at": time.time()}
-                    for o in owners:
-                        try:
-                            self.ledger.update(o, details=Details(mps_failure=note))
-                        except Exception as e:
-                            log.warning("could not record the MPS failure", owner=o, error=str(e))
+                    note = {"gpu": uuid, "kind": "daemon", "reason": why, "at": time.time()}
+                    self._mark_mps_failure(owners, note)
                     ctl.stop(uuid)
                     ctl.start(uuid)
                     failures.append({**note, "owners": owners})

@@ -56,6 +56,12 @@ opens its pipe); 10 s covers a cold driver load."""
 STOP_TIMEOUT_S = 10.0
 """How long ``quit`` may take before the daemon's process is killed."""
 SUN_PATH_MAX = 107  # bytes of a unix socket's path (sun_path is 108 with the NUL)
+LOG_READ_MAX = 1 << 20
+"""Bytes of a server log read per health check: a log growing faster than 1 MiB per check is read
+over several checks (its lines stay in order, none skipped)."""
+FAULT_MARKS = ("fatal",)
+"""Substrings (lower case) of the lines NVIDIA's MPS server writes to server.log when one of its
+clients takes a fatal GPU fault; placeholders until measured."""
 MAX_ANSWER = 64 * 1024  # bytes of a command's answer kept; more is refused (a daemon never says that much)
 
 
@@ -297,6 +303,7 @@ class MpsControl:
         while time.monotonic() < deadline:
             try:
                 self.server_list(uuid)
+                self.mark_log(uuid)
                 log.info("MPS control daemon started", gpu=uuid, pipe=self.pipe(uuid),
                          pids=self.daemon_pids(uuid))
                 return
@@ -332,6 +339,58 @@ class MpsControl:
             while time.monotonic() < end and self.daemon_pids(uuid):
                 time.sleep(0.05)
         log.info("MPS control daemon stopped", gpu=uuid, killed=left)
+
+    # --- client faults the server saw ---------------------------------------------
+
+    def _server_log(self, uuid: str) -> str:
+        return os.path.join(self.logs(uuid), "server.log")
+
+    def _log_mark(self, uuid: str) -> str:
+        """Where the health check has read the server log up to: ``<inode> <offset>`` (root's, 0600)."""
+        return os.path.join(gpu_dir(self.state_dir, uuid, self.root), "server-log.read")
+
+    def _read_mark(self, uuid: str) -> tuple[int, int] | None:
+        try:
+            with open(self._log_mark(uuid)) as f:
+                ino, off = f.read(64).split()
+            return int(ino), int(off)
+        except (OSError, ValueError):
+            return None
+
+    def _write_mark(self, uuid: str, ino: int, off: int) -> None:
+        tmp = self._log_mark(uuid) + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{ino} {off}\n")
+        os.replace(tmp, self._log_mark(uuid))
+
+    def mark_log(self, uuid: str) -> None:
+        """What the server log holds now is history: a daemon started now reports only what follows."""
+        try:
+            st = os.stat(self._server_log(uuid))
+        except FileNotFoundError:
+            self._write_mark(uuid, 0, 0)
+            return
+        self._write_mark(uuid, st.st_ino, st.st_size)
+
+    def client_faults(self, uuid: str) -> list[str]:
+        """The server log's new lines that tell of a client's fatal GPU fault (read once each: the
+        place read up to is kept beside the GPU's directories, so a restarted hamid reads on)."""
+        path = self._server_log(uuid)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return []
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            mark = self._read_mark(uuid)
+            off = mark[1] if mark and mark[0] in (st.st_ino, 0) and mark[1] <= st.st_size else 0
+            f.seek(off)
+            data = f.read(LOG_READ_MAX)
+        end = data.rfind(b"\n") + 1  # whole lines only; a line being written is read next time
+        self._write_mark(uuid, st.st_ino, off + end)
+        return [ln for ln in data[:end].decode(errors="replace").splitlines()
+                if any(m in ln.lower() for m in FAULT_MARKS)]
 
     def _answers(self, uuid: str) -> bool:
         try:
