@@ -18,8 +18,9 @@ Mechanisms measured:
   made with ``sm_partition add`` (30 % and 70 % of the chunks), each client bound with
   CUDA_MPS_SM_PARTITION; where the daemon refuses ``-S`` the refusal is recorded.
 - ``faults``: a 30 % GEMM tenant while another client takes an illegal-address fault, then while
-  another is SIGKILLed mid-kernel: what ``get_server_list``, ``get_server_status`` and the
-  server's and control daemon's logs say before, during and after (what hamid can detect).
+  another is SIGKILLed mid-kernel, then while the MPS server itself is stopped (SIGSTOP, 4 s, then
+  SIGCONT: a wedged server): what ``get_server_list``, ``get_server_status`` and the server's and
+  control daemon's logs say before, during and after (what hamid can detect).
 
 Every control daemon is started and stopped through hamid's MpsControl (the static one is
 started by hand with ``-d -S`` in the same pipe directory and stopped by ``quit`` through
@@ -410,7 +411,7 @@ def faults(b):
         return s
 
     out = {}
-    for kind in ("illegal", "sigkill"):
+    for kind in ("illegal", "sigkill", "server_stopped"):
         if left() < 40:
             out[kind] = "skipped: out of time"
             continue
@@ -419,24 +420,44 @@ def faults(b):
         victim = b.spawn([*mb.TORCH, "one", "matmul", "8", str(start)], pct=30)
         time.sleep(8)
         snaps = [snap()]
+        other = None
         if kind == "illegal":
             other = b.spawn([*mb.FAULT, "illegal", "3"], pct=70)
-        else:
+        elif kind == "sigkill":
             other = b.spawn([*mb.FAULT, "spin"], pct=70)
         t_end = time.monotonic() + 12
-        killed = False
-        while time.monotonic() < t_end:
-            if kind == "sigkill" and not killed and time.monotonic() > t_end - 7:
-                other.send_signal(signal.SIGKILL)
-                killed = True
-            snaps.append(snap())
-            time.sleep(0.5)
+        acted = False
+        stopped: list[int] = []
         try:
-            o, e = other.communicate(timeout=30)
-            other_said = (o.strip() or e.strip())[-300:] if kind == "illegal" else f"killed, exit {other.returncode}"
-        except subprocess.TimeoutExpired:
-            other.kill()
-            other_said = "did not exit"
+            while time.monotonic() < t_end:
+                if not acted and time.monotonic() > t_end - 7:
+                    acted = True
+                    if kind == "sigkill":
+                        other.send_signal(signal.SIGKILL)
+                    elif kind == "server_stopped":  # the MPS server wedged (SIGSTOP), for 4 s
+                        stopped = [p for p in ctl.server_list(uuid)]
+                        for pid in stopped:
+                            os.kill(pid, signal.SIGSTOP)
+                        snaps.append({"stopped_servers": stopped, "t": round(time.monotonic() - T0, 2)})
+                if stopped and time.monotonic() > t_end - 3:
+                    for pid in stopped:
+                        os.kill(pid, signal.SIGCONT)
+                    snaps.append({"continued_servers": stopped, "t": round(time.monotonic() - T0, 2)})
+                    stopped = []
+                snaps.append(snap())
+                time.sleep(0.5)
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        other_said = "-"
+        if other is not None:
+            try:
+                o, e = other.communicate(timeout=30)
+                other_said = (o.strip() or e.strip())[-300:] if kind == "illegal" else f"killed, exit {other.returncode}"
+            except subprocess.TimeoutExpired:
+                other.kill()
+                other_said = "did not exit"
         try:
             v = mb.finish(victim, timeout=60)
             victim_said = {"rate": v["matmul"]}
