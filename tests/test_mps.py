@@ -290,6 +290,26 @@ def test_a_client_fault_the_server_logs_marks_the_gpus_tenants_once_and_restarts
         again.close()
 
 
+def test_the_server_log_is_read_once_in_whole_lines_and_a_new_file_from_its_start(short_tmp):
+    ctl = mps.MpsControl(STANDIN, str(short_tmp))
+    uuid = "GPU-4f1c3e2a-0000-0000-0000-000000000001"
+    mps.ensure_dirs(str(short_tmp), uuid)
+    log = Path(ctl.logs(uuid), "server.log")
+    bad = f"[2026-11-26 06:00:00.000 Server  4242] client {mps.FAULT_MARKS[0]} one"
+    log.write_text(bad + "\n")
+    assert ctl.client_faults(uuid) == []  # never read before: history
+    with log.open("a") as f:
+        f.write("[2026-11-26 06:00:01.000 Server  4242] Client process 7 disconnected\n" + bad[:30])
+    assert ctl.client_faults(uuid) == []  # a line being written waits for its end
+    with log.open("a") as f:
+        f.write(bad[30:] + "\n")
+    assert ctl.client_faults(uuid) == [bad]
+    assert ctl.client_faults(uuid) == []
+    log.unlink()  # a new file (the daemon's log rotated away): read from its start
+    log.write_text(bad.replace("one", "two") + "\n")
+    assert ctl.client_faults(uuid) == [bad.replace("one", "two")]
+
+
 def test_faults_logged_before_a_daemon_started_are_not_its_tenants(node_of):
     d = node_of(operatingMode="mps", simulate="H100:1")
     uuid = d.ledger.view().gpus[0].uuid

@@ -384,10 +384,16 @@ class MpsControl:
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
             mark = self._read_mark(uuid)
-            off = mark[1] if mark and mark[0] in (st.st_ino, 0) and mark[1] <= st.st_size else 0
+            if mark is None:  # never read (a daemon started by an older hamid): what is there is history
+                self._write_mark(uuid, st.st_ino, st.st_size)
+                return []
+            # another file (rotated, a daemon's new log) or one cut shorter: read it from its start
+            off = mark[1] if mark[0] in (st.st_ino, 0) and mark[1] <= st.st_size else 0
             f.seek(off)
             data = f.read(LOG_READ_MAX)
         end = data.rfind(b"\n") + 1  # whole lines only; a line being written is read next time
+        if end == 0 and len(data) == LOG_READ_MAX:  # no line end in a whole read: not a log line, skip it
+            end = len(data)
         self._write_mark(uuid, st.st_ino, off + end)
         return [ln for ln in data[:end].decode(errors="replace").splitlines()
                 if any(m in ln.lower() for m in FAULT_MARKS)]
