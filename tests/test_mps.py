@@ -17,6 +17,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -288,6 +289,58 @@ def test_a_client_fault_the_server_logs_marks_the_gpus_tenants_once_and_restarts
         for who in ("a", "b"):
             again.core.release(f"docker:{who}")
         again.close()
+
+
+def test_a_server_silent_in_two_checks_in_a_row_is_killed_and_its_tenants_marked(node_of, monkeypatch):
+    """Measured on an H200: a stopped MPS server leaves ``get_server_status`` unanswered while the
+    daemon answers the rest, and no new client can start. Silent once is a warning; silent in two
+    checks in a row, the server (never a client) is killed, the tenants marked, the daemon kept."""
+    monkeypatch.setattr(mps, "COMMAND_TIMEOUT_S", 1.0)
+    d = node_of(operatingMode="mps", simulate="H100:1")
+    uuid = d.ledger.view().gpus[0].uuid
+    ctl = mps.MpsControl(STANDIN, str(d.state_dir))
+    for who in ("a", "b"):
+        d.core.admit(Owner("docker", who), parse_docker_env(env("mem=4g,cores=40"), who))
+    daemon = daemon_pids(d, uuid)
+    server = start_server(ctl, uuid)
+    try:
+        os.kill(server, signal.SIGSTOP)
+        assert d.core.mps_check() == []  # silent once: maybe busy
+        os.kill(server, signal.SIGCONT)
+        assert d.core.mps_check() == []  # it answered again: forgiven
+        assert mps._live(str(server))
+        os.kill(server, signal.SIGSTOP)
+        assert d.core.mps_check() == []
+        got = d.core.mps_check()
+        assert [(f["kind"], sorted(f["owners"])) for f in got] == [("server_wedged", ["docker:a", "docker:b"])]
+        assert f"MPS server {server} gave no status in two checks in a row" in got[0]["reason"]
+        deadline = time.monotonic() + 5
+        while mps._live(str(server)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not mps._live(str(server))  # killed
+        assert daemon_pids(d, uuid) == daemon  # the daemon is kept
+        for who in ("a", "b"):
+            r = d.ledger.get(f"docker:{who}")
+            assert r.state == "allocated" and r.details["mps_failure"]["kind"] == "server_wedged"
+        assert "(MPS server wedged, killed)" in status_table(d.core.status("test"))
+        assert d.core.mps_check() == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)
+
+
+def test_kill_server_kills_only_a_listed_mps_server(node_of):
+    d = node_of(operatingMode="mps", simulate="H100:1")
+    uuid = d.ledger.view().gpus[0].uuid
+    d.core.admit(Owner("docker", "a"), parse_docker_env(env("mem=4g,cores=40"), "a"))
+    ctl = mps.MpsControl(STANDIN, str(d.state_dir))
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not ctl.kill_server(uuid, other.pid)  # not a server the daemon lists
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_the_server_log_is_read_once_in_whole_lines_and_a_new_file_from_its_start(short_tmp):

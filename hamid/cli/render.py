@@ -74,8 +74,9 @@ def status_table(doc: dict) -> str:
                     state = r["state"]
                     failed = (r.get("details") or {}).get("mps_failure") if d.get("mps") else None
                     if failed:
-                        state += (" (MPS client fault)" if failed.get("kind") == "client_fault"
-                                  else " (MPS daemon failed, restarted)")
+                        state += {"client_fault": " (MPS client fault)",
+                                  "server_wedged": " (MPS server wedged, killed)"}.get(failed.get("kind"),
+                                                                                     " (MPS daemon failed, restarted)")
                     rrows.append([r.get("name") or "-", short_owner(r["owner"]), c["name"], str(d["index"]), what,
                                   state])
         lines.append(table(rrows, ["NAME", "OWNER", "CONTAINER", "GPU", "SHARE", "STATE"]))

@@ -433,6 +433,9 @@ class KubeletFace:
         if note.get("kind") == "client_fault":
             text = (f"on GPU {note.get('gpu')}, {note.get('reason')}. This pod's CUDA work running then failed with it "
                     "and must be restarted; its reservation is kept.")
+        elif note.get("kind") == "server_wedged":
+            text = (f"on GPU {note.get('gpu')}, {note.get('reason')}. This pod's CUDA processes lost their MPS server "
+                    "and must be restarted; its reservation is kept.")
         else:
             text = (f"the MPS control daemon of GPU {note.get('gpu')} failed ({note.get('reason')}); hamid restarted "
                     "it. This pod's CUDA processes lost their MPS server and must be restarted; its reservation is "

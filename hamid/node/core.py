@@ -86,6 +86,7 @@ class NodeCore:
         # a reservation (the kubelet face's CDI specs); release deletes a file
         # named in a reservation only when it is a plain entry of one of these.
         self._file_dirs: set[str] = set()
+        self._mps_silent: dict[str, set[int]] = {}  # GPU -> MPS servers that gave no status at the last check
 
     def own_file_dir(self, path: str) -> None:
         """Let reservations name files of ``path`` (a directory a face of this
@@ -478,6 +479,36 @@ class NodeCore:
             except Exception as e:
                 log.warning("could not record the MPS failure", owner=o, error=str(e))
 
+    def _mps_server_faults(self, ctl: mps.MpsControl, uuid: str, owners: list[str]) -> list[dict[str, Any]]:
+        """What went wrong in GPU ``uuid``'s MPS server while its daemon is fine: a server that has given
+        no status in two checks in a row (wedged: killed, so the daemon starts a new one for the next
+        client; measured, a stopped server lets running kernels finish but no new client start), and
+        the clients' fatal faults the server logged since the last check."""
+        notes = []
+        silent = set(ctl.wedged_servers(uuid, ctl.server_list(uuid)))
+        again = sorted(silent & self._mps_silent.get(uuid, set()))
+        self._mps_silent[uuid] = silent - set(again)
+        if silent - set(again):
+            log.warning("an MPS server gave no status; killed if it gives none at the next check", gpu=uuid,
+                        pids=sorted(silent - set(again)))
+        killed = [pid for pid in again if ctl.kill_server(uuid, pid)]
+        if killed:
+            notes.append({"gpu": uuid, "kind": "server_wedged", "at": time.time(),
+                          "reason": f"MPS server {', '.join(map(str, killed))} gave no status in two checks in a "
+                                    "row (wedged: no new client could start); hamid killed it and the control "
+                                    "daemon starts a new one for the next client"})
+            log.error("wedged MPS server killed; the GPU's MPS tenants are marked", gpu=uuid, pids=killed,
+                      tenants=owners)
+        faults = ctl.client_faults(uuid)
+        if faults:
+            notes.append({"gpu": uuid, "kind": "client_fault", "at": time.time(),
+                          "reason": f"a client of the GPU's MPS server took a fatal GPU fault, which fails the "
+                                    f"running work of every client of that server (the server logged: "
+                                    f"{faults[-1].strip()[:300]})"})
+            log.error("an MPS client faulted; the GPU's MPS tenants are marked", gpu=uuid, lines=faults[-5:],
+                      tenants=owners)
+        return notes
+
     def mps_check(self) -> list[dict[str, Any]]:
         """Bring every GPU's MPS control daemon in line with the ledger: adopt
         one that answers and has tenants (a restarted hamid never stops it),
@@ -504,17 +535,9 @@ class NodeCore:
                         continue
                     why = ctl.health(uuid)
                     if why is None:
-                        faults = ctl.client_faults(uuid)
-                        if not faults:
-                            continue
-                        note = {"gpu": uuid, "kind": "client_fault", "at": time.time(),
-                                "reason": f"a client of the GPU's MPS server took a fatal GPU fault, which fails the "
-                                          f"running work of every client of that server (the server logged: "
-                                          f"{faults[-1].strip()[:300]})"}
-                        log.error("an MPS client faulted; the GPU's MPS tenants are marked", gpu=uuid,
-                                  lines=faults[-5:], tenants=owners)
-                        self._mark_mps_failure(owners, note)
-                        failures.append({**note, "owners": owners})
+                        for note in self._mps_server_faults(ctl, uuid, owners):
+                            self._mark_mps_failure(owners, note)
+                            failures.append({**note, "owners": owners})
                         continue
                     log.error("MPS control daemon failed; restarting it", gpu=uuid, reason=why, tenants=owners)
                     note = {"gpu": uuid, "kind": "daemon", "reason": why, "at": time.time()}

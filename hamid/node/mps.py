@@ -59,9 +59,12 @@ SUN_PATH_MAX = 107  # bytes of a unix socket's path (sun_path is 108 with the NU
 LOG_READ_MAX = 1 << 20
 """Bytes of a server log read per health check: a log growing faster than 1 MiB per check is read
 over several checks (its lines stay in order, none skipped)."""
-FAULT_MARKS = ("fatal",)
-"""Substrings (lower case) of the lines NVIDIA's MPS server writes to server.log when one of its
-clients takes a fatal GPU fault; placeholders until measured."""
+FAULT_MARKS = ("encountered a fatal gpu error",)
+"""Substrings (lower case) of the line NVIDIA's MPS server writes to server.log for each client that
+takes a fatal GPU fault: ``Client {PID: 910, Context: 1} encountered a fatal GPU error.``, then
+``Server is handling a fatal GPU error.`` and the clients it tears down (measured on an H200, MPS
+13.0, for an illegal address and for a client SIGKILLed mid-kernel:
+bench/gpu/results/h200-2026-11-26-mps-round2.md)."""
 MAX_ANSWER = 64 * 1024  # bytes of a command's answer kept; more is refused (a daemon never says that much)
 
 
@@ -226,6 +229,13 @@ class MpsControl:
             why = (p.stderr.decode(errors="replace").strip() or out or f"exit status {p.returncode}")[:300]
             raise MpsError(f"GPU {uuid}: {text.split()[0]!r} failed: {why}")
         return out
+
+    def server_status(self, uuid: str, pid: int) -> str:
+        """``get_server_status``: ``ACTIVE``, or ``FAULT`` while the server handles a client's fatal
+        fault (measured: under a second). A server that does not answer raises MpsWedged: the
+        control daemon asks the server, and a stopped server leaves the question unanswered while
+        the daemon still answers everything else."""
+        return self.command(uuid, f"get_server_status {int(pid)}")
 
     def server_list(self, uuid: str) -> list[int]:
         """PIDs of the GPU's MPS servers (none until a client connects)."""
@@ -397,6 +407,36 @@ class MpsControl:
         self._write_mark(uuid, st.st_ino, off + end)
         return [ln for ln in data[:end].decode(errors="replace").splitlines()
                 if any(m in ln.lower() for m in FAULT_MARKS)]
+
+    def wedged_servers(self, uuid: str, servers: list[int]) -> list[int]:
+        """Of ``servers``, those whose status query gets no answer in time."""
+        out = []
+        for pid in servers:
+            try:
+                self.server_status(uuid, pid)
+            except MpsWedged:
+                out.append(pid)
+            except MpsError:  # gone since it was listed: the next check sees the list without it
+                continue
+        return out
+
+    def kill_server(self, uuid: str, pid: int) -> bool:
+        """SIGKILL a wedged MPS server of this GPU's daemon (never a client): only a process that the
+        daemon still lists and that runs NVIDIA's server program. The daemon starts a new one for the
+        next client. False when it is not (or no longer) such a process."""
+        try:
+            if pid not in self.server_list(uuid):
+                return False
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read(4096).split(b"\0")
+        except (OSError, MpsError):
+            return False
+        if not any(os.path.basename(a) == SERVER_PROGRAM.encode() for a in argv[:2]):
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        log.warning("killed a wedged MPS server", gpu=uuid, pid=pid)
+        return True
 
     def _answers(self, uuid: str) -> bool:
         try:
