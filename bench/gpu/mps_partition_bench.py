@@ -434,15 +434,20 @@ def faults(b):
                     acted = True
                     if kind == "sigkill":
                         other.send_signal(signal.SIGKILL)
-                    elif kind == "server_stopped":  # the MPS server wedged (SIGSTOP), for 4 s
+                    elif kind == "server_stopped":  # the MPS server wedged (SIGSTOP); hamid's checks, then its kill
                         stopped = [p for p in ctl.server_list(uuid)]
                         for pid in stopped:
                             os.kill(pid, signal.SIGSTOP)
                         snaps.append({"stopped_servers": stopped, "t": round(time.monotonic() - T0, 2)})
-                if stopped and time.monotonic() > t_end - 3:
+                if stopped and time.monotonic() > t_end - 4:
+                    first = ctl.wedged_servers(uuid, ctl.server_list(uuid))
+                    second = ctl.wedged_servers(uuid, ctl.server_list(uuid))
+                    killed = [pid for pid in sorted(set(first) & set(second)) if ctl.kill_server(uuid, pid)]
+                    snaps.append({"hamid_wedged_first": first, "hamid_wedged_second": second,
+                                  "hamid_killed": killed, "t": round(time.monotonic() - T0, 2)})
                     for pid in stopped:
-                        os.kill(pid, signal.SIGCONT)
-                    snaps.append({"continued_servers": stopped, "t": round(time.monotonic() - T0, 2)})
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGCONT)
                     stopped = []
                 snaps.append(snap())
                 time.sleep(0.5)
@@ -467,10 +472,12 @@ def faults(b):
         p = b.run(mb.TINY)
         snaps.append(snap())
         out[kind] = {"other": other_said, "victim": victim_said, "hamid_health_after": ctl.health(uuid) or "ok",
+                     "hamid_client_faults": ctl.client_faults(uuid),
                      "new_client_after": "ok" if p.returncode == 0 else p.stderr[-300:],
                      "snapshots": snaps, "server_log": log_since(logs, "server.log", offs["server.log"]),
                      "control_log": log_since(logs, "control.log", offs["control.log"])}
-        log(" ", kind, {k: v for k, v in out[kind].items() if k in ("other", "victim", "hamid_health_after")})
+        log(" ", kind, {k: v for k, v in out[kind].items()
+                        if k in ("other", "victim", "hamid_health_after", "hamid_client_faults")})
         save(b)
     return out
 
