@@ -293,7 +293,7 @@ def test_a_client_fault_the_server_logs_marks_the_gpus_tenants_once_and_restarts
 
 def test_a_server_silent_in_two_checks_in_a_row_is_killed_and_its_tenants_marked(node_of, monkeypatch):
     """Measured on an H200: a stopped MPS server leaves ``get_server_status`` unanswered while the
-    daemon answers the rest, and no new client can start. Silent once is a warning; silent in two
+    daemon answers the rest. Silent once is a warning; silent in two
     checks in a row, the server (never a client) is killed, the tenants marked, the daemon kept."""
     monkeypatch.setattr(mps, "COMMAND_TIMEOUT_S", 1.0)
     d = node_of(operatingMode="mps", simulate="H100:1")

@@ -482,8 +482,10 @@ class NodeCore:
     def _mps_server_faults(self, ctl: mps.MpsControl, uuid: str, owners: list[str]) -> list[dict[str, Any]]:
         """What went wrong in GPU ``uuid``'s MPS server while its daemon is fine: a server that has given
         no status in two checks in a row (wedged: killed, so the daemon starts a new one for the next
-        client; measured, a stopped server lets running kernels finish but no new client start), and
-        the clients' fatal faults the server logged since the last check."""
+        client; its clients lose it, as they would a dead one), and the clients' fatal faults the
+        server logged since the last check. Measured on an H200: a stopped server leaves
+        ``get_server_status`` unanswered while the daemon answers the rest, and a client's kernels
+        already running keep their rate meanwhile."""
         notes = []
         silent = set(ctl.wedged_servers(uuid, ctl.server_list(uuid)))
         again = sorted(silent & self._mps_silent.get(uuid, set()))
@@ -495,8 +497,8 @@ class NodeCore:
         if killed:
             notes.append({"gpu": uuid, "kind": "server_wedged", "at": time.time(),
                           "reason": f"MPS server {', '.join(map(str, killed))} gave no status in two checks in a "
-                                    "row (wedged: no new client could start); hamid killed it and the control "
-                                    "daemon starts a new one for the next client"})
+                                    "row (wedged); hamid killed it and the control daemon starts a new one for "
+                                    "the next client"})
             log.error("wedged MPS server killed; the GPU's MPS tenants are marked", gpu=uuid, pids=killed,
                       tenants=owners)
         faults = ctl.client_faults(uuid)
