@@ -271,7 +271,7 @@ def test_a_client_fault_the_server_logs_marks_the_gpus_tenants_once_and_restarts
     assert daemon_pids(d, uuid) == daemon and server_pids(d, uuid) == [server]  # nothing restarted
     for who in ("a", "b"):
         r = d.ledger.get(f"docker:{who}")
-        assert r is not None and r.state == "allocated" and r.details["mps_failure"]["kind"] == "client_fault"
+        assert r is not None and r.state == "allocated" and r.details.mps_failure["kind"] == "client_fault"
     assert d.core.mps_check() == []  # told once
     assert "(MPS client fault)" in status_table(d.core.status("test"))
     d.close()
@@ -321,7 +321,7 @@ def test_a_server_silent_in_two_checks_in_a_row_is_killed_and_its_tenants_marked
         assert daemon_pids(d, uuid) == daemon  # the daemon is kept
         for who in ("a", "b"):
             r = d.ledger.get(f"docker:{who}")
-            assert r.state == "allocated" and r.details["mps_failure"]["kind"] == "server_wedged"
+            assert r.state == "allocated" and r.details.mps_failure["kind"] == "server_wedged"
         assert "(MPS server wedged, killed)" in status_table(d.core.status("test"))
         assert d.core.mps_check() == []
     finally:
@@ -374,7 +374,7 @@ def test_faults_logged_before_a_daemon_started_are_not_its_tenants(node_of):
     d.core.release("docker:a")  # the daemon stops; its log stays
     d.core.admit(Owner("docker", "b"), parse_docker_env(env("mem=4g,cores=40"), "b"))  # a new daemon
     assert d.core.mps_check() == []
-    assert "mps_failure" not in d.ledger.get("docker:b").details
+    assert not d.ledger.get("docker:b").details.mps_failure
 
 
 @pytest.mark.parametrize("missing", ["control", "server"])
