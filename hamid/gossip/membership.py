@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 import cbor2
 import trio
 
+from ..cluster.changes import ChangeLog
 from ..logs import get_logger
 from .broadcast import Broadcasts
 from .codec import ALIVE, DEAD, LEFT, STATE_NAMES, SUSPECT
@@ -133,6 +134,9 @@ class Membership:
         self.me = Member(name, addr, self.inc, ALIVE, 0.0)
         self.members: dict[str, Member] = {name: self.me}
         self.docs: dict[str, dict] = {}  # name -> newest capacity document known
+        # names whose live document (live_doc) may have changed: readers (the leader's cluster view)
+        # bring their state up to date from it instead of re-reading every member
+        self.live_log = ChangeLog()
         self.health = 0
         self._gossip_wake = trio.Event()
         self.broadcasts = Broadcasts(on_add=self._wake_gossip)
@@ -164,6 +168,7 @@ class Membership:
     def set_local_doc(self, doc: dict) -> None:
         """This node's capacity document changed (its version must have grown)."""
         self.docs[self.name] = doc
+        self.live_log.mark(self.name)
         self.broadcasts.add((self.name, "cap"), {"t": "cap", "n": self.name, "v": doc["version"]})
 
     def n(self) -> int:
@@ -179,6 +184,17 @@ class Membership:
         """Documents of alive and suspect members (a dead member's capacity leaves the view)."""
         return {n: d for n, d in self.docs.items()
                 if n in self.members and self.members[n].state in (ALIVE, SUSPECT)}
+
+    def live_doc(self, name: str) -> dict | None:
+        """``name``'s document if it is in :meth:`live_docs`, else None (O(1))."""
+        m = self.members.get(name)
+        return self.docs.get(name) if m is not None and m.state in (ALIVE, SUSPECT) else None
+
+    def live_changes(self, cursor: int | None) -> tuple[int, set[str] | None]:
+        """(new cursor, names whose :meth:`live_doc` may have changed since ``cursor``);
+        None instead of the names when ``cursor`` is None or too old: read :meth:`live_docs`."""
+        view = self.live_log.frozen()
+        return view.end, view.since(cursor)
 
     # --- sending helpers ---------------------------------------------------
 
@@ -202,6 +218,7 @@ class Membership:
         if m.state != state:
             m.state = state
             m.since = trio.current_time()
+            self.live_log.mark(m.name)
             self.changes.append((time.monotonic(), m.name, STATE_NAMES[state]))
             if len(self.changes) > 1000:
                 del self.changes[:500]
@@ -272,6 +289,7 @@ class Membership:
         m = self.members.get(name)
         if m is None:
             m = self.members[name] = Member(name, addr, inc, ALIVE, trio.current_time())
+            self.live_log.mark(name)
             self.changes.append((time.monotonic(), name, "alive"))
             log.info("gossip member", member=name, state="alive", incarnation=inc, addr=addr)
             if self.on_change is not None:
@@ -345,6 +363,7 @@ class Membership:
             self.stats.dropped["identity"] += 1
             return
         self.docs[name] = doc
+        self.live_log.mark(name)
         self._doc_asked.pop(name, None)
         self.broadcasts.add((name, "cap"), {"t": "cap", "n": name, "v": doc["version"]})
 
@@ -544,6 +563,7 @@ class Membership:
                 if now - m.since > self.p.dead_retention:
                     del self.members[m.name]
                     self.docs.pop(m.name, None)
+                    self.live_log.mark(m.name)
             dead = [m for m in dead if m.state == DEAD and m.name in self.members]
             if dead:
                 self.push_pull(random.choice(dead).addr)
