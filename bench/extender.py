@@ -87,6 +87,33 @@ def _republish(m, rng: random.Random, k: int) -> None:
         m._apply_doc(name, doc)
 
 
+class _gc_pauses:
+    """Generation-2 collections while the calls ran, and the longest (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.n, self.longest, self._t = 0, 0.0, 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase, info) -> None:
+        import time
+
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.n += 1
+            self.longest = max(self.longest, time.perf_counter() - self._t)
+
+    def stop(self) -> tuple[int, float]:
+        import gc
+
+        gc.callbacks.remove(self._cb)
+        return self.n, self.longest
+
+
 async def measure(n: int, calls: int, seed: int, churn: int) -> dict:
     from hamid.cluster.capacity import view_from_doc
     from hamid.placement.usage import with_usage
@@ -94,7 +121,7 @@ async def measure(n: int, calls: int, seed: int, churn: int) -> dict:
     views = [with_usage(name, cap, decisions) for name, cap, decisions in build_cluster(n, random.Random(seed))]
     gossip = _gossip(views, seed)
     del views
-    cluster = ClusterView(gossip, view_from_doc)
+    cluster = ClusterView(gossip, view_from_doc, freeze_gc=True)  # as the daemon's
     ext = Extender(None, None, cluster, defaults=Defaults(), node_policy="binpack",
                    is_leader=lambda: True, leader_url=lambda: None)
     rng = random.Random(seed)
@@ -118,6 +145,7 @@ async def measure(n: int, calls: int, seed: int, churn: int) -> dict:
                     await c.post(path, content=b)
             lat = {"/filter": [], "/baseline/filter": []}
             feasible = None
+            pauses = _gc_pauses()
             for i in range(calls):
                 body = bodies[i % 2]
                 _republish(gossip, rng, churn)
@@ -137,7 +165,7 @@ async def measure(n: int, calls: int, seed: int, churn: int) -> dict:
                 shape.append(trio.current_time() - t)
             out = {"filter": lat["/filter"], "baseline": lat["/baseline/filter"], "feasible": feasible,
                    "cold": cold, "new_shape": statistics.median(shape), "rebuilt": cluster.rebuilt,
-                   "computed": ext.verdicts.computed}
+                   "computed": ext.verdicts.computed, "gc": pauses.stop()}
         nursery.cancel_scope.cancel()
     return out
 
@@ -164,7 +192,8 @@ def main() -> int:
               f"echo p50 {pct(b, 50) * ms:6.2f} p99 {pct(b, 99) * ms:6.2f} ms | "
               f"p50 {over50:+6.2f} ms, p99 {x99:4.2f}x echo | {got['feasible']} feasible | "
               f"first call {got['cold'] * ms:.0f} ms, a new request shape {got['new_shape'] * ms:.1f} ms | "
-              f"views built {got['rebuilt']}, verdicts computed {got['computed']}")
+              f"views built {got['rebuilt']}, verdicts computed {got['computed']} | "
+              f"gen-2 GCs during the calls {got['gc'][0]} (longest {got['gc'][1] * ms:.0f} ms)")
         if n == 5000:
             ok = over50 <= 2 and x99 <= 3
             print(f"        target at 5000 (p50 <= echo + 2 ms, p99 <= 3x echo's): {'met' if ok else 'NOT met'}")

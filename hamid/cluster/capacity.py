@@ -73,11 +73,11 @@ def view_from_doc(doc: dict) -> NodeView:
     gpus = []
     tables = {name: _table(items) for name, items in doc.get("profiles", {}).items()}
     for d in doc["gpus"]:
-        cap = gpu_view_from_dict(d, tables.get(d["name"], ()))
         mem, cores, slots, excl, mig, *rest = d["use"]
-        gpus.append(cap.with_use(int(mem), int(cores), int(slots), bool(excl),
-                                 tuple(MigSlot(p, MigPlacement(int(s), int(z))) for p, s, z in mig),
-                                 int(rest[0]) if rest else 0))
+        gpus.append(gpu_view_from_dict(d, tables.get(d["name"], ()), (
+            int(mem), int(cores), int(slots), bool(excl),
+            tuple(MigSlot(p, MigPlacement(int(s), int(z))) for p, s, z in mig) if mig else (),
+            int(rest[0]) if rest else 0)))
     return NodeView(doc["node"], tuple(gpus), doc.get("policy", "spread"))
 
 

@@ -113,7 +113,7 @@ class Extender:
         self.bound = 0  # pods bound through this daemon (metrics)
         self.refused = 0  # bind calls refused before any commit (metrics)
         self.verdicts = Verdicts()  # per request shape, each node's filter verdict, updated as nodes change
-        self._filtered: OrderedDict[str, tuple[float, frozenset[str]]] = OrderedDict()  # pod uid -> nodes passed
+        self._filtered: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()  # pod uid -> nodes passed
 
     def _quota(self, pod: dict) -> NamespaceQuota | None:
         """The pod's namespace GPU quota (None: none to check); :class:`QuotaUnknown` when it cannot be
@@ -198,8 +198,9 @@ class Extender:
             out.append({"Host": name, "Score": score})
         return out
 
-    def _remember(self, uid: str, nodes) -> None:
-        self._filtered[uid] = (time.monotonic(), frozenset(nodes))
+    def _remember(self, uid: str, nodes: list[str]) -> None:
+        # the list itself (a reference, O(1) per filter); bind, once per pod, searches it
+        self._filtered[uid] = (time.monotonic(), nodes)
         self._filtered.move_to_end(uid)
         while len(self._filtered) > FILTERED_MAX:
             self._filtered.popitem(last=False)

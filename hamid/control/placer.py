@@ -28,6 +28,7 @@ from ..placement.engine import fit_node as fit_gpus
 from ..placement.result import NoFit
 from ..placement.usage import with_usage
 from ..request.model import Request
+from .gcfreeze import Freezer
 
 OVERLAY_MAX_S = 10.0
 READ_AFTER_MS = 250  # a document versioned this long after a commit was read after it
@@ -80,7 +81,9 @@ class ClusterView:
     extender's filter cache) update their own state. Call from the trio thread.
     """
 
-    def __init__(self, source: DocSource, to_view: Callable[[dict], NodeView]) -> None:
+    def __init__(self, source: DocSource, to_view: Callable[[dict], NodeView], *, freeze_gc: bool = False) -> None:
+        """``freeze_gc``: move the views out of the garbage collector's sight as they pile up
+        (:mod:`.gcfreeze`; the daemon's leader sets it: it is process-wide)."""
         self.source = source
         self.to_view = to_view
         self.pending: dict[str, list[_Pending]] = {}
@@ -91,6 +94,7 @@ class ClusterView:
         self._log = ChangeLog()
         self._snap = Snapshot(0, MappingProxyType({}), self._log.frozen())
         self.rebuilt = 0  # views built from documents (a node whose document did not change costs none)
+        self._freezer = Freezer() if freeze_gc else None
 
     def committed(self, decision: Decision) -> None:
         self.pending.setdefault(decision.node, []).append(_Pending(decision, int(time.time() * 1000)))
@@ -121,6 +125,7 @@ class ClusterView:
                 names.add(name)
         if not names:
             return self._snap
+        built = self.rebuilt
         new: dict[str, Member] | None = None
         for name in names:
             old = self._members.get(name)
@@ -137,6 +142,8 @@ class ClusterView:
         if new is not None:
             self._members = new
             self._snap = Snapshot(self._log.cursor, MappingProxyType(new), self._log.frozen())
+        if self._freezer is not None and self.rebuilt > built:
+            self._freezer.built(self.rebuilt - built, len(self._members))
         return self._snap
 
     def _member(self, name: str, doc: dict | None, now: int, old: Member | None) -> Member | None:

@@ -255,17 +255,30 @@ def mig_profiles_from_list(items) -> tuple[MigProfile, ...]:
         for p in items)
 
 
-def gpu_view_from_dict(d: dict, profiles: tuple[MigProfile, ...] | None = None) -> GpuView:
-    """``profiles``: the GPU's MIG table already parsed (shared by every GPU of a model), else read from ``d``."""
+def gpu_view_from_dict(d: dict, profiles: tuple[MigProfile, ...] | None = None,
+                       use: tuple | None = None) -> GpuView:
+    """``profiles``: the GPU's MIG table already parsed (shared by every GPU of a model), else read from ``d``;
+    ``use``: (mem, cores, slots, exclusive, MIG slots, MPS shares) to build the view with, else none used.
+
+    Built without the dataclass's ``__init__`` (one dict, no per-field frozen setattr): gossip turns every
+    document that changed into a view on the leader, which is this function per GPU."""
     profs = mig_profiles_from_list(d.get("mig_profiles", ())) if profiles is None else profiles
-    return GpuView(uuid=d["uuid"], index=int(d["index"]), name=d["name"], mode=d["mode"],
-                   mem_total=int(d["mem_total"]), cores_total=int(d["cores_total"]),
-                   slots_total=int(d["slots_total"]), numa=d.get("numa"), healthy=bool(d.get("healthy", True)),
-                   filtered=bool(d.get("filtered", False)), mig_profiles=profs,
-                   compute_slices=int(d.get("compute_slices", 0)), memory_slices=int(d.get("memory_slices", 0)),
-                   cordoned=bool(d.get("cordoned", False)), mig_capable=bool(d.get("mig_capable", False)),
-                   links=tuple(sorted((str(u), int(s)) for u, s in (d.get("links") or {}).items())),
-                   serves=_serves(d.get("serves")), mps_missing=bool(d.get("mps_missing", False)))
+    links = d.get("links")
+    new = object.__new__(GpuView)
+    new.__dict__.update({
+        "uuid": d["uuid"], "index": int(d["index"]), "name": d["name"], "mode": d["mode"],
+        "mem_total": int(d["mem_total"]), "cores_total": int(d["cores_total"]), "slots_total": int(d["slots_total"]),
+        "numa": d.get("numa"), "healthy": bool(d.get("healthy", True)), "filtered": bool(d.get("filtered", False)),
+        "mig_profiles": profs, "compute_slices": int(d.get("compute_slices", 0)),
+        "memory_slices": int(d.get("memory_slices", 0)),
+        "mem_used": 0, "cores_used": 0, "slots_used": 0, "exclusive": False, "mig_used": (),
+        "cordoned": bool(d.get("cordoned", False)), "mig_capable": bool(d.get("mig_capable", False)),
+        "links": tuple(sorted((str(u), int(s)) for u, s in links.items())) if links else (),
+        "serves": _serves(d.get("serves")), "mps_used": 0, "mps_missing": bool(d.get("mps_missing", False))})
+    if use is not None:
+        u = new.__dict__
+        u["mem_used"], u["cores_used"], u["slots_used"], u["exclusive"], u["mig_used"], u["mps_used"] = use
+    return new
 
 
 def _serves(v) -> tuple[str, ...]:
