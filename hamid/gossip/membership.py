@@ -95,7 +95,7 @@ class Suspicion:
         return self.start + suspicion_timeout(self.lo, self.hi, len(self.confirmers), self.needed)
 
 
-@dataclass
+@dataclass(slots=True)  # one per member in every member's table: n x n objects across a group
 class Member:
     name: str
     addr: str
@@ -137,6 +137,10 @@ class Membership:
         # names whose live document (live_doc) may have changed: readers (the leader's cluster view)
         # bring their state up to date from it instead of re-reading every member
         self.live_log = ChangeLog()
+        self._state_gen = 0  # bumped by every state change (n() recounts after one)
+        self._n, self._n_key = 1, (0, -1)
+        self._names: list[str] = []  # the member table's names, for _sample (rebuilt when its size changes)
+        self._names_len = -1
         self.health = 0
         self._gossip_wake = trio.Event()
         self.broadcasts = Broadcasts(on_add=self._wake_gossip)
@@ -172,7 +176,13 @@ class Membership:
         self.broadcasts.add((self.name, "cap"), {"t": "cap", "n": self.name, "v": doc["version"]})
 
     def n(self) -> int:
-        return sum(1 for m in self.members.values() if m.state in (ALIVE, SUSPECT))
+        """Alive and suspect members (us included). Every frame sent asks (the retransmit limit), so
+        the count is kept until a member is added or removed or changes state, not recounted per frame."""
+        key = (len(self.members), self._state_gen)
+        if self._n_key != key:
+            self._n = sum(1 for m in self.members.values() if m.state in (ALIVE, SUSPECT))
+            self._n_key = key
+        return self._n
 
     def by_state(self) -> dict[str, int]:
         out = {s: 0 for s in STATE_NAMES.values()}
@@ -211,12 +221,30 @@ class Membership:
         self.broadcasts.add((self.name, "m"), {"t": "alive", "n": self.name, "a": self.addr, "i": self.inc,
                                                "cv": doc["version"] if doc else 0})
 
+    def _sample(self, k: int, ok: Callable[[Member], bool]) -> list[Member]:
+        """Up to ``k`` distinct other members for which ``ok`` holds, uniformly at random, without
+        listing every member: a gossip round or an indirect probe at 5,000 members costs a few draws,
+        not a pass over the table. Falls back to listing them when few qualify."""
+        if self._names_len != len(self.members):
+            self._names, self._names_len = list(self.members), len(self.members)
+        names, picked = self._names, {}
+        for _ in range(4 * k + 8):
+            if len(picked) >= k:
+                return list(picked.values())
+            name = names[random.randrange(len(names))]
+            m = self.members.get(name)
+            if m is not None and name != self.name and name not in picked and ok(m):
+                picked[name] = m
+        pool = [m for m in self.members.values() if m.name != self.name and ok(m)]
+        return random.sample(pool, min(len(pool), k))
+
     def _peers(self, *states: int) -> list[Member]:
         return [m for m in self.members.values() if m.name != self.name and m.state in states]
 
     def _set_state(self, m: Member, state: int) -> None:
         if m.state != state:
             m.state = state
+            self._state_gen += 1
             m.since = trio.current_time()
             self.live_log.mark(m.name)
             self.changes.append((time.monotonic(), m.name, STATE_NAMES[state]))
@@ -374,7 +402,7 @@ class Membership:
         have = self.docs.get(name)
         if have is not None and have["version"] >= version:
             return False
-        now = time.monotonic()
+        now = trio.current_time()  # trio's clock: the same in the daemon, virtual in simulations
         asked = self._doc_asked.get(name)
         if asked is not None and asked[0] >= version and now - asked[1] < DOC_RETRY:
             return False
@@ -479,8 +507,7 @@ class Membership:
                 self.stats.probes["ok"] += 1
                 self._health(-1)
                 return
-            helpers = [h for h in self._peers(ALIVE) if h.name != m.name]
-            helpers = random.sample(helpers, min(len(helpers), self.p.indirect_checks))
+            helpers = self._sample(self.p.indirect_checks, lambda h: h.state == ALIVE and h.name != m.name)
             for h in helpers:
                 self._send_raw(h.addr, {"t": "preq", "seq": seq, "to": m.name, "ta": m.addr, "nack": True})
             with trio.move_on_at(deadline):
@@ -532,10 +559,10 @@ class Membership:
             tick = tick + iv if tick + iv > now else now + iv  # a late round does not bunch the next ones
             if not len(self.broadcasts):
                 continue
-            pool = [m for m in self.members.values() if m.name != self.name and (
-                m.state in (ALIVE, SUSPECT) or (m.state == DEAD and now - m.since < self.p.gossip_to_the_dead))]
+            targets = self._sample(self.p.gossip_nodes, lambda m: m.state in (ALIVE, SUSPECT) or (
+                m.state == DEAD and now - m.since < self.p.gossip_to_the_dead))
             limit = self.p.retransmit_limit(self.n())
-            for m in random.sample(pool, min(len(pool), self.p.gossip_nodes)):
+            for m in targets:
                 g = self.broadcasts.take(limit, self.p.piggyback_bytes)
                 if not g:
                     break
