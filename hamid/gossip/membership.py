@@ -38,7 +38,10 @@ in this node's document).
   document arrived, so whoever announces a version can serve it. Each
   member receives each version about once instead of ``retransmit_limit``
   times (a document of 8 GPUs is ~2.3 KB, a notice ~30 bytes). A request is
-  repeated for the same version only after ``DOC_RETRY`` seconds.
+  repeated for the same version only after ``DOC_RETRY`` seconds; one still
+  missing then is asked again of the same holder, up to ``DOC_TRIES`` times
+  (a lost request or reply would otherwise wait for the next push/pull:
+  minutes at thousands of members).
 - **Anti-entropy.** Every push/pull interval (scaled with n), a full exchange
   of member states and document versions with one random member; newer
   documents are then fetched from whoever has them. Dead members are
@@ -68,6 +71,7 @@ from .stats import Stats
 log = get_logger("gossip")
 
 DOC_RETRY = 1.0  # seconds before the same document version is asked for again (a lost request or reply)
+DOC_TRIES = 3  # times a missing version is asked again unprompted; then the next notice or push/pull asks
 NO_ACCUSER = "*"  # ``by`` of a suspicion learnt by push/pull; not a valid node or host name
 
 
@@ -149,7 +153,7 @@ class Membership:
         self._probe_order: list[str] = []
         self._probe_at = 0
         self._susp_wake = trio.Event()
-        self._doc_asked: dict[str, tuple[int, float]] = {}  # name -> (version asked for, when)
+        self._doc_asked: dict[str, tuple[int, float, str, int]] = {}  # name -> (version asked for, when, of whom, tries)
         self._seeds_pending = set(self.seeds)  # seeds that never answered a push/pull yet
         self._nursery: trio.Nursery | None = None
         self.changes: list[tuple[float, str, str]] = []  # (time, member, state) for tests/bench hooks
@@ -167,6 +171,7 @@ class Membership:
             nursery.start_soon(self._push_pull_loop)
             nursery.start_soon(self._join_loop)
             nursery.start_soon(self._suspicion_loop)
+            nursery.start_soon(self._doc_retry_loop)
             task_status.started()
 
     def set_local_doc(self, doc: dict) -> None:
@@ -395,7 +400,7 @@ class Membership:
         self._doc_asked.pop(name, None)
         self.broadcasts.add((name, "cap"), {"t": "cap", "n": name, "v": doc["version"]})
 
-    def _should_ask(self, name: str, version: int) -> bool:
+    def _should_ask(self, name: str, version: int, ask: str) -> bool:
         """Whether to request ``name``'s document at ``version`` now (and note that we did)."""
         if version == 0 or name == self.name:
             return False
@@ -406,11 +411,11 @@ class Membership:
         asked = self._doc_asked.get(name)
         if asked is not None and asked[0] >= version and now - asked[1] < DOC_RETRY:
             return False
-        self._doc_asked[name] = (version, now)
+        self._doc_asked[name] = (version, now, ask, 0)
         return True
 
     def _want_doc(self, name: str, version: int, ask: str) -> None:
-        if self._should_ask(name, version):
+        if self._should_ask(name, version, ask):
             self._send_raw(ask, {"t": "capreq", "names": [name]})
 
     def _answer_capreq(self, msg: dict) -> None:
@@ -456,7 +461,7 @@ class Membership:
                 if name not in self.members and name != self.name:
                     continue
                 self._on_suspect(name, inc, NO_ACCUSER)
-            if self._should_ask(name, cv):
+            if self._should_ask(name, cv, msg["a"]):
                 want.append(name)
         if want:
             self._send_raw(msg["a"], {"t": "capreq", "names": want})
@@ -600,6 +605,22 @@ class Membership:
             else:
                 await trio.sleep(delay)
                 delay = min(delay * 2, self.p.join_retry_max)
+
+    async def _doc_retry_loop(self) -> None:
+        """Ask again for document versions requested ``DOC_RETRY`` ago and still missing."""
+        while True:
+            await trio.sleep(DOC_RETRY)
+            now = trio.current_time()
+            again: dict[str, list[str]] = {}
+            for name, (version, when, ask, tries) in list(self._doc_asked.items()):
+                have = self.docs.get(name)
+                if (have is not None and have["version"] >= version) or tries >= DOC_TRIES:
+                    del self._doc_asked[name]
+                elif now - when >= DOC_RETRY:
+                    self._doc_asked[name] = (version, now, ask, tries + 1)
+                    again.setdefault(ask, []).append(name)
+            for addr, names in again.items():
+                self._send_raw(addr, {"t": "capreq", "names": names})
 
     async def _suspicion_loop(self) -> None:
         while True:
