@@ -43,8 +43,9 @@ in this node's document).
   (a lost request or reply would otherwise wait for the next push/pull:
   minutes at thousands of members).
 - **Anti-entropy.** Every push/pull interval (scaled with n), a full exchange
-  of member states and document versions with one random member; newer
-  documents are then fetched from whoever has them. Dead members are
+  of member states and document versions with one random member (in parts of
+  at most half the frame limit each); newer documents are then fetched from
+  whoever has them. Dead members are
   gossiped to for ``gossip_to_the_dead`` and reconnected to every
   ``reconnect_interval``, which heals partitions.
 """
@@ -71,6 +72,7 @@ from .stats import Stats
 log = get_logger("gossip")
 
 DOC_RETRY = 1.0  # seconds before the same document version is asked for again (a lost request or reply)
+STATE_PART_MAX = 4096  # member entries per push/pull frame (the capreq a part triggers may name each once)
 DOC_TRIES = 3  # times a missing version is asked again unprompted; then the next notice or push/pull asks
 NO_ACCUSER = "*"  # ``by`` of a suspicion learnt by push/pull; not a valid node or host name
 
@@ -284,9 +286,8 @@ class Membership:
                 self._nursery.start_soon(self._relay_probe, msg)
         elif t == "pp":
             self._merge(msg)
-            if not msg["reply"]:
-                self._send(msg["a"], {"t": "pp", "seq": msg["seq"], "join": msg["join"], "reply": True,
-                                      "m": self._state_entries()})
+            if not msg["reply"] and not msg.get("more"):  # answer a push once its last part arrived
+                self._send_state(msg["a"], msg["seq"], msg["join"], reply=True)
             if msg["reply"]:
                 self._seeds_pending.discard(msg["a"])
         elif t == "capreq":
@@ -468,8 +469,32 @@ class Membership:
 
     def push_pull(self, addr: str, join: bool = False) -> int:
         seq = next(self._seq)
-        self._send_raw(addr, {"t": "pp", "seq": seq, "join": join, "reply": False, "m": self._state_entries()})
+        self._send_state(addr, seq, join, reply=False)
         return seq
+
+    def _send_state(self, addr: str, seq: int, join: bool, *, reply: bool) -> None:
+        """Every member's state to ``addr``, in as many ``pp`` frames as half the frame limit allows
+        (all but the last marked ``more``: the receiver answers a push after its last part). One frame
+        held every member up to ~3,000 members with cloud node names; 5,000 needed ~360 KB."""
+        budget = self.p.max_frame_bytes // 2
+        parts: list[list[list]] = [[]]
+        size = 0
+        for e in self._state_entries():
+            es = len(e[0].encode()) + len(e[1].encode()) + 32  # CBOR: headers and three integers, at most
+            if parts[-1] and (size + es > budget or len(parts[-1]) >= STATE_PART_MAX):
+                parts.append([])
+                size = 0
+            parts[-1].append(e)
+            size += es
+        for i, part in enumerate(parts):
+            msg = {"t": "pp", "seq": seq, "join": join, "reply": reply, "m": part}
+            if i < len(parts) - 1:
+                msg["more"] = True
+                self._send_raw(addr, msg)
+            elif reply:
+                self._send(addr, msg)  # the last part of an answer carries piggybacked updates, as before
+            else:
+                self._send_raw(addr, msg)
 
     # --- loops -------------------------------------------------------------
 
