@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import resource
 import statistics
 import sys
 from pathlib import Path
@@ -193,7 +194,8 @@ def main() -> int:
               f"p50 {over50:+6.2f} ms, p99 {x99:4.2f}x echo | {got['feasible']} feasible | "
               f"first call {got['cold'] * ms:.0f} ms, a new request shape {got['new_shape'] * ms:.1f} ms | "
               f"views built {got['rebuilt']}, verdicts computed {got['computed']} | "
-              f"gen-2 GCs during the calls {got['gc'][0]} (longest {got['gc'][1] * ms:.0f} ms)")
+              f"gen-2 GCs during the calls {got['gc'][0]} (longest {got['gc'][1] * ms:.0f} ms) | "
+              f"max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB")
         if n == 5000:
             ok = over50 <= 2 and x99 <= 3
             print(f"        target at 5000 (p50 <= echo + 2 ms, p99 <= 3x echo's): {'met' if ok else 'NOT met'}")

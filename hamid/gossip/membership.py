@@ -143,8 +143,10 @@ class Membership:
         # names whose live document (live_doc) may have changed: readers (the leader's cluster view)
         # bring their state up to date from it instead of re-reading every member
         self.live_log = ChangeLog()
-        self._state_gen = 0  # bumped by every state change (n() recounts after one)
-        self._n, self._n_key = 1, (0, -1)
+        # alive and suspect members, kept by every add and state change (n() is asked per frame sent);
+        # recounted when the table's size differs from what the count saw (entries put in directly)
+        self._n, self._counted_len = 1, 1
+        self._suspects: set[str] = set()  # members in SUSPECT: the suspicion loop looks at these only
         self._names: list[str] = []  # the member table's names, for _sample (rebuilt when its size changes)
         self._names_len = -1
         self.health = 0
@@ -183,12 +185,11 @@ class Membership:
         self.broadcasts.add((self.name, "cap"), {"t": "cap", "n": self.name, "v": doc["version"]})
 
     def n(self) -> int:
-        """Alive and suspect members (us included). Every frame sent asks (the retransmit limit), so
-        the count is kept until a member is added or removed or changes state, not recounted per frame."""
-        key = (len(self.members), self._state_gen)
-        if self._n_key != key:
+        """Alive and suspect members (us included). Every frame sent asks (the retransmit limit), so the
+        count is kept as members come and change state instead of counted per frame (O(n) at 5,000)."""
+        if len(self.members) != self._counted_len:
             self._n = sum(1 for m in self.members.values() if m.state in (ALIVE, SUSPECT))
-            self._n_key = key
+            self._counted_len = len(self.members)
         return self._n
 
     def by_state(self) -> dict[str, int]:
@@ -250,8 +251,12 @@ class Membership:
 
     def _set_state(self, m: Member, state: int) -> None:
         if m.state != state:
+            self._n += (state in (ALIVE, SUSPECT)) - (m.state in (ALIVE, SUSPECT))
             m.state = state
-            self._state_gen += 1
+            if state == SUSPECT:
+                self._suspects.add(m.name)
+            else:
+                self._suspects.discard(m.name)
             m.since = trio.current_time()
             self.live_log.mark(m.name)
             self.changes.append((time.monotonic(), m.name, STATE_NAMES[state]))
@@ -323,6 +328,8 @@ class Membership:
         m = self.members.get(name)
         if m is None:
             m = self.members[name] = Member(name, addr, inc, ALIVE, trio.current_time())
+            self._n += 1
+            self._counted_len += 1
             self.live_log.mark(name)
             self.changes.append((time.monotonic(), name, "alive"))
             log.info("gossip member", member=name, state="alive", incarnation=inc, addr=addr)
@@ -619,6 +626,7 @@ class Membership:
             for m in dead:
                 if now - m.since > self.p.dead_retention:
                     del self.members[m.name]
+                    self._counted_len -= 1  # dead or left: not counted in n()
                     self.docs.pop(m.name, None)
                     self.live_log.mark(m.name)
             dead = [m for m in dead if m.state == DEAD and m.name in self.members]
@@ -651,7 +659,11 @@ class Membership:
         while True:
             now = trio.current_time()
             nearest = None
-            for m in list(self.members.values()):
+            for name in list(self._suspects):
+                m = self.members.get(name)
+                if m is None:
+                    self._suspects.discard(name)
+                    continue
                 s = m.suspicion
                 if m.state != SUSPECT or s is None:
                     continue

@@ -14,7 +14,7 @@ import random
 import pytest
 import trio
 
-from hamid.gossip.codec import ALIVE, DEAD
+from hamid.gossip.codec import ALIVE, DEAD, SUSPECT
 from hamid.gossip.membership import Membership
 from hamid.gossip.memnet import MemoryNetwork
 from hamid.gossip.params import GossipParams
@@ -77,6 +77,8 @@ async def test_a_group_over_the_memory_network_joins_spreads_detects_and_kills_n
             assert trio.current_time() - t0 < p.suspicion_bounds(N)[1] + 10, "a crash was not detected by all"
         nursery.cancel_scope.cancel()
     assert {who for _, who in deaths} == {"m9"}  # no live member was ever declared dead
+    for m in live:  # the counts kept incrementally agree with the table
+        assert (m.n(), sum(1 for x in m.members.values() if x.state in (ALIVE, SUSPECT))) == (N - 1, N - 1)
 
 
 async def test_the_memory_network_keeps_the_transport_s_frame_limit_and_refuses_bad_settings(autojump_clock):
