@@ -64,6 +64,7 @@ WARMUP_S = 40.0  # the first alive broadcasts retire and every member has probed
 IDLE_S = 30.0
 DETECT_MAX_S = 180.0
 JOIN_MAX_S = 120.0
+CURVE_AT = (0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)  # seconds after a change: share holding it
 
 
 def _doc(name: str, version: int, used: int = 0) -> dict:
@@ -174,6 +175,7 @@ class Sim:
         live = len(self.live())
         times = [t - t0 for t in self.got.values()]
         out = {q: pct_time(times, live, q) for q in (0.5, 0.99, 1.0)}
+        out["curve"] = [sum(1 for t in times if t <= x) / live for x in CURVE_AT]
         return out
 
     def crash(self, name: str) -> None:
@@ -227,6 +229,8 @@ async def scenario(n: int, loss: float, seed: int, changes: int) -> dict:
             res[key] = round(statistics.median(got), 2) if got else None
             res[key + "_max"] = round(max(got), 2) if got else None
         res["changes_not_everywhere"] = sum(1 for s in spreads if s[1.0] is None)
+        res["curve_at_s"] = list(CURVE_AT)
+        res["curve_share"] = [round(statistics.median(s["curve"][i] for s in spreads), 4) for i in range(len(CURVE_AT))]
 
         _progress(n, loss, "changes", t_real)
         # a crash
