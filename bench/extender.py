@@ -118,14 +118,14 @@ class _gc_pauses:
         return self.n, self.longest
 
 
-async def measure(n: int, calls: int, seed: int, churns: list[int]) -> dict:
+async def measure(n: int, calls: int, seed: int, churns: list[int], freeze: bool = True) -> dict:
     from hamid.cluster.capacity import view_from_doc
     from hamid.placement.usage import with_usage
 
     views = [with_usage(name, cap, decisions) for name, cap, decisions in build_cluster(n, random.Random(seed))]
     gossip = _gossip(views, seed)
     del views
-    cluster = ClusterView(gossip, view_from_doc, freeze_gc=True)  # as the daemon's
+    cluster = ClusterView(gossip, view_from_doc, freeze_gc=freeze)  # the daemon's leader freezes
     ext = Extender(None, None, cluster, defaults=Defaults(), node_policy="binpack",
                    is_leader=lambda: True, leader_url=lambda: None)
     rng = random.Random(seed)
@@ -182,6 +182,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--churn", default="0,1,10", help="members republishing between two calls (a list)")
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--no-freeze", action="store_true", help="without the leader's gc.freeze (what it saves)")
     args = ap.parse_args()
     from hamid import logs
 
@@ -191,7 +192,7 @@ def main() -> int:
     print("filter through the extender's HTTP app (hypercorn, loopback), nodeCacheCapable; baseline: an echo "
           "verb in the same run; churn: nodes republished between two calls")
     for n in (int(x) for x in args.nodes.split(",")):
-        got = trio.run(measure, n, args.calls, args.seed, churns)
+        got = trio.run(measure, n, args.calls, args.seed, churns, not args.no_freeze)
         for churn, (f, b, feasible) in got["rows"].items():
             over50 = (pct(f, 50) - pct(b, 50)) * ms
             x99 = pct(f, 99) / pct(b, 99)
