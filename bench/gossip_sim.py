@@ -17,9 +17,11 @@ with its 8-GPU capacity document), each starting its loops at a random
 moment of the first second. After a warm-up, per size and loss rate:
 
 - bytes/s per member, idle (only probes and push/pull);
-- a capacity document changes somewhere once a second: time until 50 %, 99 %
-  and every live member hold the new version (median over the changes), and
-  the bytes/s per member meanwhile;
+- a capacity document changes somewhere, one change at a time (the next one
+  second later, or once every member holds it, up to 20 s): time until 50 %,
+  99 % and every live member hold the new version (median over the changes),
+  the share holding it over time (a curve), the bytes/s per member meanwhile
+  and the bytes per member each change costs above the idle traffic;
 - a member crashes (its frames dropped both ways, no leave notice): time until
   the first member declares it dead, and until 99 % and all live members have;
 - a new member joins through one seed: time until 99 % of the group know it
@@ -224,6 +226,8 @@ async def scenario(n: int, loss: float, seed: int, changes: int) -> dict:
         sim.tracked = None
         res["change_bytes_per_member_s"] = round((sim.bytes_sent() - b0) / len(sim.live()) /
                                                  (trio.current_time() - t0w))
+        res["bytes_per_member_per_change"] = round((sim.bytes_sent() - b0) / len(sim.live()) / changes -
+                                                   res["idle_bytes_per_member_s"] * (trio.current_time() - t0w) / changes)
         for q, key in ((0.5, "converge_50_s"), (0.99, "converge_99_s"), (1.0, "converge_all_s")):
             got = [s[q] for s in spreads if s[q] is not None]
             res[key] = round(statistics.median(got), 2) if got else None
