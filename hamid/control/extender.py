@@ -157,15 +157,8 @@ class Extender:
             snap = self.cluster.snapshot() if snap is None else snap
             ok, failed = self.verdicts.split(request, snap, names)
             if quota is not None and ok:  # what each node would give the pod, against the quota
-                keep = []
-                for name in ok:
-                    d = fit_node(request, snap.members[name].view)
-                    over = quota.check(d) if isinstance(d, Decision) else None
-                    if over is None:
-                        keep.append(name)
-                    else:
-                        failed[name] = "hamid: " + over
-                ok = keep
+                ok, over = self.verdicts.within(request, snap, ok, quota.check_usage)
+                failed.update(over)
         uid = (pod.get("metadata") or {}).get("uid")
         if request is not None and isinstance(uid, str) and uid:
             self._remember(uid, ok)
@@ -295,11 +288,13 @@ class Extender:
     def _work(self, args: dict[str, Any], snap: Snapshot) -> int:
         """Node verdicts the engine must compute to answer ``args`` (0 for a pod that asks for no GPU
         or cannot be read: those are answered without the engine)."""
+        pod = (args.get("Pod") or {}) if isinstance(args, dict) else {}
         try:
-            request = self._request((args.get("Pod") or {}) if isinstance(args, dict) else {})
-        except HamidError:
+            request = self._request(pod)
+            quota = self._quota(pod) if request is not None else None
+        except HamidError:  # QuotaUnknown included: answered at once
             return 0
-        return 0 if request is None else self.verdicts.work(request, snap)
+        return 0 if request is None else self.verdicts.work(request, snap, usage=quota is not None)
 
     # --- HTTP ---------------------------------------------------------------------------------
 

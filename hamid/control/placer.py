@@ -58,6 +58,22 @@ class DocSource(Protocol):
     def live_changes(self, cursor: int | None) -> tuple[int, set[str] | None]: ...
 
 
+class _FullRead:
+    """A DocSource over a plain function: no journal, so every reader re-reads everything."""
+
+    def __init__(self, read: Callable[[], dict[str, dict]]) -> None:
+        self._read = read
+
+    def live_docs(self) -> dict[str, dict]:
+        return self._read()
+
+    def live_doc(self, name: str) -> dict | None:
+        return self._read().get(name)
+
+    def live_changes(self, cursor: int | None) -> tuple[int, set[str] | None]:
+        return 0, None
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """The cluster view at one moment: never changed once published, so a worker thread may read it."""
@@ -81,10 +97,15 @@ class ClusterView:
     extender's filter cache) update their own state. Call from the trio thread.
     """
 
-    def __init__(self, source: DocSource, to_view: Callable[[dict], NodeView], *, freeze_gc: bool = False) -> None:
-        """``freeze_gc``: move the views out of the garbage collector's sight as they pile up
-        (:mod:`.gcfreeze`; the daemon's leader sets it: it is process-wide)."""
-        self.source = source
+    def __init__(self, source: DocSource | None = None, to_view: Callable[[dict], NodeView] | None = None, *,
+                 read: Callable[[], dict[str, dict]] | None = None, freeze_gc: bool = False) -> None:
+        """``read``, instead of ``source``: a plain function giving every live document (tests, tools):
+        it has no journal, so every call reads everything (correct, O(nodes)). ``freeze_gc``: move the
+        views out of the garbage collector's sight as they pile up (:mod:`.gcfreeze`; the daemon's
+        leader sets it: it is process-wide)."""
+        if (source is None) == (read is None) or to_view is None:
+            raise TypeError("ClusterView needs to_view and one of source (a journaled DocSource) or read")
+        self.source = source if source is not None else _FullRead(read)
         self.to_view = to_view
         self.pending: dict[str, list[_Pending]] = {}
         self._views: dict[str, tuple[int, NodeView]] = {}  # base view per node, for its document's version

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from itertools import filterfalse
 
-from ..placement.engine import feasible
+from ..placement import Decision
+from ..placement.engine import feasible, fit_node
 from ..request.model import Request
 from .placer import Member, Snapshot
+from .quota import Usage, decision_usage
 
 NO_DAEMON = "hamid: no hamid daemon publishes this node's GPUs"
 # Shapes remembered. kube-scheduler works through the pending pods of a few
@@ -43,60 +45,79 @@ def verdict(request: Request, m: Member) -> str | None:
     return None if not why else "hamid: " + "; ".join(why)
 
 
+class _Shape:
+    """One request shape's verdicts as of snapshot ``gen``."""
+
+    __slots__ = ("gen", "table", "fits", "usage")
+
+    def __init__(self, gen: int, table: dict[str, str | None], fits: set[str]) -> None:
+        self.gen = gen
+        self.table = table  # node -> verdict
+        self.fits = fits  # the nodes whose verdict is None
+        self.usage: dict[str, Usage] = {}  # node -> what its decision gives the pod (quotas), filled on demand
+
+
 class Verdicts:
     def __init__(self, max_shapes: int = SHAPES_MAX) -> None:
         self._lock = threading.Lock()
-        # shape -> (snapshot gen, node -> verdict, the nodes whose verdict is None)
-        self._by: OrderedDict[Hashable, tuple[int, dict[str, str | None], set[str]]] = OrderedDict()
+        self._by: OrderedDict[Hashable, _Shape] = OrderedDict()
         self._max = max_shapes
         self.computed = 0  # node verdicts computed by the engine (a node that did not change costs none)
+        self.decided = 0  # node decisions computed for quotas (likewise)
 
-    def _current(self, request: Request, snap: Snapshot) -> tuple[dict[str, str | None], set[str]]:
+    def _current(self, request: Request, snap: Snapshot) -> _Shape:
         key = shape(request)
         hit = self._by.get(key)
-        if hit is not None and hit[0] >= snap.gen:
+        if hit is not None and hit.gen >= snap.gen:
             # up to date, or brought up to a newer snapshot by a call that overtook this one: the
             # newer view is as good an answer (every commit is re-checked by the node's ledger)
             self._by.move_to_end(key)
-            return hit[1], hit[2]
-        changed = snap.log.since(hit[0]) if hit is not None else None
+            return hit
+        changed = snap.log.since(hit.gen) if hit is not None else None
         if changed is None:
             table = {name: verdict(request, m) for name, m in snap.members.items()}
-            fits = {name for name, v in table.items() if v is None}
+            hit = _Shape(snap.gen, table, {name for name, v in table.items() if v is None})
             self.computed += len(table)
         else:
-            table, fits = hit[1], hit[2]
+            table, fits, usage = hit.table, hit.fits, hit.usage
             for name in changed:
                 m = snap.members.get(name)
-                v = None if m is None else verdict(request, m)
+                usage.pop(name, None)
                 if m is None:
                     table.pop(name, None)
-                else:
-                    table[name] = v
-                if m is not None and v is None:
+                    fits.discard(name)
+                    continue
+                v = table[name] = verdict(request, m)
+                if v is None:
                     fits.add(name)
                 else:
                     fits.discard(name)
+            hit.gen = snap.gen
             self.computed += len(changed)
-        self._by[key] = (snap.gen, table, fits)
+        self._by[key] = hit
         self._by.move_to_end(key)
         while len(self._by) > self._max:
             self._by.popitem(last=False)
-        return table, fits
+        return hit
 
-    def work(self, request: Request, snap: Snapshot) -> int:
-        """How many node verdicts :meth:`split` would compute for ``request`` on ``snap`` now."""
+    def work(self, request: Request, snap: Snapshot, usage: bool = False) -> int:
+        """How many node verdicts (and, with ``usage``, decisions for a quota) :meth:`split` and
+        :meth:`within` would compute for ``request`` on ``snap`` now."""
         with self._lock:
             hit = self._by.get(shape(request))
-            if hit is not None and hit[0] >= snap.gen:
-                return 0
-            changed = snap.log.since(hit[0]) if hit is not None else None
-            return len(snap.members) if changed is None else len(changed)
+            if hit is None:
+                return len(snap.members) * (2 if usage else 1)
+            changed = snap.log.since(hit.gen) if hit.gen < snap.gen else set()
+            n = len(snap.members) if changed is None else len(changed)
+            if usage:
+                n += len(hit.fits) - len(hit.usage) + (len(changed) if changed is not None else len(snap.members))
+            return n
 
     def split(self, request: Request, snap: Snapshot, names: Iterable[str]) -> tuple[list[str], dict[str, str]]:
         """``names`` that can take ``request`` (in their order), and why each other cannot."""
         with self._lock:
-            table, fits = self._current(request, snap)
+            hit = self._current(request, snap)
+            table, fits = hit.table, hit.fits
             names = names if isinstance(names, list) else list(names)
             # filter() with a set's C method: no Python step per node (this pass is per node, per call)
             ok = list(filter(fits.__contains__, names))
@@ -104,3 +125,32 @@ class Verdicts:
                 return ok, {}
             get = table.get
             return ok, {name: get(name) or NO_DAEMON for name in filterfalse(fits.__contains__, names)}
+
+    def within(self, request: Request, snap: Snapshot, ok: list[str],
+               check: Callable[[Usage], str | None]) -> tuple[list[str], dict[str, str]]:
+        """Of ``ok`` (nodes that fit), those whose decision for ``request`` stays within a quota
+        (``check``: None, or the reason), and why each other does not. What a node's decision gives
+        the pod is kept per node like its verdict; ``check`` is asked once per distinct amount."""
+        with self._lock:
+            hit = self._current(request, snap)
+            usage = hit.usage
+            answers: dict[Usage, str | None] = {}
+            keep: list[str] = []
+            over: dict[str, str] = {}
+            for name in ok:
+                u = usage.get(name)
+                if u is None:
+                    d = fit_node(request, snap.members[name].view)
+                    if not isinstance(d, Decision):  # fits by its verdict: cannot happen, said plainly if it does
+                        over[name] = "hamid: " + "; ".join(d)
+                        continue
+                    u = usage[name] = decision_usage(d)
+                    self.decided += 1
+                if u not in answers:
+                    answers[u] = check(u)
+                why = answers[u]
+                if why is None:
+                    keep.append(name)
+                else:
+                    over[name] = "hamid: " + why
+            return keep, over

@@ -222,3 +222,53 @@ def test_the_change_log_gives_each_reader_what_changed_since_its_cursor():
     assert log.since(c0) is None  # fell behind: read everything
     assert view.since(c0) == {"a", "b"}  # a view taken earlier (a worker's) is still whole
     assert log.since(log.cursor - 2) == {"g", "h"}
+
+
+async def test_filter_holds_a_namespace_quota_with_cached_decisions_and_sees_the_quota_change():
+    """With a quota, each fitting node's decision is checked against it; what a node's decision gives
+    is kept like its verdict (decided once per node until the node changes), but the quota itself is
+    asked afresh on every call: a namespace that used more since is refused on the next filter."""
+    from hamid.control.quota import Limit, NamespaceQuota, Usage
+    from hamid.request.model import ResourceNames
+
+    g = _gossip(6)
+    used = [Usage(0, 0)]
+    names = ResourceNames()
+
+    def book():
+        class Book:
+            def of(self, ns, uid):
+                return NamespaceQuota(ns, {names.memory: Limit(names.memory, 20000, "q", 20000)}, used[0], names)
+        return Book()
+
+    ext = Extender(None, None, ClusterView(g, view_from_doc), defaults=Defaults(), node_policy="binpack",
+                   is_leader=lambda: True, leader_url=lambda: None, quotas=book)
+    nodes = [f"node-{i}" for i in range(6)]
+    out = ext.filter({"Pod": _pod("8000"), "NodeNames": nodes})
+    fit = out["NodeNames"]
+    assert fit and not any("quota" in v for v in out["FailedNodes"].values())
+    decided = ext.verdicts.decided
+    assert decided == len(fit)
+
+    used[0] = Usage(15000, 0)  # the namespace now holds 15000 MiB: 8000 more would pass 20000
+    out = ext.filter({"Pod": _pod("8000", uid="u2"), "NodeNames": nodes})
+    assert out["NodeNames"] == []
+    assert all("ResourceQuota q" in out["FailedNodes"][n] and "15000" in out["FailedNodes"][n] for n in fit)
+    assert ext.verdicts.decided == decided  # no node changed: no decision computed again
+
+    g._apply_doc("node-3", _doc(3, 2, used_mib=1000))  # one node changes: only its decision is recomputed
+    used[0] = Usage(0, 0)
+    out = ext.filter({"Pod": _pod("8000", uid="u3"), "NodeNames": nodes})
+    assert "node-3" in out["NodeNames"] and ext.verdicts.decided == decided + 1
+
+
+async def test_a_cluster_view_over_a_plain_read_function_reads_everything_and_is_right():
+    docs = {"node-1": _doc(1, 1)}
+    cv = ClusterView(read=lambda: docs, to_view=view_from_doc)
+    assert list(cv.members()) == ["node-1"]
+    docs["node-2"] = _doc(2, 1)
+    docs["node-1"] = _doc(1, 2, used_mib=5000)
+    got = cv.members()
+    assert sorted(got) == ["node-1", "node-2"] and got["node-1"].version == 2
+    del docs["node-2"]
+    assert list(cv.members()) == ["node-1"]
