@@ -289,6 +289,30 @@ async def scenario(n: int, loss: float, seed: int, changes: int) -> dict:
     return res
 
 
+def markdown(rows: list[dict]) -> str:
+    """The results table and the spread curve, as docs/gossip-scale.md shows them."""
+    def f(x, unit=""):
+        return "-" if x is None else f"{x:g}{unit}"
+    out = ["| members | loss | converge 50 / 99 / all % (s) | not everywhere | detect first / 99 % / all (s) | "
+           "suspicion bounds (s) | join: known by 99 % / has all docs (s) | bytes/s per member idle / changing | "
+           "false deaths | seed |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['n']:,} | {r['loss']:.0%} | {f(r['converge_50_s'])} / {f(r['converge_99_s'])} / "
+                   f"{f(r['converge_all_s'])} | {r['changes_not_everywhere']} | {f(r['detect_first_s'])} / "
+                   f"{f(r.get('detect_99_s'))} / {f(r.get('detect_all_s'))} | {r['suspicion_bounds_s'][0]:g}-"
+                   f"{r['suspicion_bounds_s'][1]:g} | {f(r['join_known_99_s'])} / {f(r['join_has_all_docs_s'])} | "
+                   f"{r['idle_bytes_per_member_s']:,} / {r['change_bytes_per_member_s']:,} | {r['false_deaths']} | "
+                   f"{r.get('seed', '-')} |")
+    at = rows[0]["curve_at_s"]
+    out += ["", "| members | loss | seed | " + " | ".join(f"{t:g} s" for t in at) + " |",
+            "|---|---|---|" + "---|" * len(at)]
+    for r in rows:
+        out.append(f"| {r['n']:,} | {r['loss']:.0%} | {r.get('seed', '-')} | "
+                   + " | ".join(f"{x:.1%}" for x in r["curve_share"]) + " |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000,5000")
@@ -298,7 +322,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=40.0, help="protocol seconds before measuring")
     ap.add_argument("--idle", type=float, default=30.0, help="protocol seconds of the idle window")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--markdown", nargs="+", metavar="JSON", help="print the tables of earlier --json files and exit")
     args = ap.parse_args()
+    if args.markdown:
+        print(markdown([r for p in args.markdown for r in json.loads(Path(p).read_text())]))
+        return 0
     global WARMUP_S, IDLE_S
     WARMUP_S, IDLE_S = args.warmup, args.idle
     from hamid import logs
@@ -308,6 +336,7 @@ def main() -> int:
     for n in (int(x) for x in args.sizes.split(",")):
         for loss in (float(x) for x in args.loss.split(",")):
             r = trio.run(scenario, n, loss, args.seed, args.changes, clock=trio.testing.MockClock(autojump_threshold=0))
+            r["seed"] = args.seed
             rows.append(r)
             print(json.dumps(r), flush=True)
             gc.unfreeze()
