@@ -147,8 +147,9 @@ class Membership:
         # recounted when the table's size differs from what the count saw (entries put in directly)
         self._n, self._counted_len = 1, 1
         self._suspects: set[str] = set()  # members in SUSPECT: the suspicion loop looks at these only
-        self._names: list[str] = []  # the member table's names, for _sample (rebuilt when its size changes)
-        self._names_len = -1
+        self._names: list[str] = []  # the member table's names, for _sample
+        self._names_key = (-1, -1)  # (table size, adds and removals) when _names was listed
+        self._table_gen = 0  # members added or removed by this class
         self.health = 0
         self._gossip_wake = trio.Event()
         self.broadcasts = Broadcasts(on_add=self._wake_gossip)
@@ -233,8 +234,9 @@ class Membership:
         """Up to ``k`` distinct other members for which ``ok`` holds, uniformly at random, without
         listing every member: a gossip round or an indirect probe at 5,000 members costs a few draws,
         not a pass over the table. Falls back to listing them when few qualify."""
-        if self._names_len != len(self.members):
-            self._names, self._names_len = list(self.members), len(self.members)
+        key = (len(self.members), self._table_gen)
+        if self._names_key != key:
+            self._names, self._names_key = list(self.members), key
         names, picked = self._names, {}
         for _ in range(4 * k + 8):
             if len(picked) >= k:
@@ -330,6 +332,7 @@ class Membership:
             m = self.members[name] = Member(name, addr, inc, ALIVE, trio.current_time())
             self._n += 1
             self._counted_len += 1
+            self._table_gen += 1
             self.live_log.mark(name)
             self.changes.append((time.monotonic(), name, "alive"))
             log.info("gossip member", member=name, state="alive", incarnation=inc, addr=addr)
@@ -627,6 +630,7 @@ class Membership:
                 if now - m.since > self.p.dead_retention:
                     del self.members[m.name]
                     self._counted_len -= 1  # dead or left: not counted in n()
+                    self._table_gen += 1
                     self.docs.pop(m.name, None)
                     self.live_log.mark(m.name)
             dead = [m for m in dead if m.state == DEAD and m.name in self.members]
