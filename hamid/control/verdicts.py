@@ -7,11 +7,15 @@ kube-scheduler shows in ``FailedNodes``), as of a :class:`~.placer.Snapshot`.
 A call whose shape is cached looks again only at the nodes the snapshot's
 journal names as changed since, so kube-scheduler filtering replica after
 replica against thousands of nodes costs O(changed nodes) in the engine plus
-one pass over the names it sent. What it does not: the verdicts themselves
-(:func:`hamid.placement.engine.feasible`) or the HTTP (``extender``).
+one pass over the names it sent. With a namespace quota, what each fitting
+node's decision would give the pod is kept the same way (decided once per
+node until it changes), and the quota, which changes with every placement in
+the namespace, is asked afresh on every call, once per distinct amount. What
+it does not: the verdicts themselves (:func:`hamid.placement.engine.feasible`)
+or the HTTP (``extender``).
 
-Called from worker threads (the extender fits off the event loop): one lock
-keeps the table and each call's reading of it consistent.
+Called from the event loop (a call that needs a few verdicts) or a worker
+thread (more): one lock keeps the table and each call's reading of it consistent.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from .quota import Usage, decision_usage
 
 NO_DAEMON = "hamid: no hamid daemon publishes this node's GPUs"
 # Shapes remembered. kube-scheduler works through the pending pods of a few
-# workloads at a time, and each shape costs a dict of one entry per node
-# (~0.5 MB at 5,000 nodes); a shape not remembered costs one full pass.
+# workloads at a time, and each shape costs a dict and a set of one entry per
+# node (~1 MB at 5,000 nodes); a shape not remembered costs one full pass.
 SHAPES_MAX = 16
 
 
