@@ -49,6 +49,7 @@ class Endpoint:
         frame = self.net.codec.encode(msg)
         self.stats.bytes_sent += len(frame)
         self.stats.frames_sent += 1
+        self.net.sent_by_type[msg["t"]] = self.net.sent_by_type.get(msg["t"], 0) + len(frame)
         self.net.post(addr, frame)
 
     def forget(self, addr: str) -> None:
@@ -70,6 +71,7 @@ class MemoryNetwork:
         self.endpoints: dict[str, Endpoint] = {}
         self.down: set[str] = set()  # addresses of crashed members
         self.lost = 0
+        self.sent_by_type: dict[str, int] = {}  # frame type -> bytes sent by every member (simulations)
         self.rejected: dict[str, int] = {}
         self._heap: list[tuple[float, int, str, bytes]] = []
         self._seq = itertools.count()
