@@ -313,6 +313,10 @@ async def scenario(n: int, loss: float, seed: int, changes: int) -> dict:
     return res
 
 
+def _n(x) -> str:
+    return "-" if x is None else f"{x:,}"
+
+
 def markdown(rows: list[dict]) -> str:
     """The results table and the spread curve, as docs/gossip-scale.md shows them."""
     def f(x, unit=""):
@@ -327,7 +331,7 @@ def markdown(rows: list[dict]) -> str:
                    f"{f(r['converge_all_s'])} | {r['changes_not_everywhere']} | {f(r['detect_first_s'])} / "
                    f"{f(r.get('detect_99_s'))} / {f(r.get('detect_all_s'))} | {r['suspicion_bounds_s'][0]:g}-"
                    f"{r['suspicion_bounds_s'][1]:g} | {f(r['join_known_99_s'])} / {f(r['join_has_all_docs_s'])} | "
-                   f"{r['idle_bytes_per_member_s']:,} / {r.get('steady_idle_bytes_per_member_s', '-'):,} / "
+                   f"{r['idle_bytes_per_member_s']:,} / {_n(r.get('steady_idle_bytes_per_member_s'))} / "
                    f"{r['change_bytes_per_member_s']:,} | {r['false_deaths']} | "
                    f"{r.get('seed', '-')} |")
     at = rows[0]["curve_at_s"]

@@ -39,9 +39,10 @@ in this node's document).
   member receives each version about once instead of ``retransmit_limit``
   times (a document of 8 GPUs is ~2.3 KB, a notice ~30 bytes). A request is
   repeated for the same version only after ``DOC_RETRY`` seconds; one still
-  missing then is asked again of the same holder, up to ``DOC_TRIES`` times
-  (a lost request or reply would otherwise wait for the next push/pull:
-  minutes at thousands of members).
+  missing then is asked again, up to ``DOC_TRIES`` times, of the member that
+  announced it and then of random live members (who hold it by then: the
+  epidemic is over in about a second), since a lost request or reply would
+  otherwise wait for the next push/pull: minutes at thousands of members.
 - **Anti-entropy.** Every push/pull interval (scaled with n), a full exchange
   of member states and document versions with one random member (in parts of
   at most half the frame limit each); newer documents are then fetched from
@@ -73,7 +74,7 @@ log = get_logger("gossip")
 
 DOC_RETRY = 1.0  # seconds before the same document version is asked for again (a lost request or reply)
 STATE_PART_MAX = 4096  # member entries per push/pull frame (the capreq a part triggers may name each once)
-DOC_TRIES = 3  # times a missing version is asked again unprompted; then the next notice or push/pull asks
+DOC_TRIES = 5  # times a missing version is asked again unprompted; then the next notice or push/pull asks
 NO_ACCUSER = "*"  # ``by`` of a suspicion learnt by push/pull; not a valid node or host name
 
 
@@ -655,6 +656,9 @@ class Membership:
                     del self._doc_asked[name]
                 elif now - when >= DOC_RETRY:
                     self._doc_asked[name] = (version, now, ask, tries + 1)
+                    if tries:  # the announcer did not answer once more: any live member will do
+                        other = self._sample(1, lambda m: m.state == ALIVE and m.name != name)
+                        ask = other[0].addr if other else ask
                     again.setdefault(ask, []).append(name)
             for addr, names in again.items():
                 self._send_raw(addr, {"t": "capreq", "names": names})
