@@ -251,3 +251,57 @@ def test_feasible_keeps_the_mutex_rule():
     assert feasible(replace(req, gpu_policy="spread"), busy) == []
     assert not isinstance(fit_node(req, busy), Decision)
     assert feasible(req, busy) and "mutex" in " ".join(feasible(req, busy))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.integers(1, 5), st.sampled_from(["binpack", "spread"]), st.integers(1, 3))
+def test_the_ranked_index_makes_the_engine_s_decisions(sc, copies, policy, block):
+    """RankedNodes (nodes kept in placement order, blocks skipped by their summaries) answers what
+    place() over the list answers, decision after decision, with nodes updated and removed on the way;
+    tiny blocks so that many blocks and skips happen on these small clusters."""
+    from dataclasses import replace
+
+    from hamid.placement import ranked
+
+    nodes, work = sc
+    nodes = [replace(n, name=f"{n.name}-{k}") for k in range(copies) for n in nodes]
+    caps = {n.name: _bare(n) for n in nodes}
+    decided: dict[str, list[Decision]] = {n.name: [] for n in nodes}
+    views = {n.name: n for n in nodes}
+    old, ranked.BLOCK = ranked.BLOCK, block
+    try:
+        index = {p: ranked.RankedNodes(views.values(), p) for p in ("binpack", "spread")}
+        for i, req in enumerate(work):
+            want = place(req, list(views.values()), policy)
+            got = index[req.node_policy or policy].place(req)
+            assert got == want, (i, req)
+            if isinstance(got, Decision):
+                decided[got.node].append(got)
+                views[got.node] = with_usage(got.node, caps[got.node], decided[got.node], views[got.node].gpu_policy)
+                for idx in index.values():
+                    idx.update(views[got.node])
+                if i % 5 == 4 and len(views) > 1:  # a node leaves the cluster
+                    del views[got.node]
+                    for idx in index.values():
+                        idx.remove(got.node)
+    finally:
+        ranked.BLOCK = old
+
+
+def test_the_ranked_index_takes_a_request_of_exactly_the_memory_left():
+    """The summaries' bounds are inclusive: a GPU with exactly the asked memory free is not skipped,
+    nor is a MIG node for a request that names no mode."""
+    from hamid.placement.ranked import RankedNodes
+    from hamid.request import parse_docker_env
+
+    full = node_view("a", "H100:1")
+    mig = node_view("m", "H100:1", operatingMode="mig")
+    first = place(parse_docker_env({"HAMI_VGPU_SPEC": "mem=50000m"}, "x"), [full])
+    nodes = [with_usage("a", _bare(full), [first], full.gpu_policy), mig]
+    for spec in ("mem=81559m", f"mem={full.gpus[0].mem_total - 50000}m", "1g.10gb", "mem=10g"):
+        req = parse_docker_env({"HAMI_VGPU_SPEC": spec, "HAMI_VISIBLE_DEVICES": "0"}, "y")
+        want = place(req, nodes)
+        assert RankedNodes(nodes).place(req) == want, spec
+    left = full.gpus[0].mem_total - 50000
+    req = parse_docker_env({"HAMI_VGPU_SPEC": f"mem={left}m", "HAMI_VISIBLE_DEVICES": "0"}, "y")
+    assert isinstance(RankedNodes(nodes).place(req), Decision)

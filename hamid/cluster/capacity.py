@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from ..nodekey import valid_public_key
-from ..placement.view import MODE_MIG, MigSlot, NodeView, gpu_view_from_dict, gpu_view_to_dict
+from ..placement.view import (MODE_MIG, MigSlot, NodeView, gpu_view_from_dict, gpu_view_to_dict,
+                              mig_profiles_from_list)
 from ..devices.types import MigPlacement
 
 
@@ -49,15 +50,34 @@ def same_content(a: dict | None, b: dict | None) -> bool:
     return {k: v for k, v in a.items() if k != "version"} == {k: v for k, v in b.items() if k != "version"}
 
 
+# Parsed MIG profile tables, by their JSON text: a cluster has a few GPU models, and every document
+# of every node repeats its models' tables; sharing one parsed table spares each view ~50 objects per
+# GPU (memory, and garbage-collector work). Bounded: cleared when full (a table is cheap to parse again).
+_TABLES: dict[str, tuple] = {}
+TABLES_MAX = 256
+
+
+def _table(items: list) -> tuple:
+    if not items:
+        return ()
+    key = repr(items)
+    got = _TABLES.get(key)
+    if got is None:
+        if len(_TABLES) >= TABLES_MAX:
+            _TABLES.clear()
+        got = _TABLES[key] = mig_profiles_from_list(items)
+    return got
+
+
 def view_from_doc(doc: dict) -> NodeView:
     gpus = []
+    tables = {name: _table(items) for name, items in doc.get("profiles", {}).items()}
     for d in doc["gpus"]:
-        d = dict(d, mig_profiles=doc.get("profiles", {}).get(d["name"], []))
-        cap = gpu_view_from_dict(d)
         mem, cores, slots, excl, mig, *rest = d["use"]
-        gpus.append(cap.with_use(int(mem), int(cores), int(slots), bool(excl),
-                                 tuple(MigSlot(p, MigPlacement(int(s), int(z))) for p, s, z in mig),
-                                 int(rest[0]) if rest else 0))
+        gpus.append(gpu_view_from_dict(d, tables.get(d["name"], ()), (
+            int(mem), int(cores), int(slots), bool(excl),
+            tuple(MigSlot(p, MigPlacement(int(s), int(z))) for p, s, z in mig) if mig else (),
+            int(rest[0]) if rest else 0)))
     return NodeView(doc["node"], tuple(gpus), doc.get("policy", "spread"))
 
 

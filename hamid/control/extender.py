@@ -8,7 +8,10 @@ kube-scheduler (configured by ``contrib/kubelet/``) calls ``filter``,
 - ``filter``: every node whose GPUs can take the pod (the placement engine on
   the cluster view) within its namespace's GPU quota (:mod:`.quota`) in
   ``NodeNames``, every other in ``FailedNodes`` with its reason. Nothing is
-  booked: kube-scheduler may filter many pods before it binds any.
+  booked: kube-scheduler may filter many pods before it binds any. Verdicts
+  are kept per request shape (:mod:`.verdicts`) and recomputed only for nodes
+  the cluster view says changed, so replicas of one workload cost one pass
+  over the names kube-scheduler sent.
 - ``prioritize``: 0..10 per feasible node, by the node policy (binpack: the
   fuller the node after placing, the higher).
 - ``bind``: the placement on the chosen node is committed on that node's
@@ -54,20 +57,24 @@ from ..kube.events import announce_clamp
 from ..logs import get_logger
 from ..node.identity import Owner
 from ..placement import Decision
-from ..placement.engine import feasible, fit_node
+from ..placement.engine import fit_node
 from ..request import parse_pod
 from ..request.model import Defaults, Request
 from ..serving import BodyTooLarge, read_body
 from . import annotations
 from .commit import commit, undo
-from .placer import ClusterView
+from .placer import ClusterView, Snapshot
 from .quota import NamespaceQuota, QuotaBook, QuotaUnknown
+from .verdicts import Verdicts
 
 log = get_logger("extender")
 
 MAX_BODY = 8 * 1024 * 1024  # a NodeList of thousands of nodes when not node-cache capable
 FORWARDED = "x-hamid-forwarded"
 FILTERED_TTL_S = 600.0  # kube-scheduler binds within seconds of filtering; a pod filtered longer ago is re-filtered
+# Node verdicts a call may compute on the event loop (20-30 us each); more go to a worker thread. Below it
+# the hop costs more than the work: ~0.1 ms with an idle core, several ms when the cores are busy.
+INLINE_WORK = 32
 FILTERED_MAX = 65536  # pods remembered between filter and bind (bounded: one entry per pod, oldest dropped first)
 
 
@@ -108,7 +115,8 @@ class Extender:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0), trust_env=False, verify=verify)
         self.bound = 0  # pods bound through this daemon (metrics)
         self.refused = 0  # bind calls refused before any commit (metrics)
-        self._filtered: OrderedDict[str, tuple[float, frozenset[str]]] = OrderedDict()  # pod uid -> nodes passed
+        self.verdicts = Verdicts()  # per request shape, each node's filter verdict, updated as nodes change
+        self._filtered: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()  # pod uid -> nodes passed
 
     def _quota(self, pod: dict) -> NamespaceQuota | None:
         """The pod's namespace GPU quota (None: none to check); :class:`QuotaUnknown` when it cannot be
@@ -129,7 +137,7 @@ class Extender:
 
     # --- the verbs (pure over the cluster view, except bind) -----------------------------
 
-    def filter(self, args: dict[str, Any], members: dict | None = None) -> dict[str, Any]:
+    def filter(self, args: dict[str, Any], snap: Snapshot | None = None) -> dict[str, Any]:
         pod = args.get("Pod") or {}
         by_names = args.get("NodeNames") is not None
         names = list(args.get("NodeNames") or []) if by_names else [
@@ -138,7 +146,7 @@ class Extender:
             request = self._request(pod)
         except HamidError as e:
             return {"Error": f"hamid: {e}"}
-        ok, failed = [], {}
+        failed: dict[str, str] = {}
         if request is None:
             ok = names
         else:
@@ -146,21 +154,11 @@ class Extender:
                 quota = self._quota(pod)
             except QuotaUnknown as e:
                 return {"Error": f"hamid: {e}"}
-            members = self.cluster.members() if members is None else members
-            for name in names:
-                m = members.get(name)
-                if m is None:
-                    failed[name] = "hamid: no hamid daemon publishes this node's GPUs"
-                    continue
-                why = feasible(request, m.view)
-                if not why and quota is not None:  # what the node would give the pod, against the quota
-                    d = fit_node(request, m.view)
-                    over = quota.check(d) if isinstance(d, Decision) else None
-                    why = [over] if over is not None else why
-                if not why:
-                    ok.append(name)
-                else:
-                    failed[name] = "hamid: " + "; ".join(why)
+            snap = self.cluster.snapshot() if snap is None else snap
+            ok, failed = self.verdicts.split(request, snap, names)
+            if quota is not None and ok:  # what each node would give the pod, against the quota
+                ok, over = self.verdicts.within(request, snap, ok, quota.check_usage)
+                failed.update(over)
         uid = (pod.get("metadata") or {}).get("uid")
         if request is not None and isinstance(uid, str) and uid:
             self._remember(uid, ok)
@@ -174,7 +172,7 @@ class Extender:
                                       if (n.get("metadata") or {}).get("name") in keep]}
         return out
 
-    def prioritize(self, args: dict[str, Any], members: dict | None = None) -> list[dict[str, Any]]:
+    def prioritize(self, args: dict[str, Any], snap: Snapshot | None = None) -> list[dict[str, Any]]:
         pod = args.get("Pod") or {}
         names = list(args.get("NodeNames") or []) or [
             (n.get("metadata") or {}).get("name") for n in ((args.get("Nodes") or {}).get("items") or [])]
@@ -182,21 +180,23 @@ class Extender:
             request = self._request(pod)
         except HamidError:
             request = None
-        if members is None:
-            members = self.cluster.members() if request is not None else {}
+        if request is None:
+            return [{"Host": name, "Score": 0} for name in names]
+        snap = self.cluster.snapshot() if snap is None else snap
+        ok = set(self.verdicts.split(request, snap, names)[0])
+        binpack = self.node_policy == "binpack"
         out = []
         for name in names:
             score = 0
-            m = members.get(name)
-            if request is not None and m is not None and not feasible(request, m.view):
-                total = sum(g.mem_total for g in m.view.gpus) or 1
-                used = sum(g.mem_used for g in m.view.gpus) / total
-                score = round(10 * (used if self.node_policy == "binpack" else 1 - used))
+            if name in ok:
+                used = snap.members[name].view.mem_used_fraction
+                score = round(10 * (used if binpack else 1 - used))
             out.append({"Host": name, "Score": score})
         return out
 
-    def _remember(self, uid: str, nodes) -> None:
-        self._filtered[uid] = (time.monotonic(), frozenset(nodes))
+    def _remember(self, uid: str, nodes: list[str]) -> None:
+        # the list itself (a reference, O(1) per filter); bind, once per pod, searches it
+        self._filtered[uid] = (time.monotonic(), nodes)
         self._filtered.move_to_end(uid)
         while len(self._filtered) > FILTERED_MAX:
             self._filtered.popitem(last=False)
@@ -285,6 +285,17 @@ class Extender:
         # the client cannot parse the Status the server answers a binding with: read it raw
         self.core.create_namespaced_pod_binding(name, ns, body, _preload_content=False, _request_timeout=10)
 
+    def _work(self, args: dict[str, Any], snap: Snapshot) -> int:
+        """Node verdicts the engine must compute to answer ``args`` (0 for a pod that asks for no GPU
+        or cannot be read: those are answered without the engine)."""
+        pod = (args.get("Pod") or {}) if isinstance(args, dict) else {}
+        try:
+            request = self._request(pod)
+            quota = self._quota(pod) if request is not None else None
+        except HamidError:  # QuotaUnknown included: answered at once
+            return 0
+        return 0 if request is None else self.verdicts.work(request, snap, usage=quota is not None)
+
     # --- HTTP ---------------------------------------------------------------------------------
 
     async def _forward(self, verb: str, body: bytes, forwarded: bool):
@@ -320,9 +331,11 @@ class Extender:
             except ValueError:
                 return JSONResponse({"Error": "request body is not JSON"}, 400)
             if verb in ("filter", "prioritize"):
-                members = self.cluster.members()  # here, in the trio thread; the fitting in a worker
+                snap = self.cluster.snapshot()  # here, in the trio thread (O(changes))
                 fn = self.filter if verb == "filter" else self.prioritize
-                return JSONResponse(await trio.to_thread.run_sync(fn, args, members))
+                if self._work(args, snap) <= INLINE_WORK:  # a few verdicts: cheaper than the thread hop
+                    return JSONResponse(fn(args, snap))
+                return JSONResponse(await trio.to_thread.run_sync(fn, args, snap))
             return JSONResponse(await self.bind(args))
 
         return Starlette(routes=[Route("/{verb}", handle, methods=["POST"])])

@@ -185,7 +185,10 @@ class NamespaceQuota:
 
     def check(self, decision: Decision) -> Reason | None:
         """None when ``decision`` fits the namespace's quota, else the reason (HAMi's ResourceQuotaNotFit)."""
-        want = decision_usage(decision)
+        return self.check_usage(decision_usage(decision))
+
+    def check_usage(self, want: Usage) -> Reason | None:
+        """:meth:`check` for what a decision gives the pod (the extender keeps that per node)."""
         for res, asked, used, unit in ((self.names.memory, want.mem, self.used.mem, " MiB"),
                                        (self.names.cores, want.cores, self.used.cores, "%")):
             lim = self.limits.get(res)

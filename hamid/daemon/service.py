@@ -497,7 +497,7 @@ def control_faces(d: Daemon, api, gossip, keyring=None, identity=None) -> list:
     names = request_defaults(d).names
     ignored = {names.count, names.memory, names.memory_percentage, names.cores, names.priority}
     elector = LeaderElector.from_config(c, api, d.node)
-    cluster = ClusterView(read=gossip.membership.live_docs, to_view=view_from_doc)
+    cluster = ClusterView(gossip.membership, view_from_doc, freeze_gc=True)
     peer = PeerClient.from_config(c, keyring, name=d.node, identity=identity)
     def extender_of(node: str) -> str | None:
         """A node's extender URL, from its gossiped document."""

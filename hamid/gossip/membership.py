@@ -38,10 +38,15 @@ in this node's document).
   document arrived, so whoever announces a version can serve it. Each
   member receives each version about once instead of ``retransmit_limit``
   times (a document of 8 GPUs is ~2.3 KB, a notice ~30 bytes). A request is
-  repeated for the same version only after ``DOC_RETRY`` seconds.
+  repeated for the same version only after ``DOC_RETRY`` seconds; one still
+  missing then is asked again, up to ``DOC_TRIES`` times, of the member that
+  announced it and then of random live members (who hold it by then: the
+  epidemic is over in about a second), since a lost request or reply would
+  otherwise wait for the next push/pull: minutes at thousands of members.
 - **Anti-entropy.** Every push/pull interval (scaled with n), a full exchange
-  of member states and document versions with one random member; newer
-  documents are then fetched from whoever has them. Dead members are
+  of member states and document versions with one random member (in parts of
+  at most half the frame limit each); newer documents are then fetched from
+  whoever has them. Dead members are
   gossiped to for ``gossip_to_the_dead`` and reconnected to every
   ``reconnect_interval``, which heals partitions.
 """
@@ -58,6 +63,7 @@ from dataclasses import dataclass, field
 import cbor2
 import trio
 
+from ..cluster.changes import ChangeLog
 from ..logs import get_logger
 from .broadcast import Broadcasts
 from .codec import ALIVE, DEAD, LEFT, STATE_NAMES, SUSPECT
@@ -67,6 +73,8 @@ from .stats import Stats
 log = get_logger("gossip")
 
 DOC_RETRY = 1.0  # seconds before the same document version is asked for again (a lost request or reply)
+STATE_PART_MAX = 4096  # member entries per push/pull frame (the capreq a part triggers may name each once)
+DOC_TRIES = 5  # times a missing version is asked again unprompted; then the next notice or push/pull asks
 NO_ACCUSER = "*"  # ``by`` of a suspicion learnt by push/pull; not a valid node or host name
 
 
@@ -94,7 +102,7 @@ class Suspicion:
         return self.start + suspicion_timeout(self.lo, self.hi, len(self.confirmers), self.needed)
 
 
-@dataclass
+@dataclass(slots=True)  # one per member in every member's table: n x n objects across a group
 class Member:
     name: str
     addr: str
@@ -133,6 +141,16 @@ class Membership:
         self.me = Member(name, addr, self.inc, ALIVE, 0.0)
         self.members: dict[str, Member] = {name: self.me}
         self.docs: dict[str, dict] = {}  # name -> newest capacity document known
+        # names whose live document (live_doc) may have changed: readers (the leader's cluster view)
+        # bring their state up to date from it instead of re-reading every member
+        self.live_log = ChangeLog()
+        # alive and suspect members, kept by every add and state change (n() is asked per frame sent);
+        # recounted when the table's size differs from what the count saw (entries put in directly)
+        self._n, self._counted_len = 1, 1
+        self._suspects: set[str] = set()  # members in SUSPECT: the suspicion loop looks at these only
+        self._names: list[str] = []  # the member table's names, for _sample
+        self._names_key = (-1, -1)  # (table size, adds and removals) when _names was listed
+        self._table_gen = 0  # members added or removed by this class
         self.health = 0
         self._gossip_wake = trio.Event()
         self.broadcasts = Broadcasts(on_add=self._wake_gossip)
@@ -141,7 +159,7 @@ class Membership:
         self._probe_order: list[str] = []
         self._probe_at = 0
         self._susp_wake = trio.Event()
-        self._doc_asked: dict[str, tuple[int, float]] = {}  # name -> (version asked for, when)
+        self._doc_asked: dict[str, tuple[int, float, str, int]] = {}  # name -> (version asked for, when, of whom, tries)
         self._seeds_pending = set(self.seeds)  # seeds that never answered a push/pull yet
         self._nursery: trio.Nursery | None = None
         self.changes: list[tuple[float, str, str]] = []  # (time, member, state) for tests/bench hooks
@@ -159,15 +177,22 @@ class Membership:
             nursery.start_soon(self._push_pull_loop)
             nursery.start_soon(self._join_loop)
             nursery.start_soon(self._suspicion_loop)
+            nursery.start_soon(self._doc_retry_loop)
             task_status.started()
 
     def set_local_doc(self, doc: dict) -> None:
         """This node's capacity document changed (its version must have grown)."""
         self.docs[self.name] = doc
+        self.live_log.mark(self.name)
         self.broadcasts.add((self.name, "cap"), {"t": "cap", "n": self.name, "v": doc["version"]})
 
     def n(self) -> int:
-        return sum(1 for m in self.members.values() if m.state in (ALIVE, SUSPECT))
+        """Alive and suspect members (us included). Every frame sent asks (the retransmit limit), so the
+        count is kept as members come and change state instead of counted per frame (O(n) at 5,000)."""
+        if len(self.members) != self._counted_len:
+            self._n = sum(1 for m in self.members.values() if m.state in (ALIVE, SUSPECT))
+            self._counted_len = len(self.members)
+        return self._n
 
     def by_state(self) -> dict[str, int]:
         out = {s: 0 for s in STATE_NAMES.values()}
@@ -179,6 +204,17 @@ class Membership:
         """Documents of alive and suspect members (a dead member's capacity leaves the view)."""
         return {n: d for n, d in self.docs.items()
                 if n in self.members and self.members[n].state in (ALIVE, SUSPECT)}
+
+    def live_doc(self, name: str) -> dict | None:
+        """``name``'s document if it is in :meth:`live_docs`, else None (O(1))."""
+        m = self.members.get(name)
+        return self.docs.get(name) if m is not None and m.state in (ALIVE, SUSPECT) else None
+
+    def live_changes(self, cursor: int | None) -> tuple[int, set[str] | None]:
+        """(new cursor, names whose :meth:`live_doc` may have changed since ``cursor``);
+        None instead of the names when ``cursor`` is None or too old: read :meth:`live_docs`."""
+        view = self.live_log.frozen()
+        return view.end, view.since(cursor)
 
     # --- sending helpers ---------------------------------------------------
 
@@ -195,13 +231,37 @@ class Membership:
         self.broadcasts.add((self.name, "m"), {"t": "alive", "n": self.name, "a": self.addr, "i": self.inc,
                                                "cv": doc["version"] if doc else 0})
 
+    def _sample(self, k: int, ok: Callable[[Member], bool]) -> list[Member]:
+        """Up to ``k`` distinct other members for which ``ok`` holds, uniformly at random, without
+        listing every member: a gossip round or an indirect probe at 5,000 members costs a few draws,
+        not a pass over the table. Falls back to listing them when few qualify."""
+        key = (len(self.members), self._table_gen)
+        if self._names_key != key:
+            self._names, self._names_key = list(self.members), key
+        names, picked = self._names, {}
+        for _ in range(4 * k + 8):
+            if len(picked) >= k:
+                return list(picked.values())
+            name = names[random.randrange(len(names))]
+            m = self.members.get(name)
+            if m is not None and name != self.name and name not in picked and ok(m):
+                picked[name] = m
+        pool = [m for m in self.members.values() if m.name != self.name and ok(m)]
+        return random.sample(pool, min(len(pool), k))
+
     def _peers(self, *states: int) -> list[Member]:
         return [m for m in self.members.values() if m.name != self.name and m.state in states]
 
     def _set_state(self, m: Member, state: int) -> None:
         if m.state != state:
+            self._n += (state in (ALIVE, SUSPECT)) - (m.state in (ALIVE, SUSPECT))
             m.state = state
+            if state == SUSPECT:
+                self._suspects.add(m.name)
+            else:
+                self._suspects.discard(m.name)
             m.since = trio.current_time()
+            self.live_log.mark(m.name)
             self.changes.append((time.monotonic(), m.name, STATE_NAMES[state]))
             if len(self.changes) > 1000:
                 del self.changes[:500]
@@ -234,9 +294,8 @@ class Membership:
                 self._nursery.start_soon(self._relay_probe, msg)
         elif t == "pp":
             self._merge(msg)
-            if not msg["reply"]:
-                self._send(msg["a"], {"t": "pp", "seq": msg["seq"], "join": msg["join"], "reply": True,
-                                      "m": self._state_entries()})
+            if not msg["reply"] and not msg.get("more"):  # answer a push once its last part arrived
+                self._send_state(msg["a"], msg["seq"], msg["join"], reply=True)
             if msg["reply"]:
                 self._seeds_pending.discard(msg["a"])
         elif t == "capreq":
@@ -272,6 +331,10 @@ class Membership:
         m = self.members.get(name)
         if m is None:
             m = self.members[name] = Member(name, addr, inc, ALIVE, trio.current_time())
+            self._n += 1
+            self._counted_len += 1
+            self._table_gen += 1
+            self.live_log.mark(name)
             self.changes.append((time.monotonic(), name, "alive"))
             log.info("gossip member", member=name, state="alive", incarnation=inc, addr=addr)
             if self.on_change is not None:
@@ -345,25 +408,26 @@ class Membership:
             self.stats.dropped["identity"] += 1
             return
         self.docs[name] = doc
+        self.live_log.mark(name)
         self._doc_asked.pop(name, None)
         self.broadcasts.add((name, "cap"), {"t": "cap", "n": name, "v": doc["version"]})
 
-    def _should_ask(self, name: str, version: int) -> bool:
+    def _should_ask(self, name: str, version: int, ask: str) -> bool:
         """Whether to request ``name``'s document at ``version`` now (and note that we did)."""
         if version == 0 or name == self.name:
             return False
         have = self.docs.get(name)
         if have is not None and have["version"] >= version:
             return False
-        now = time.monotonic()
+        now = trio.current_time()  # trio's clock: the same in the daemon, virtual in simulations
         asked = self._doc_asked.get(name)
         if asked is not None and asked[0] >= version and now - asked[1] < DOC_RETRY:
             return False
-        self._doc_asked[name] = (version, now)
+        self._doc_asked[name] = (version, now, ask, 0)
         return True
 
     def _want_doc(self, name: str, version: int, ask: str) -> None:
-        if self._should_ask(name, version):
+        if self._should_ask(name, version, ask):
             self._send_raw(ask, {"t": "capreq", "names": [name]})
 
     def _answer_capreq(self, msg: dict) -> None:
@@ -409,15 +473,39 @@ class Membership:
                 if name not in self.members and name != self.name:
                     continue
                 self._on_suspect(name, inc, NO_ACCUSER)
-            if self._should_ask(name, cv):
+            if self._should_ask(name, cv, msg["a"]):
                 want.append(name)
         if want:
             self._send_raw(msg["a"], {"t": "capreq", "names": want})
 
     def push_pull(self, addr: str, join: bool = False) -> int:
         seq = next(self._seq)
-        self._send_raw(addr, {"t": "pp", "seq": seq, "join": join, "reply": False, "m": self._state_entries()})
+        self._send_state(addr, seq, join, reply=False)
         return seq
+
+    def _send_state(self, addr: str, seq: int, join: bool, *, reply: bool) -> None:
+        """Every member's state to ``addr``, in as many ``pp`` frames as half the frame limit allows
+        (all but the last marked ``more``: the receiver answers a push after its last part). One frame
+        held every member up to ~3,000 members with cloud node names; 5,000 needed ~360 KB."""
+        budget = self.p.max_frame_bytes // 2
+        parts: list[list[list]] = [[]]
+        size = 0
+        for e in self._state_entries():
+            es = len(e[0].encode()) + len(e[1].encode()) + 32  # CBOR: headers and three integers, at most
+            if parts[-1] and (size + es > budget or len(parts[-1]) >= STATE_PART_MAX):
+                parts.append([])
+                size = 0
+            parts[-1].append(e)
+            size += es
+        for i, part in enumerate(parts):
+            msg = {"t": "pp", "seq": seq, "join": join, "reply": reply, "m": part}
+            if i < len(parts) - 1:
+                msg["more"] = True
+                self._send_raw(addr, msg)
+            elif reply:
+                self._send(addr, msg)  # the last part of an answer carries piggybacked updates, as before
+            else:
+                self._send_raw(addr, msg)
 
     # --- loops -------------------------------------------------------------
 
@@ -460,8 +548,7 @@ class Membership:
                 self.stats.probes["ok"] += 1
                 self._health(-1)
                 return
-            helpers = [h for h in self._peers(ALIVE) if h.name != m.name]
-            helpers = random.sample(helpers, min(len(helpers), self.p.indirect_checks))
+            helpers = self._sample(self.p.indirect_checks, lambda h: h.state == ALIVE and h.name != m.name)
             for h in helpers:
                 self._send_raw(h.addr, {"t": "preq", "seq": seq, "to": m.name, "ta": m.addr, "nack": True})
             with trio.move_on_at(deadline):
@@ -513,10 +600,10 @@ class Membership:
             tick = tick + iv if tick + iv > now else now + iv  # a late round does not bunch the next ones
             if not len(self.broadcasts):
                 continue
-            pool = [m for m in self.members.values() if m.name != self.name and (
-                m.state in (ALIVE, SUSPECT) or (m.state == DEAD and now - m.since < self.p.gossip_to_the_dead))]
+            targets = self._sample(self.p.gossip_nodes, lambda m: m.state in (ALIVE, SUSPECT) or (
+                m.state == DEAD and now - m.since < self.p.gossip_to_the_dead))
             limit = self.p.retransmit_limit(self.n())
-            for m in random.sample(pool, min(len(pool), self.p.gossip_nodes)):
+            for m in targets:
                 g = self.broadcasts.take(limit, self.p.piggyback_bytes)
                 if not g:
                     break
@@ -543,7 +630,10 @@ class Membership:
             for m in dead:
                 if now - m.since > self.p.dead_retention:
                     del self.members[m.name]
+                    self._counted_len -= 1  # dead or left: not counted in n()
+                    self._table_gen += 1
                     self.docs.pop(m.name, None)
+                    self.live_log.mark(m.name)
             dead = [m for m in dead if m.state == DEAD and m.name in self.members]
             if dead:
                 self.push_pull(random.choice(dead).addr)
@@ -554,11 +644,34 @@ class Membership:
                 await trio.sleep(delay)
                 delay = min(delay * 2, self.p.join_retry_max)
 
+    async def _doc_retry_loop(self) -> None:
+        """Ask again for document versions requested ``DOC_RETRY`` ago and still missing."""
+        while True:
+            await trio.sleep(DOC_RETRY)
+            now = trio.current_time()
+            again: dict[str, list[str]] = {}
+            for name, (version, when, ask, tries) in list(self._doc_asked.items()):
+                have = self.docs.get(name)
+                if (have is not None and have["version"] >= version) or tries >= DOC_TRIES:
+                    del self._doc_asked[name]
+                elif now - when >= DOC_RETRY:
+                    self._doc_asked[name] = (version, now, ask, tries + 1)
+                    if tries:  # the announcer did not answer once more: any live member will do
+                        other = self._sample(1, lambda m: m.state == ALIVE and m.name != name)
+                        ask = other[0].addr if other else ask
+                    again.setdefault(ask, []).append(name)
+            for addr, names in again.items():
+                self._send_raw(addr, {"t": "capreq", "names": names})
+
     async def _suspicion_loop(self) -> None:
         while True:
             now = trio.current_time()
             nearest = None
-            for m in list(self.members.values()):
+            for name in list(self._suspects):
+                m = self.members.get(name)
+                if m is None:
+                    self._suspects.discard(name)
+                    continue
                 s = m.suspicion
                 if m.state != SUSPECT or s is None:
                     continue

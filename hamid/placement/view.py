@@ -163,6 +163,12 @@ class NodeView:
         return tuple(sorted(out, key=lambda x: -x[0]))
 
     @cached_property
+    def mem_used_fraction(self) -> float:
+        """Booked memory over the memory of all GPUs (0 without GPUs): the extender's prioritize score."""
+        total = sum(g.mem_total for g in self.gpus) or 1
+        return sum(g.mem_used for g in self.gpus) / total
+
+    @cached_property
     def usage_score(self) -> float:
         """HAMi's node score on current use: 10*(slots + cores + memory fractions)."""
         slots = cores = mem = 0
@@ -241,19 +247,38 @@ def gpu_view_to_dict(g: GpuView) -> dict:
     return d
 
 
-def gpu_view_from_dict(d: dict) -> GpuView:
-    profs = tuple(
+def mig_profiles_from_list(items) -> tuple[MigProfile, ...]:
+    """A GPU's MIG profile table from its JSON form (``gpu_view_to_dict``'s ``mig_profiles``)."""
+    return tuple(
         MigProfile(p["name"], int(p["id"]), int(p["memory_mib"]), int(p["slices"]), int(p["max"]), int(p["sms"]),
                    tuple(MigPlacement(int(a), int(b)) for a, b in p["placements"]))
-        for p in d.get("mig_profiles", ()))
-    return GpuView(uuid=d["uuid"], index=int(d["index"]), name=d["name"], mode=d["mode"],
-                   mem_total=int(d["mem_total"]), cores_total=int(d["cores_total"]),
-                   slots_total=int(d["slots_total"]), numa=d.get("numa"), healthy=bool(d.get("healthy", True)),
-                   filtered=bool(d.get("filtered", False)), mig_profiles=profs,
-                   compute_slices=int(d.get("compute_slices", 0)), memory_slices=int(d.get("memory_slices", 0)),
-                   cordoned=bool(d.get("cordoned", False)), mig_capable=bool(d.get("mig_capable", False)),
-                   links=tuple(sorted((str(u), int(s)) for u, s in (d.get("links") or {}).items())),
-                   serves=_serves(d.get("serves")), mps_missing=bool(d.get("mps_missing", False)))
+        for p in items)
+
+
+def gpu_view_from_dict(d: dict, profiles: tuple[MigProfile, ...] | None = None,
+                       use: tuple | None = None) -> GpuView:
+    """``profiles``: the GPU's MIG table already parsed (shared by every GPU of a model), else read from ``d``;
+    ``use``: (mem, cores, slots, exclusive, MIG slots, MPS shares) to build the view with, else none used.
+
+    Built without the dataclass's ``__init__`` (one dict, no per-field frozen setattr): gossip turns every
+    document that changed into a view on the leader, which is this function per GPU."""
+    profs = mig_profiles_from_list(d.get("mig_profiles", ())) if profiles is None else profiles
+    links = d.get("links")
+    new = object.__new__(GpuView)
+    new.__dict__.update({
+        "uuid": d["uuid"], "index": int(d["index"]), "name": d["name"], "mode": d["mode"],
+        "mem_total": int(d["mem_total"]), "cores_total": int(d["cores_total"]), "slots_total": int(d["slots_total"]),
+        "numa": d.get("numa"), "healthy": bool(d.get("healthy", True)), "filtered": bool(d.get("filtered", False)),
+        "mig_profiles": profs, "compute_slices": int(d.get("compute_slices", 0)),
+        "memory_slices": int(d.get("memory_slices", 0)),
+        "mem_used": 0, "cores_used": 0, "slots_used": 0, "exclusive": False, "mig_used": (),
+        "cordoned": bool(d.get("cordoned", False)), "mig_capable": bool(d.get("mig_capable", False)),
+        "links": tuple(sorted((str(u), int(s)) for u, s in links.items())) if links else (),
+        "serves": _serves(d.get("serves")), "mps_used": 0, "mps_missing": bool(d.get("mps_missing", False))})
+    if use is not None:
+        u = new.__dict__
+        u["mem_used"], u["cores_used"], u["slots_used"], u["exclusive"], u["mig_used"], u["mps_used"] = use
+    return new
 
 
 def _serves(v) -> tuple[str, ...]:
