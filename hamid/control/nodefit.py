@@ -5,7 +5,7 @@ it afterwards, would also accept that node: otherwise the pod would be
 committed on one node's ledger and stay pending. This module owns that
 judgement and its wording, with no I/O:
 
-- :func:`fit_node`: kube-scheduler's default filter plugins, in the order
+- :func:`kube_filters`: kube-scheduler's default filter plugins, in the order
   its default profile runs them and stopping, as it does, at the first
   plugin that rejects the node: NodeAffinity's PreFilter (``matchFields``
   ``metadata.name In`` in every term restricts the candidate nodes; the
@@ -43,7 +43,7 @@ from fractions import Fraction
 from ..placement.reasons import Reason
 from ..request.quantity import NANO as _NANO, nanos as _nanos, quantity
 
-__all__ = ["quantity", "pod_requests", "fit_node", "summarize", "narrow_to_node", "REASON_UNSCHEDULABLE",
+__all__ = ["quantity", "pod_requests", "kube_filters", "summarize", "narrow_to_node", "REASON_UNSCHEDULABLE",
            "REASON_NODE_NAME", "REASON_AFFINITY", "REASON_AFFINITY_PREFILTER", "REASON_AFFINITY_CONFLICT",
            "REASON_PORTS", "REASON_TOO_MANY_PODS"]
 
@@ -319,7 +319,7 @@ def _resources(pod: Mapping, node: Mapping, live: list[Mapping], ignored: set[st
     return reasons
 
 
-def fit_node(pod: dict, node: dict, pods_on_node: list[dict], *, ignored_resources: set[str]) -> list[str]:
+def kube_filters(pod: dict, node: dict, pods_on_node: list[dict], *, ignored_resources: set[str]) -> list[str]:
     """kube-scheduler's reasons for not taking ``pod`` to ``node`` (``[]``: it would).
 
     ``pods_on_node`` are the pods bound to the node (terminal ones and

@@ -10,7 +10,7 @@ the node has published a document read after the commit, or after
 never a double booking (the node's ledger re-checks every commit).
 
 A node is a candidate only if kube-scheduler would also take the pod there
-(:func:`hamid.control.nodefit.fit_node`: taints, affinity, resources...,
+(:func:`hamid.control.nodefit.kube_filters`: taints, affinity, resources...,
 GPU resources left to hamid) and a hamid daemon publishes its GPUs.
 """
 
@@ -211,12 +211,12 @@ class Choice:
 
 def choose(request: Request, pod: dict, members: Mapping[str, Member], nodes: dict[str, dict],
            pods_by_node: dict[str, list[dict]], *, node_policy: str, ignored: set[str],
-           exclude: Iterable[str] = (), fit_node: Callable | None = None, quota=None) -> Choice:
+           exclude: Iterable[str] = (), kube_filters: Callable | None = None, quota=None) -> Choice:
     """The node and GPUs for ``pod``, or why not on each node. ``quota``: the pod's namespace GPU quota
     (:class:`hamid.control.quota.NamespaceQuota`), None where the namespace has none: a node whose
     decision would take the namespace past it is left out with the reason."""
-    if fit_node is None:
-        from .nodefit import fit_node as fit_node
+    if kube_filters is None:
+        from .nodefit import kube_filters
     reasons: dict[str, list[str]] = {}
     views = []
     skip = set(exclude)
@@ -224,7 +224,7 @@ def choose(request: Request, pod: dict, members: Mapping[str, Member], nodes: di
         if name in skip:
             reasons[name] = ["placement refused moments ago by the node's ledger"]
             continue
-        k8s = fit_node(pod, node, pods_by_node.get(name, []), ignored_resources=ignored)
+        k8s = kube_filters(pod, node, pods_by_node.get(name, []), ignored_resources=ignored)
         if k8s:
             reasons[name] = list(k8s)
             continue

@@ -4,7 +4,7 @@ Each filter and each reason has its own cases; quantities are checked against
 apimachinery's grammar and rounding; the message is checked for
 kube-scheduler's ordering and for the placement engine's real GPU reasons
 (produced by ``hamid.placement.place`` on real NodeViews); the narrowing
-patch is applied with the ``jsonpatch`` library, judged again by ``fit_node``
+patch is applied with the ``jsonpatch`` library, judged again by ``kube_filters``
 and sent to the API-server stand-in, which enforces KEP-3838's rules for
 gated pods.
 """
@@ -20,7 +20,7 @@ import pytest
 
 from hamid.control.nodefit import (REASON_AFFINITY, REASON_AFFINITY_CONFLICT, REASON_AFFINITY_PREFILTER,
                                    REASON_NODE_NAME, REASON_PORTS, REASON_TOO_MANY_PODS, REASON_UNSCHEDULABLE,
-                                   fit_node, narrow_to_node, pod_requests, quantity, summarize)
+                                   kube_filters, narrow_to_node, pod_requests, quantity, summarize)
 from hamid.placement import NodeView, place
 from hamid.placement.result import NoFit
 from hamid.placement.view import MODE_SHIM, GpuView
@@ -64,7 +64,7 @@ def pod(name="p", containers=None, init=None, uid=None, phase=None, **spec):
 
 
 def fit(p, n=None, others=(), ignored=GPU):
-    return fit_node(p, n or node(), list(others), ignored_resources=set(ignored))
+    return kube_filters(p, n or node(), list(others), ignored_resources=set(ignored))
 
 
 # -- quantities ---------------------------------------------------------------------------------------------
