@@ -61,17 +61,35 @@
 /*
  * Burst credit: a process that used less than its limit may, for a moment, use more: the schedule keeps up
  * to CREDIT_NS of GPU time of unused share (a GCRA's burst tolerance, in GPU time; at limit L it is
- * CREDIT_NS*100/L of schedule). The bound it keeps: over any window of W seconds a process gets at most
- * L*W + CREDIT_NS (+ the few ms queued ahead), so 50 ms keeps every 1 s window within 5 points of the limit
- * (issue 22's tolerance; NVML's own busy samples average over 1/6..1 s) and a 5 s window within 1 point.
- * What it buys: work whose GPU use comes in bursts (a training step's backward pass and optimizer, a request
- * batch) under a limit above its mean share is no longer held inside its bursts (the H200 run of
- * 2026-11-26 held training at 60 % to 0.86 of its unlimited throughput while it used 40 %), and a workload
- * that changes character spends part of a quiet stretch's unused share in the busy one that follows. It
- * cannot buy more: a longer horizon would let a container sit at its limit plus the credit for a whole
- * NVML window, which a neighbour sees as the cap failing.
+ * CREDIT_NS*100/L of schedule), earned only while it keeps launching. The bound it keeps: over any window
+ * of W seconds a process gets at most L*W + CREDIT_NS (+ the few ms queued ahead), and over a window that
+ * begins after a pause (no launch for IDLE_GAP_NS) at most L*W + IDLE_CREDIT_NS.
+ *
+ * CREDIT_NS, 250 ms: a workload that changes character spends a light stretch's unused share in the busy
+ * one that follows. Issue 22 asks a workload whose parts want 99, 26, 99 and 48 % (one second each) to reach
+ * min(its unlimited 85 %, 60) - 5 = 55 % at a 60 % limit; a part may use at most 60 + CREDIT_NS/1 s, so the
+ * mean is at most (60 + 12 + 26 + 60 + 25 + 48) / 4 = 57.75 with 250 ms (train leaves 12 points, small 34 of
+ * which 25 keep), and 51 with 50 ms (measured on the H200, 2026-11-26: 54.2 with 50 ms, 58.4 with 250 ms,
+ * same call). Less than about 140 ms cannot reach 55 even on paper; more would loosen the bound: 250 ms
+ * keeps every window of 5 s or more within 5 points of the limit, 10 s within 2.5.
+ *
+ * IDLE_CREDIT_NS, 50 ms, after IDLE_GAP_NS, 50 ms, without a launch: what a pause leaves is not a busy
+ * stretch's to borrow. Without it every measurement that starts after a pause (a warm-up, then a wait, then
+ * the run: how anyone measures a limit) read the whole credit on top of the limit: the same H200 call read
+ * a GEMM at 60 % as 63.9 by the shim's own count, dynamic shapes at 60 % as 65.0 (68.2 by NVML), training at
+ * 30 % as 35.0. 50 ms is the previous round's credit, which kept every 1 s window within 5 points, and
+ * still lets work whose GPU use comes in bursts after short pauses (a request batch, a step after its data)
+ * run its burst unheld (the H200 run of 2026-11-26 held training at 60 % to 0.86 of its unlimited throughput
+ * with no credit). 50 ms between launches is a pause: a launching thread that keeps the GPU fed launches
+ * every few us to ms (a held launch waits at most its own kernels' share of the schedule, which for kernels
+ * longer than IDLE_GAP_NS*L/100 reads as a pause: a loss of credit, never a gain).
+ * Built with -DCREDIT_NS=... only for the GPU bench's comparison.
  */
-#define CREDIT_NS 50000000ull
+#ifndef CREDIT_NS
+#define CREDIT_NS 250000000ull
+#endif
+#define IDLE_CREDIT_NS 50000000ull
+#define IDLE_GAP_NS 50000000ull
 
 struct est {
     uint64_t key;
@@ -129,6 +147,7 @@ static uint64_t g_sum_gap[HAMID_MAX_DEVICES];    /* charged: gaps, before k_gap 
 static pthread_once_t g_mon_once = PTHREAD_ONCE_INIT;
 static uint64_t g_held_until[HAMID_MAX_DEVICES]; /* mono ns: launches wait until then (priority) */
 static uint32_t g_share[HAMID_MAX_DEVICES];      /* 1/1000, the daemon's sharing correction (limits file); 0 none */
+static uint64_t g_last_charge[HAMID_MAX_DEVICES]; /* mono ns of this process's last charged launch (the credit) */
 
 #define A_LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define A_ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
@@ -482,9 +501,13 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
         return;
     }
     int64_t w = (int64_t)(cost * 100 / pct);
-    /* the schedule may lie up to CREDIT_NS of GPU time (at this limit) in the past: a burst after a quieter
-       stretch uses that much of the share the quieter stretch left */
-    int64_t floor_t = (int64_t)now - (int64_t)(CREDIT_NS * 100 / pct);
+    /* the schedule may lie up to CREDIT_NS of GPU time (at this limit) in the past: a burst after a lighter
+       stretch uses that much of the share the lighter stretch left; after a pause only IDLE_CREDIT_NS (per
+       process: another process of the container launching meanwhile only makes this one's floor higher) */
+    uint64_t last = A_LD(&g_last_charge[rdev]);
+    A_ST(&g_last_charge[rdev], now);
+    uint64_t credit = now - last > IDLE_GAP_NS ? IDLE_CREDIT_NS : CREDIT_NS;
+    int64_t floor_t = (int64_t)now - (int64_t)(credit * 100 / pct);
     int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED), base, nt;
     do {
         base = old > floor_t ? old : floor_t;
@@ -1199,5 +1222,6 @@ HIDDEN void limiter_after_fork_child(void)
     memset(g_mon_ord, 0, sizeof g_mon_ord);
     memset(g_held_until, 0, sizeof g_held_until);
     memset(g_share, 0, sizeof g_share); /* re-read by the child's monitor */
+    memset(g_last_charge, 0, sizeof g_last_charge);
     g_mon_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 }

@@ -146,12 +146,35 @@ def test_samples_of_a_process_gone_before_this_one_began_are_not_a_neighbour(shi
     assert share(r.find("run")[-1], bare) > 0.85, r.stderr[-2000:]
 
 
-def test_a_quiet_stretch_leaves_a_bounded_burst(shim, bare):
-    """The burst credit: after a pause, a process at a 30 % limit runs a short burst (30 ms of kernels, within
-    its 50 ms of credit) unheld, and a long run afterwards is held to the limit again (the credit is spent,
-    never more)."""
-    r = shim.run("direct", "init", f"run:0.4:{KERNEL_US}:k", "sleep:500", f"run:0.03:{KERNEL_US}:k",
-                 f"run:1.0:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
+def test_a_light_stretch_leaves_a_bounded_burst(shim, bare):
+    """The burst credit (250 ms of GPU time), earned while the process keeps launching under its limit: after
+    1.5 s at a tenth of the GPU, a process at a 30 % limit runs a burst of 0.2 s of kernels unheld, and a
+    long run afterwards gets the limit plus only what is left of the credit (spent, never more): 2 s at 30 %
+    with 50 ms left reads 32.5 %."""
+    r = shim.run("direct", "init", f"run:0.4:{KERNEL_US}:k", f"pace:1.5:{KERNEL_US}:3600",
+                 f"run:0.2:{KERNEL_US}:k", f"run:2.0:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="30",
+                 GPU_CORE_UTILIZATION_POLICY="force")
     runs = r.find("run")
     assert share(runs[1], bare) > 0.8, (runs, r.stderr[-2000:])
-    assert abs(share(runs[2], bare) - 0.30) <= 0.07, runs
+    assert abs(share(runs[2], bare) - 0.325) <= 0.05, runs
+
+
+def test_a_pause_leaves_only_the_idle_credit(shim, bare):
+    """A pause (no launch for 50 ms or more) earns no more than 50 ms of credit, however long: a measurement
+    that starts after a pause reads the limit, not the limit plus the whole credit. 0.2 s of kernels after
+    a 1 s pause at 30 %: (60 + 50) ms of GPU time in 200 ms, 55 %, not the 100 % a full credit would allow."""
+    r = shim.run("direct", "init", f"run:0.4:{KERNEL_US}:k", "sleep:1000", f"run:0.2:{KERNEL_US}:k",
+                 f"run:1.0:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
+    runs = r.find("run")
+    assert 0.42 <= share(runs[1], bare) <= 0.68, (runs, r.stderr[-2000:])
+    assert abs(share(runs[2], bare) - 0.30) <= 0.05, runs
+
+
+def test_the_credit_never_exceeds_its_bound(shim, bare):
+    """However long the light stretch, the credit is 250 ms of GPU time: a 3 s run after 3 s at a tenth of
+    the GPU, at a 30 % limit, reads at most 30 + 25/3 points (the bound that keeps any 5 s window within 5
+    points of the limit)."""
+    r = shim.run("direct", "init", f"run:0.4:{KERNEL_US}:k", f"pace:3.0:{KERNEL_US}:3600",
+                 f"run:3.0:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
+    s = share(r.find("run")[-1], bare)
+    assert 0.34 <= s <= 0.30 + 0.25 / 3 + 0.03, (s, r.stderr[-2000:])

@@ -439,6 +439,18 @@ int main(int argc, char **argv)
             }
             api.cuCtxSynchronize();
             printf("run %ld %lld %lld\n", n, (long long)(now_ns() - t0), (long long)longest);
+        } else if (!strcmp(c, "pace")) {
+            /* pace:<secs>:<us>:<gap_us>: a light but active stretch: one kernel, then gap_us of host time */
+            int64_t end = now_ns() + (int64_t)(atof(tok[1]) * 1e9);
+            uint64_t us = strtoull(tok[2], 0, 10);
+            long n = 0;
+            while (now_ns() < end) {
+                launch(tok[4] ? tok[4] : "k", us);
+                usleep((useconds_t)atoi(tok[3]));
+                n++;
+            }
+            api.cuCtxSynchronize();
+            printf("pace %ld\n", n);
         } else if (!strcmp(c, "collide")) {
             /* collide:<shapes>:<us>:<secs>: that many shapes of one kernel (grid sizes) whose keys share their
                low 12 bits, launched in turn; prints like run */
