@@ -24,9 +24,21 @@ in this node's document).
   health score. Incarnations start at the wall-clock second, so a restarted
   node outranks what the group remembers of its previous life.
 - **Local health (Lifeguard).** +1 per missed nack, per failed probe without
-  helpers, per refutation and per probe tick the event loop ran late by more
-  than the probe timeout; -1 per successful probe; bounded by
-  ``awareness_max - 1``. It stretches the probe interval.
+  helpers, per refutation, per probe tick the event loop ran late by more
+  than the probe timeout and per probe it could not judge (below); -1 per
+  successful probe; bounded by ``awareness_max - 1``. It stretches the probe
+  interval and the probe timeout (Lifeguard's LHA-Probe).
+- **A starved prober accuses nobody.** When this member's own event loop
+  woke from a probe's wait later than :data:`LATE_FRACTION` of the probe
+  timeout (its process was not scheduled: the node's cores kept busy by
+  other work), an ack may be sitting unread: it waits one more probe
+  timeout for it, and without it counts the probe as ``late`` (health +1),
+  not as a failure, and suspects nobody. Likewise a suspicion whose
+  deadline this member reaches late gets one more probe timeout before it
+  declares the suspect dead. A machine whose cores are kept
+  busy would otherwise have its daemon accuse live members, and a starved
+  group accuse each other in a cascade (bench/gossip.py --burn: 98 false
+  deaths of 100 at load 7 on 2 cores before this rule).
 - **Dissemination.** Updates (``alive``, ``suspect``, ``dead``, ``cap``) are
   piggybacked on pings, acks and gossip frames to ``gossip_nodes`` random
   members every gossip interval, each at most ``retransmit_limit(n)`` times;
@@ -75,6 +87,10 @@ log = get_logger("gossip")
 DOC_RETRY = 1.0  # seconds before the same document version is asked for again (a lost request or reply)
 STATE_PART_MAX = 4096  # member entries per push/pull frame (the capreq a part triggers may name each once)
 DOC_TRIES = 5  # times a missing version is asked again unprompted; then the next notice or push/pull asks
+# A wait that ended more than this fraction of the probe timeout after its time was run by a starved loop: a
+# scheduled trio loop wakes within milliseconds of a timer, so half the timeout (250 ms by default) late means
+# the process was not running for at least that long, long enough for an ack to lie unread in its socket.
+LATE_FRACTION = 0.5
 NO_ACCUSER = "*"  # ``by`` of a suspicion learnt by push/pull; not a valid node or host name
 
 
@@ -86,6 +102,7 @@ class Suspicion:
     needed: int
     by: str
     confirmers: set[str] = field(default_factory=set)
+    grace: float = 0.0  # added once when this member's loop reached the deadline late (a refutation unread)
 
     def confirm(self, by: str) -> bool:
         """Count ``by`` as an independent accuser; False when it is not one."""
@@ -99,7 +116,7 @@ class Suspicion:
 
     @property
     def deadline(self) -> float:
-        return self.start + suspicion_timeout(self.lo, self.hi, len(self.confirmers), self.needed)
+        return self.start + self.grace + suspicion_timeout(self.lo, self.hi, len(self.confirmers), self.needed)
 
 
 @dataclass(slots=True)  # one per member in every member's table: n x n objects across a group
@@ -536,25 +553,43 @@ class Membership:
             next_at = start + interval
             await trio.sleep_until(next_at)
 
+    def _woke_late(self, due: float) -> bool:
+        """Whether this member's loop ran a wait that ended at ``due`` late enough that an ack could have
+        arrived unread (see "A starved prober accuses nobody")."""
+        return trio.current_time() - due > LATE_FRACTION * self.p.probe_timeout
+
     async def _probe(self, m: Member, deadline: float) -> None:
         seq = next(self._seq)
         w = self._waiters[seq] = _Waiter()
+        timeout = self.p.probe_timeout * (self.health + 1)
         try:
             extra = [{"t": "suspect", "n": m.name, "i": m.inc, "by": self.name}] if m.state == SUSPECT else None
             self._send(m.addr, {"t": "ping", "seq": seq, "to": m.name}, extra)
-            with trio.move_on_after(self.p.probe_timeout):
+            due = trio.current_time() + timeout
+            with trio.move_on_at(due):
                 await w.event.wait()
             if w.event.is_set():
                 self.stats.probes["ok"] += 1
                 self._health(-1)
                 return
+            late = self._woke_late(due)
             helpers = self._sample(self.p.indirect_checks, lambda h: h.state == ALIVE and h.name != m.name)
             for h in helpers:
                 self._send_raw(h.addr, {"t": "preq", "seq": seq, "to": m.name, "ta": m.addr, "nack": True})
-            with trio.move_on_at(deadline):
+            with trio.move_on_at(max(deadline, trio.current_time() + timeout)):
                 await w.event.wait()
             if w.event.is_set():
                 self.stats.probes["indirect"] += 1
+                return
+            if late or self._woke_late(max(deadline, due)):
+                with trio.move_on_after(timeout):  # what came while this member was not running is read first
+                    await w.event.wait()
+                if w.event.is_set():
+                    self.stats.probes["indirect"] += 1
+                    return
+                self._health(+1)
+                self.stats.probes["late"] += 1
+                log.debug("gossip probe not judged: this member ran late", member=m.name)
                 return
             self._health((len(helpers) - w.nacks) if helpers else 1)
             self.stats.probes["failed"] += 1
@@ -675,6 +710,10 @@ class Membership:
                 s = m.suspicion
                 if m.state != SUSPECT or s is None:
                     continue
+                if now >= s.deadline and not s.grace and now - s.deadline > LATE_FRACTION * self.p.probe_timeout:
+                    # this member's loop ran late: the suspect's refutation may lie unread; read first
+                    s.grace = now - s.deadline + self.p.probe_timeout
+                    self._health(+1)
                 if now >= s.deadline:
                     m.suspicion = None
                     self.stats.deaths += 1

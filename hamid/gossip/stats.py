@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 class Stats:
     def __init__(self) -> None:
-        self.probes: Counter[str] = Counter()  # ok, indirect, failed
+        self.probes: Counter[str] = Counter()  # ok, indirect, failed, late (not judged: this node ran late)
         self.suspicions = 0
         self.refutations = 0
         self.deaths = 0
@@ -45,7 +45,7 @@ class GossipCollector:
             m.add_metric([state], n)
         yield m
         p = CounterMetricFamily("hamid_gossip_probes", "Probes by outcome", labels=["result"])
-        for r in ("ok", "indirect", "failed"):
+        for r in ("ok", "indirect", "failed", "late"):
             p.add_metric([r], s.probes[r])
         yield p
         yield CounterMetricFamily("hamid_gossip_suspicions", "Members this node began to suspect",

@@ -122,3 +122,64 @@ async def test_a_push_pull_larger_than_one_frame_goes_in_parts_and_is_answered(a
     assert seed_st.frames_sent > 3  # the answer went in parts
     assert set(names) <= set(new.members) and "new" in seed.members
     assert not new_st.dropped and not seed_st.dropped  # no frame over the limit
+
+
+async def test_a_starved_group_accuses_nobody_and_still_detects_a_crash(autojump_clock):
+    """A machine whose cores are kept busy by other work runs its daemon's loop late: timers fire and frames
+    are read seconds after their time. Here the whole group's loop is frozen for 1.5 s (three probe
+    timeouts) every 2 s, as a starved process is (the virtual clock jumps while no task runs): acks lie
+    unread when the probes' waits end. Before the rule that a prober that ran late judges nobody, such
+    probes counted as failures and the group suspected live members (bench/gossip.py --burn: 98 false
+    deaths of 100); now nobody is suspected, and a member that really crashed is still declared dead."""
+    n = 12
+    # 150 ms each way (a link across regions): a probe is in flight a third of the time, so the freezes
+    # catch many of them mid-way, as a starved process's slow loop does
+    net = MemoryNetwork(latency=0.15, rng=random.Random(3))
+    p = GossipParams()
+    members: dict[str, Membership] = {}
+    scopes: dict[str, trio.CancelScope] = {}
+    deaths: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(net.run)
+        for i in range(n):
+            name, addr = f"s{i}", f"10.1.0.{i}:7946"
+            st = Stats()
+            ep = net.endpoint(name, addr, st)
+            m = Membership(name, addr, p, st, ep.send, seeds=("10.1.0.0:7946",) if i else (), forget=ep.forget)
+            ep.on_message = m.on_message
+            m.on_change = lambda who, state: deaths.append(who) if state == "dead" else None
+            m.set_local_doc(_doc(name, 1))
+            members[name], scopes[name] = m, trio.CancelScope()
+
+            async def run(m=m, scope=scopes[name]):
+                with scope:
+                    await m.run()
+                    await trio.sleep_forever()
+            nursery.start_soon(run)
+            await trio.sleep(0.1)
+        await trio.sleep(20)
+        assert all(sum(1 for x in m.members.values() if x.state == ALIVE) == n for m in members.values())
+        before = sum(m.stats.suspicions for m in members.values())
+
+        # one freeze at a time, the group at rest in between (health back to 0): probes caught mid-way end
+        # late with their acks unread; a prober that ran late waits for them instead of judging
+        for _ in range(6):
+            await trio.sleep(10)
+            autojump_clock.jump(1.5)  # nothing ran for 1.5 s: every timer due meanwhile fires late
+        assert sum(m.stats.suspicions for m in members.values()) == before, "a frozen group suspected members"
+        # starved for 40 s: frozen 1.5 s in every 2 s (Lifeguard's health stretches the probes then)
+        t_end = trio.current_time() + 40
+        while trio.current_time() < t_end:
+            await trio.sleep(0.5)
+            autojump_clock.jump(1.5)
+        assert sum(m.stats.suspicions for m in members.values()) == before, "a starved group suspected members"
+        assert not deaths
+        scopes["s7"].cancel()
+        net.down.add("10.1.0.7:7946")
+        t0 = trio.current_time()
+        live = [m for k, m in members.items() if k != "s7"]
+        while any(m.members["s7"].state != DEAD for m in live):
+            await trio.sleep(0.25)
+            assert trio.current_time() - t0 < p.suspicion_bounds(n)[1] + 10, "a crash was not detected by all"
+        nursery.cancel_scope.cancel()
+    assert set(deaths) == {"s7"}
