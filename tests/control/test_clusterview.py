@@ -272,3 +272,24 @@ async def test_a_cluster_view_over_a_plain_read_function_reads_everything_and_is
     assert sorted(got) == ["node-1", "node-2"] and got["node-1"].version == 2
     del docs["node-2"]
     assert list(cv.members()) == ["node-1"]
+
+
+async def test_what_filter_remembers_for_bind_is_bounded_by_node_names_and_keeps_the_latest(monkeypatch):
+    """The extender remembers, per filtered pod, the nodes it passed, so that bind goes only where filter
+    (and kube-scheduler's own filters, which chose the candidates) said. A backlog of pending pods at 15,000
+    nodes held one list per pod: 7.5 GiB at the 65,536-pod bound. The names held across pods are bounded
+    too; the most recent pods keep theirs (kube-scheduler binds within seconds of filtering), the oldest
+    are forgotten and their bind refused (the pod is filtered again)."""
+    import hamid.control.extender as ext_mod
+
+    ext = _extender(ClusterView(_gossip(), view_from_doc))
+    nodes = [f"node-{i}" for i in range(N)]
+    passed = ext.filter({"Pod": _pod("8000", uid="u0"), "NodeNames": nodes})["NodeNames"]
+    assert len(passed) > 10
+    monkeypatch.setattr(ext_mod, "FILTERED_NAMES_MAX", 3 * len(passed))
+    for i in range(1, 6):
+        ext.filter({"Pod": _pod("8000", uid=f"u{i}"), "NodeNames": nodes})
+    ext.filter({"Pod": _pod("8000", uid="u5"), "NodeNames": nodes})  # filtered again: counted once
+    node = passed[0]
+    assert [ext._filtered_onto(f"u{i}", node) for i in range(6)] == [False, False, False, True, True, True]
+    assert ext._filtered_names == 3 * len(passed) == sum(len(v[1]) for v in ext._filtered.values())
