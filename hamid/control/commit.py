@@ -1,6 +1,6 @@
 """Committing a placement on its node, and taking it back: the one sequence gate and extender mode share.
 
-:func:`commit` books the decision in the cluster view at once (other placements
+:func:`commit` books the decision in the cluster view at once (unless the caller did) (other placements
 choose around it), commits it on the chosen node's ledger through the peer API
 with a fresh attempt id, and says whether the reservation the node now holds
 is this call's: the node's ledger is idempotent per owner, so a pod that an
@@ -33,9 +33,12 @@ class Commit:
 
 
 async def commit(peer: Any, cluster: Any, address: str, owner: Owner, decision: Decision, *, request: dict,
-                 placed_by: str) -> Commit:
+                 placed_by: str, booked: bool = False) -> Commit:
+    """``booked``: the caller has already put ``decision`` in the view (``cluster.committed``: a
+    pass that decides several pods before committing any)."""
     attempt = uuid.uuid4().hex
-    cluster.committed(decision)  # at once: other placements choose around it
+    if not booked:
+        cluster.committed(decision)  # at once: other placements choose around it
     try:
         res = await peer.commit(address, owner, decision, request=request,
                                 details={"placed_by": placed_by, "attempt": attempt})

@@ -116,11 +116,9 @@ class ControlFace:
 
     async def _lead_extender(self) -> None:
         """The extender leader's term: the informers its namespace quotas count on."""
-        from kubernetes import client
-
         from ..kube.informer import Informer
 
-        pods = Informer(self.api, client.CoreV1Api(self.api).list_pod_for_all_namespaces, name="pods")
+        pods = Informer(self.api, "/api/v1/pods", name="pods")
         book = QuotaBook(self.api, pods, names=self.defaults.names, memory_factor=self.defaults.memory_factor)
         try:
             async with trio.open_nursery() as nursery:

@@ -37,9 +37,12 @@ from ..request.model import Defaults
 from ..kube.events import announce_clamp, pod_event
 from . import annotations
 from .commit import commit, undo
-from ..kube.informer import Informer
+from ..kube.informer import Informer, key_of
+from ..kube.rest import AsyncKube, KubeApiError
+from ..request.kube import CORES_CLAMPED
 from .placer import ClusterView, choose
 from .quota import QuotaBook
+from .ranking import RankedView, choose_ranked
 
 log = get_logger("control")
 
@@ -58,13 +61,72 @@ def placed_on(pod: dict) -> str | None:
     return spec.get("nodeName") or (meta.get("annotations") or {}).get(annotations.VGPU_NODE)
 
 
+class PodsByNode:
+    """The pods on each node as kube-scheduler counts them (bound there, or placed there by hamid and
+    not bound yet; not Succeeded or Failed), kept from the pod informer's changed keys (O(changes) per
+    pass, not O(pods) per placement), plus this leader's placements whose pod update the informer has
+    not shown yet (so pods placed in one pass count against the node's resources for the next)."""
+
+    def __init__(self) -> None:
+        self._node_of: dict[str, str] = {}  # pod key -> node
+        self._by: dict[str, dict[str, dict]] = {}  # node -> pod key -> pod
+        self._placing: dict[str, tuple[str, dict]] = {}  # pod key -> (node, the pod as placed)
+
+    def rebuild(self, pods: list[dict]) -> None:
+        self._node_of, self._by = {}, {}
+        for p in pods:
+            self._set(key_of(p), p)
+
+    def update(self, key: str, pod: dict | None) -> None:
+        self._drop(key)
+        if pod is not None:
+            self._set(key, pod)
+
+    def _set(self, key: str, pod: dict) -> None:
+        n = placed_on(pod)
+        if n and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            self._node_of[key] = n
+            self._by.setdefault(n, {})[key] = pod
+            held = self._placing.get(key)
+            if held is not None and held[0] == n:
+                del self._placing[key]  # the informer shows it now
+
+    def _drop(self, key: str) -> None:
+        n = self._node_of.pop(key, None)
+        if n is not None:
+            at = self._by.get(n)
+            if at is not None:
+                at.pop(key, None)
+
+    def placing(self, key: str, node: str, pod: dict) -> None:
+        """A placement of this leader's, counted on ``node`` until the informer shows it (or :meth:`unplace`)."""
+        self._placing[key] = (node, pod)
+
+    def unplace(self, key: str) -> None:
+        self._placing.pop(key, None)
+
+    def get(self, node: str, default=()) -> list[dict]:
+        at = self._by.get(node)
+        out = list(at.values()) if at else []
+        if self._placing:
+            out += [p for k, (n, p) in self._placing.items() if n == node and (not at or k not in at)]
+        return out if out or default is None else list(default)
+
+    def as_dict(self) -> dict[str, list[dict]]:
+        return {n: self.get(n) for n in set(self._by) | {n for n, _ in self._placing.values()}}
+
+
 class GateController:
     def __init__(self, api, peer, cluster: ClusterView, *, defaults: Defaults, node_policy: str,
-                 ignored: set[str], workers: int = 16, retry_s: float = 2.0) -> None:
+                 ignored: set[str], workers: int = 32, retry_s: float = 2.0, kube: AsyncKube | None = None) -> None:
+        """``workers``: placements committed and written at once (peer commits and pod updates in
+        flight; 32, the API client's connection pool: more would only queue there); ``kube``: the
+        async API client (made from ``api`` when not given)."""
         from kubernetes import client
 
         self.api = api
         self.core = client.CoreV1Api(api)
+        self.kube = kube or AsyncKube.of(api)
         self.peer = peer
         self.cluster = cluster
         self.defaults = defaults
@@ -72,136 +134,218 @@ class GateController:
         self.ignored = ignored
         self.workers = workers
         self.retry_s = retry_s
-        self.pods = Informer(api, self.core.list_pod_for_all_namespaces, name="pods")
-        self.nodes = Informer(api, self.core.list_node, name="nodes")
-        self.quotas = QuotaBook(api, self.pods, names=defaults.names, memory_factor=defaults.memory_factor)
+        self.pods = Informer(self.kube, "/api/v1/pods", name="pods")
+        self.nodes = Informer(self.kube, "/api/v1/nodes", name="nodes")
+        self.quotas = QuotaBook(api, self.pods, names=defaults.names, memory_factor=defaults.memory_factor,
+                                kube=self.kube)
         self.placed = 0  # pods placed since this controller started (metrics, bench)
+        self.passes = 0  # placement passes run (tests: pods that arrive together share one)
         self._inflight: set[str] = set()
         self._opened: dict[str, float] = {}  # pod uid -> when its gate was removed (the cache lags behind)
         self._last_reason: dict[str, str] = {}
+        self._refused: dict[str, list[str]] = {}  # pod uid -> nodes whose ledgers refused its commit lately
+        self._again: set[str] = set()  # pod keys to look at in the next pass (a refused commit)
+        self._wake = trio.Event()
+        self._ranked = RankedView()
+        self._on_node = PodsByNode()
 
     # --- the loop --------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        send, receive = trio.open_memory_channel(0)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.pods.run)
-            await nursery.start(self.nodes.run)
-            await nursery.start(self.quotas.run)
-            for _ in range(self.workers):
-                nursery.start_soon(self._worker, receive.clone())
-            task_status.started()
-            await self.pods.synced.wait()
-            await self.nodes.synced.wait()
-            await self.quotas.quotas.synced.wait()
-            full = True  # the first pass, and every retry_s: capacity may free without a pod event (gossip)
-            last_full = time.monotonic()
-            while True:
-                wake = (self.pods.next_change(), self.nodes.next_change(),  # before looking: no change is missed
-                        self.quotas.quotas.next_change())
-                now = time.monotonic()
-                self._opened = {u: t for u, t in self._opened.items() if now - t < 30}
-                changed = self.pods.take_changed()
-                nodes_changed = self.nodes.take_changed()
-                quotas_changed = self.quotas.quotas.take_changed()
-                pods = [] if changed is None else [self.pods.get(k) for k in changed]
-                # a node's or a ResourceQuota's change, or a pod gone or no longer gated (it may free room or
-                # quota), may let any gated pod fit
-                if full or changed is None or nodes_changed is None or nodes_changed or quotas_changed is None or \
-                        quotas_changed or \
-                        any(p is None or not gated(p) for p in pods):
-                    pods = self.pods.snapshot()
-                    last_full = now
-                for pod in pods:
-                    uid = (pod.get("metadata") or {}).get("uid")
-                    if gated(pod) and uid not in self._inflight and uid not in self._opened:
-                        self._inflight.add(uid)
-                        await send.send(pod)
-                full = False
-                with trio.move_on_at(trio.current_time() + max(0.0, self.retry_s - (time.monotonic() - last_full))):
-                    await _first_of(*wake)
-                    continue
-                full = True
+        limit = trio.CapacityLimiter(self.workers)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.pods.run)
+                await nursery.start(self.nodes.run)
+                await nursery.start(self.quotas.run)
+                task_status.started()
+                await self.pods.synced.wait()
+                await self.nodes.synced.wait()
+                await self.quotas.quotas.synced.wait()
+                await self._loop(nursery, limit)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.kube.aclose()
 
-    async def _worker(self, receive) -> None:
-        async for pod in receive:
+    async def _loop(self, nursery, limit: trio.CapacityLimiter) -> None:
+        full = True  # the first pass, and every retry_s: capacity may free without a pod event (gossip)
+        last_full = time.monotonic()
+        while True:
+            wake = (self.pods.next_change(), self.nodes.next_change(),  # before looking: no change is missed
+                    self.quotas.quotas.next_change(), self._wake)
+            now = time.monotonic()
+            self._opened = {u: t for u, t in self._opened.items() if now - t < 30}
+            changed = self.pods.take_changed()
+            nodes_changed = self.nodes.take_changed()
+            quotas_changed = self.quotas.quotas.take_changed()
+            if changed is None:
+                self._on_node.rebuild(self.pods.snapshot())
+                pods = None
+            else:
+                changed |= self._again
+                pods = []
+                for k in changed:
+                    p = self.pods.get(k)
+                    self._on_node.update(k, p)
+                    pods.append(p)
+            self._again = set()
+            # a node's or a ResourceQuota's change, or a pod gone or no longer gated (it may free room or
+            # quota), may let any gated pod fit
+            if full or pods is None or nodes_changed is None or nodes_changed or quotas_changed is None or \
+                    quotas_changed or any(p is None or not gated(p) for p in pods):
+                pods = self.pods.snapshot()
+                last_full = now
+            batch = []
+            for pod in pods:
+                uid = (pod.get("metadata") or {}).get("uid")
+                if gated(pod) and uid not in self._inflight and uid not in self._opened:
+                    self._inflight.add(uid)
+                    batch.append(pod)
+            if batch:
+                self._pass(batch, nursery, limit)
+            full = False
+            with trio.move_on_at(trio.current_time() + max(0.0, self.retry_s - (time.monotonic() - last_full))):
+                await _first_of(*wake)
+                continue
+            full = True
+
+    def _pass(self, batch: list[dict], nursery, limit: trio.CapacityLimiter) -> None:
+        """Place the gated pods that arrived together: one snapshot of the cluster view, decisions
+        in sequence against it (each booked in the view and the quota before the next is made: no
+        await in between), then every commit and pod update at once (``limit`` of them in flight)."""
+        self.passes += 1
+        nodes = {(n.get("metadata") or {}).get("name"): n for n in self.nodes.snapshot()}
+        for pod in batch:
             uid = pod["metadata"]["uid"]
             try:
-                await self.place(pod)
+                got = self._decide(pod, nodes)
             except Exception as e:  # one pod's trouble must not stop the others
                 log.exception("placing a gated pod failed", pod=_name(pod), error=str(e))
-            finally:
                 self._inflight.discard(uid)
+                continue
+            if isinstance(got, str):  # stays gated: say why (an API write, off this pass)
+                nursery.start_soon(self._stays_gated, pod, got)
+            else:
+                nursery.start_soon(self._finish, pod, got, limit)
 
-    # --- one pod ----------------------------------------------------------------------------
-
-    def _pods_by_node(self) -> dict[str, list[dict]]:
-        out: dict[str, list[dict]] = {}
-        for p in self.pods.snapshot():
-            n = placed_on(p)
-            if n and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                out.setdefault(n, []).append(p)
-        return out
-
-    async def place(self, pod: dict) -> bool:
-        """Place one gated pod; True if it was placed."""
+    def _decide(self, pod: dict, nodes: dict[str, dict]):
+        """The pod's (request, choice), booked in the cluster view and its namespace's quota; or the
+        message saying why it stays gated."""
         meta = pod["metadata"]
         try:
             request = parse_pod(pod, self.defaults)
         except HamidError as e:  # the webhook refuses these; one created before hamid was installed may not be
-            await self._unschedulable(pod, f"the pod's GPU request cannot be read: {e}")
-            return False
-        owner = Owner("pod", meta["uid"], name=_name(pod))
-        nodes = {(n.get("metadata") or {}).get("name"): n for n in self.nodes.snapshot()}
-        excluded: list[str] = []
-        for _ in range(ATTEMPTS):
-            members = self.cluster.members()
-            # no await from here to book(): pods of one namespace placed at once cannot pass on the same quota
-            choice = choose(request, pod, members, nodes, self._pods_by_node(), node_policy=self.node_policy,
-                            ignored=self.ignored, exclude=excluded,
-                            quota=self.quotas.of(meta.get("namespace") or "default", meta["uid"]))
-            if choice.decision is None:
-                from ..placement.elsewhere import hint
-                from .nodefit import summarize
+            return f"the pod's GPU request cannot be read: {e}"
+        ns = meta.get("namespace") or "default"
+        quota = self.quotas.of(ns, meta["uid"])
+        excluded = self._refused.get(meta["uid"], [])
+        snap = self.cluster.snapshot()
+        choice = choose_ranked(request, pod, snap, self._ranked, nodes, self._on_node, node_policy=self.node_policy,
+                               ignored=self.ignored, exclude=excluded, quota=quota)
+        if choice is None:  # nothing fits: every node's reasons, the slow way (only for a pod that stays gated)
+            choice = choose(request, pod, snap.members, nodes, self._on_node.as_dict(),
+                            node_policy=self.node_policy, ignored=self.ignored, exclude=excluded, quota=quota)
+        if choice.decision is None:
+            from ..placement.elsewhere import hint
+            from .nodefit import summarize
 
-                # kube-scheduler's summary, then where the same GPU request has room now (the
-                # nodes the pod may not use included: its selector or a taint may be what to change)
-                room = hint(request, [m.view for m in members.values()])
-                await self._unschedulable(pod, f"{summarize(choice.reasons, len(nodes))} GPU room: {room}.")
-                return False
-            self.quotas.book(meta["uid"], meta.get("namespace") or "default", choice.decision)
-            try:
-                done = await commit(self.peer, self.cluster, choice.peer, owner, choice.decision,
-                                    request=request.to_dict(), placed_by="gate")
-            except HamidError as e:  # refused by the node's ledger (a stale view), or unreachable
-                self.quotas.unbook(meta["uid"])
-                log.info("commit refused; choosing again", pod=owner.name, node=choice.decision.node, error=str(e))
-                excluded.append(choice.decision.node)
-                continue
-            if not done.ours:  # an earlier placement of this pod (another leader's, or ours) holds it
-                self.quotas.unbook(meta["uid"])
-                log.info("pod already placed there", pod=owner.name, node=choice.decision.node)
-                return False
-            if await self._open_gate(pod, choice.decision):
+            # kube-scheduler's summary, then where the same GPU request has room now (the
+            # nodes the pod may not use included: its selector or a taint may be what to change)
+            room = hint(request, [m.view for m in snap.members.values()])
+            return f"{summarize(choice.reasons, len(nodes))} GPU room: {room}."
+        self.quotas.book(meta["uid"], ns, choice.decision)
+        self.cluster.committed(choice.decision)  # at once: the next decision of this pass chooses around it
+        placed = copy.copy(pod)
+        placed["metadata"] = dict(meta, annotations={**(meta.get("annotations") or {}),
+                                                     annotations.VGPU_NODE: choice.decision.node})
+        self._on_node.placing(key_of(pod), choice.decision.node, placed)
+        return request, choice
+
+    async def _stays_gated(self, pod: dict, message: str) -> None:
+        try:
+            await self._unschedulable(pod, message)
+        finally:
+            self._inflight.discard(pod["metadata"]["uid"])
+
+    async def _finish(self, pod: dict, decided, limit: trio.CapacityLimiter) -> None:
+        """Commit a decision on its node and open the pod's gate; undo what failed."""
+        request, choice = decided
+        meta = pod["metadata"]
+        uid, key = meta["uid"], key_of(pod)
+        owner = Owner("pod", uid, name=_name(pod))
+        decision = choice.decision
+        placed = False
+        try:
+            async with limit:
+                try:
+                    done = await commit(self.peer, self.cluster, choice.peer, owner, decision,
+                                        request=request.to_dict(), placed_by="gate", booked=True)
+                except HamidError as e:  # refused by the node's ledger (a stale view), or unreachable
+                    log.info("commit refused; choosing again", pod=owner.name, node=decision.node, error=str(e))
+                    refused = self._refused.setdefault(uid, [])
+                    refused.append(decision.node)
+                    if len(refused) >= ATTEMPTS:
+                        del self._refused[uid]
+                        await self._unschedulable(
+                            pod, "nodes kept refusing the placement (their ledgers changed); trying again")
+                    else:
+                        self._again.add(key)
+                        self._wake.set()
+                        self._wake = trio.Event()
+                    return
+                if not done.ours:  # an earlier placement of this pod (another leader's, or ours) holds it:
+                    # the pod still gated, that is where it goes (never undone here: it is not ours)
+                    log.info("pod already placed there; opening its gate on that placement", pod=owner.name,
+                             node=done.decision.node)
+                    self.quotas.unbook(uid)  # the pod's own annotations count it once opened
+                    if await self._open_gate(pod, done.decision):
+                        placed = True
+                        self._opened[uid] = time.monotonic()
+                        self.placed += 1
+                        self._refused.pop(uid, None)
+                    return
+                if await self._open_gate(pod, decision):
+                    placed = True
+                    self._opened[uid] = time.monotonic()
+                    self.placed += 1
+                    self._last_reason.pop(uid, None)
+                    self._refused.pop(uid, None)
+                    log.info("placed", pod=owner.name, node=decision.node,
+                             gpus=[d.uuid for c in decision.containers for d in c.devices])
+                else:
+                    await undo(self.peer, self.cluster, done)
+            if placed and ((meta.get("annotations") or {}).get(CORES_CLAMPED)):
                 # the webhook lowered gpucores to 100: say so where kubectl describe shows it
                 await trio.to_thread.run_sync(announce_clamp, self.core, pod)
-                self._opened[meta["uid"]] = time.monotonic()
-                self.placed += 1
-                self._last_reason.pop(meta["uid"], None)
-                log.info("placed", pod=owner.name, node=choice.decision.node,
-                         gpus=[d.uuid for c in choice.decision.containers for d in c.devices])
-                return True
-            self.quotas.unbook(meta["uid"])
-            await undo(self.peer, self.cluster, done)
+        except Exception as e:  # one pod's trouble must not stop the others
+            log.exception("placing a gated pod failed", pod=_name(pod), error=str(e))
+        finally:
+            if not placed:
+                self.quotas.unbook(uid)
+                self._on_node.unplace(key)
+            self._inflight.discard(uid)
+
+    async def place(self, pod: dict) -> bool:
+        """Place one gated pod now, in a pass of its own; True if it was placed."""
+        nodes = {(n.get("metadata") or {}).get("name"): n for n in self.nodes.snapshot()}
+        uid = pod["metadata"]["uid"]
+        self._inflight.add(uid)
+        try:
+            got = self._decide(pod, nodes)
+        except BaseException:
+            self._inflight.discard(uid)
+            raise
+        if isinstance(got, str):
+            await self._stays_gated(pod, got)
             return False
-        await self._unschedulable(pod, "nodes kept refusing the placement (their ledgers changed); trying again")
-        return False
+        before = self.placed
+        await self._finish(pod, got, trio.CapacityLimiter(1))
+        return self.placed > before
 
     async def _open_gate(self, pod: dict, decision: Decision) -> bool:
         """One update (with the pod's resourceVersion): annotations, narrowed affinity, gate removed."""
-        from kubernetes.client.exceptions import ApiException
-
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        path = f"/api/v1/namespaces/{ns}/pods/{name}"
         current = pod
         for _ in range(5):
             if not gated(current):
@@ -214,24 +358,23 @@ class GateController:
                 del new["spec"]["schedulingGates"]
             new["spec"] = narrowed_spec(new["spec"], decision.node)
             try:
-                await trio.to_thread.run_sync(
-                    lambda: self.core.replace_namespaced_pod(name, ns, new, _request_timeout=10))
+                await self.kube.request("PUT", path, new)
                 return True
-            except ApiException as e:
+            except KubeApiError as e:
                 if e.status == 404:
                     return False
                 if e.status != 409:
                     log.warning("the placed pod could not be updated", pod=f"{ns}/{name}", status=e.status,
-                                error=e.reason)
+                                error=str(e))
                     return False
             try:  # 409: the pod changed; read it again and retry if it is still gated and ours to open
-                fresh = await trio.to_thread.run_sync(lambda: self.core.read_namespaced_pod(name, ns,
-                                                                                            _request_timeout=10))
-            except ApiException:
+                current = await self.kube.request("GET", path)
+            except KubeApiError:
                 return False
-            current = self.api.sanitize_for_serialization(fresh)
             if current["metadata"]["uid"] != pod["metadata"]["uid"]:
                 return False
+            if not gated(current) and _carries(current, decision):
+                return True  # our own update, applied before a dropped answer (the PUT was asked again)
         return False
 
     async def _unschedulable(self, pod: dict, message: str) -> None:
@@ -268,6 +411,12 @@ def narrowed_spec(spec: dict[str, Any], node: str) -> dict[str, Any]:
     from .nodefit import narrow_to_node
 
     return jsonpatch.apply_patch({"spec": spec}, narrow_to_node({"spec": spec}, node))["spec"]
+
+
+def _carries(pod: dict, decision: Decision) -> bool:
+    """The pod's annotations hold exactly ``decision``'s allocation."""
+    have = (pod.get("metadata") or {}).get("annotations") or {}
+    return all(have.get(k) == v for k, v in annotations.allocation(decision).items())
 
 
 def _name(pod: dict) -> str:

@@ -208,14 +208,13 @@ class QuotaBook:
     from any thread; :meth:`book` and :meth:`unbook` from the trio thread that places."""
 
     def __init__(self, api, pods: Informer, *, names: ResourceNames, memory_factor: int = 1,
-                 clock=time.monotonic) -> None:
-        from kubernetes import client
-
+                 clock=time.monotonic, kube=None) -> None:
+        """``kube``: the async API client to list and watch ResourceQuotas through (an
+        :class:`~hamid.kube.rest.AsyncKube`; else one of ``api``'s is made for the informer's run)."""
         self.pods = pods
         self.names = names
         self.memory_factor = memory_factor
-        self.quotas = Informer(api, client.CoreV1Api(api).list_resource_quota_for_all_namespaces,
-                               name="resourcequotas")
+        self.quotas = Informer(kube if kube is not None else api, "/api/v1/resourcequotas", name="resourcequotas")
         self._clock = clock
         self._lock = threading.Lock()
         self._booked: dict[str, tuple[str, Usage, float]] = {}  # pod uid -> (namespace, usage, when)

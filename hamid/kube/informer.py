@@ -1,30 +1,37 @@
 """A cache of one kind of Kubernetes object, kept current by list and watch.
 
-What client-go calls an informer, small: a worker thread lists the objects,
-then watches from the list's ``resourceVersion`` (with bookmarks), resuming
-where it left off and listing again on ``410 Gone``; the cache is a dict by
-``namespace/name`` the trio side reads at any time, and every change sets a
-trio event so a controller can wake. A face that must act on each event (the
-kubelet face releases a deleted pod's share at once) subscribes to the event
-stream (:meth:`Informer.subscribe`): ``RELIST``, ``LISTED`` per object and
-``SYNCED`` after each list, then ``ADDED``/``MODIFIED``/``DELETED``. The blocking client runs only in the
-thread; the trio loop never waits on the API server. When :meth:`Informer.run`
-ends (a leader's term ends, the daemon stops) the thread stops too: at its
-next event, the end of its watch (``watch_timeout_s``) or its next retry,
-never listing again for a cache no one reads.
+What client-go calls an informer, small: it lists the objects, then watches
+from the list's ``resourceVersion`` (with bookmarks), resuming where it left
+off and listing again on ``410 Gone``; the cache is a dict by
+``namespace/name`` read at any time (from worker threads too), and every
+change sets a trio event so a controller can wake. A face that must act on
+each event (the kubelet face releases a deleted pod's share at once)
+subscribes to the event stream (:meth:`Informer.subscribe`): ``RELIST``,
+``LISTED`` per object and ``SYNCED`` after each list, then
+``ADDED``/``MODIFIED``/``DELETED``.
+
+The list and the watch run on the event loop through :class:`~.rest.AsyncKube`
+(plain JSON, no worker thread, no generated models): an event costs one JSON
+parse and a dict update, with no hop between threads. When
+:meth:`Informer.run` ends (a leader's term ends, the daemon stops) the watch
+is cancelled with it, so nothing is told after its run.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from ..logs import get_logger
+from .rest import AsyncKube, KubeApiError
 
 log = get_logger("informer")
+
+LIST_TIMEOUT_S = 60.0  # a LIST of every pod of a large cluster takes seconds; a minute is a server in trouble
+RETRY_S = 1.0  # after a failed list or a lost watch: the API server restarting is back within seconds
+_SELECTORS = {"field_selector": "fieldSelector", "label_selector": "labelSelector"}
 
 
 def key_of(obj: dict) -> str:
@@ -33,24 +40,26 @@ def key_of(obj: dict) -> str:
 
 
 class Informer:
-    """``lister(**kw)`` is a list call of the official client (e.g.
-    ``CoreV1Api.list_pod_for_all_namespaces``), ``api`` the ApiClient that
-    turns its answers into plain dicts."""
+    """``source``: an :class:`~.rest.AsyncKube`, or the official ``ApiClient`` (an AsyncKube of its
+    configuration is made, and closed when :meth:`run` ends); ``path``: the collection, e.g.
+    ``/api/v1/pods``; ``field_selector``/``label_selector`` as the API takes them."""
 
-    def __init__(self, api, lister: Callable, *, name: str, watch_timeout_s: int = 300, **selectors) -> None:
-        self.api = api
-        self.lister = lister
+    def __init__(self, source, path: str, *, name: str, watch_timeout_s: int = 300, **selectors: str) -> None:
+        bad = set(selectors) - set(_SELECTORS)
+        if bad:
+            raise TypeError(f"Informer: unknown selector(s) {sorted(bad)}; accepted: {sorted(_SELECTORS)}")
+        self.source = source
+        self.path = path
         self.name = name
-        self.selectors = selectors
+        self.query = {_SELECTORS[k]: v for k, v in selectors.items() if v}
         self.watch_timeout_s = watch_timeout_s
         self.objects: dict[str, dict[str, Any]] = {}
         self.synced = trio.Event()
         self._changed = trio.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # readers in worker threads see whole updates
         self.version = 0  # bumped on every change seen
         self._dirty: set[str] | None = set()  # keys changed since take_changed(); None: everything (a relist)
-        self._stop = threading.Event()  # run() has ended: the thread returns
-        self.watching = False  # the thread is in its loop (tests)
+        self.watching = False  # the watch loop runs (tests)
         self._subscribers: list[trio.MemorySendChannel] = []
         self._relist = False  # a subscriber fell behind: list again so it sees every object anew
 
@@ -86,103 +95,88 @@ class Informer:
             out, self._dirty = self._dirty, set()
         return out
 
-    def _notify(self, token, events: list[tuple[str, Any]] = ()) -> None:
-        def wake():
-            for send in self._subscribers:
-                for ev in events:
-                    try:
-                        send.send_nowait(ev)
-                    except trio.WouldBlock:
-                        log.warning("an event subscriber fell behind; listing again", what=self.name)
-                        self._relist = True
-                        break
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        break
-            self.version += 1
-            ev, self._changed = self._changed, trio.Event()
-            ev.set()
-            if not self.synced.is_set():
-                self.synced.set()
+    def _notify(self, events) -> None:
+        for send in self._subscribers:
+            for ev in events:
+                try:
+                    send.send_nowait(ev)
+                except trio.WouldBlock:
+                    log.warning("an event subscriber fell behind; listing again", what=self.name)
+                    self._relist = True
+                    break
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+        self.version += 1
+        ev, self._changed = self._changed, trio.Event()
+        ev.set()
+        if not self.synced.is_set():
+            self.synced.set()
 
-        try:
-            trio.from_thread.run_sync(wake, trio_token=token)
-        except trio.RunFinishedError:
-            raise
-        except Exception:  # the loop is shutting down
-            raise trio.RunFinishedError from None
+    async def _list(self, kube: AsyncKube) -> str:
+        got = await kube.request("GET", self.path, query=self.query, timeout_s=LIST_TIMEOUT_S)
+        items = got.get("items") or []
+        with self._lock:
+            old, self.objects = self.objects, {key_of(o): o for o in items}
+            self._dirty = None
+        # what went while no watch ran (a 410, a lost connection) is told as deleted, with the
+        # last state seen, as client-go's informers do on a relist
+        gone = [("DELETED", o) for k, o in old.items() if k not in self.objects]
+        self._notify([("RELIST", None), *(("LISTED", o) for o in items), *gone, ("SYNCED", None)])
+        return (got.get("metadata") or {}).get("resourceVersion") or ""
 
-    def _run(self, token, stop: threading.Event) -> None:
-        from kubernetes import watch
-
-        self.watching = True
-        try:
-            self._loop(token, watch, stop)
-        finally:
-            self.watching = False
-
-    def _loop(self, token, watch, stop: threading.Event) -> None:
-        """``stop``: this run's own (a thread left from an earlier run, still in its watch, sees its
-        own stop set and returns at its next event, never touching the cache or a subscriber)."""
-        rv = None
-        while not stop.is_set():
-            try:
-                if rv is None or self._relist:
-                    self._relist = False
-                    got = self.api.sanitize_for_serialization(self.lister(_request_timeout=60, **self.selectors))
-                    items = got.get("items") or []
-                    with self._lock:
-                        old, self.objects = self.objects, {key_of(o): o for o in items}
-                        self._dirty = None
-                    rv = got["metadata"]["resourceVersion"]
-                    # what went while no watch ran (a 410, a lost connection) is told as deleted, with the
-                    # last state seen, as client-go's informers do on a relist
-                    gone = [("DELETED", o) for k, o in old.items() if k not in self.objects]
-                    self._notify(token, [("RELIST", None), *(("LISTED", o) for o in items), *gone, ("SYNCED", None)])
-                w = watch.Watch()
-                for ev in w.stream(self.lister, resource_version=rv, allow_watch_bookmarks=True,
-                                   timeout_seconds=self.watch_timeout_s, _request_timeout=self.watch_timeout_s + 10,
-                                   **self.selectors):
-                    if stop.is_set():
-                        return
-                    kind, obj = ev["type"], ev["object"]
-                    obj = obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
-                    if kind == "ERROR":
-                        log.info("watch ended with an error; listing again", what=self.name,
-                                 code=(obj or {}).get("code"), reason=(obj or {}).get("reason"))
-                        rv = None
-                        break
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                    if kind == "BOOKMARK":
-                        continue
-                    with self._lock:
-                        key = key_of(obj)
-                        if kind == "DELETED":
-                            self.objects.pop(key, None)
-                        else:
-                            self.objects[key] = obj
-                        if self._dirty is not None:
-                            self._dirty.add(key)
-                    self._notify(token, [(kind, obj)])
-                    if self._relist:
-                        break
-            except trio.RunFinishedError:
-                return
-            except Exception as e:  # a lost connection, a 410 raised by the client, the API server down
-                if stop.is_set():
-                    return
-                if getattr(e, "status", None) != 410:
-                    log.warning("watch interrupted; listing again", what=self.name, error=str(e)[:300])
-                    stop.wait(1.0)
-                else:
-                    log.info("watch expired (410 Gone); listing again", what=self.name)
-                rv = None
+    async def _watch(self, kube: AsyncKube, rv: str) -> str | None:
+        """Watch from ``rv`` until the stream ends; the resourceVersion to resume from, None to list again."""
+        query = dict(self.query, watch="true", resourceVersion=rv, allowWatchBookmarks="true",
+                     timeoutSeconds=str(self.watch_timeout_s))
+        async with kube.watch(self.path, query, timeout_s=self.watch_timeout_s + 10) as events:
+            async for ev in events:
+                kind, obj = ev.get("type"), ev.get("object") or {}
+                if kind == "ERROR":
+                    level = log.info if obj.get("code") == 410 else log.warning
+                    level("watch ended with an error; listing again", what=self.name, code=obj.get("code"),
+                          reason=obj.get("reason"))
+                    return None
+                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                if kind == "BOOKMARK":
+                    continue
+                key = key_of(obj)
+                with self._lock:
+                    if kind == "DELETED":
+                        self.objects.pop(key, None)
+                    else:
+                        self.objects[key] = obj
+                    if self._dirty is not None:
+                        self._dirty.add(key)
+                self._notify([(kind, obj)])
+                if self._relist:
+                    return None
+        return rv
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        token = trio.lowlevel.current_trio_token()
-        stop = self._stop = threading.Event()
+        own = not isinstance(self.source, AsyncKube)
+        kube = AsyncKube.of(self.source) if own else self.source
+        started = False
+        rv: str | None = None
+        self.watching = True
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: trio.to_thread.run_sync(self._run, token, stop, abandon_on_cancel=True))
-                task_status.started()
+            while True:
+                if not started:
+                    started = True
+                    task_status.started()
+                try:
+                    if rv is None or self._relist:
+                        self._relist = False
+                        rv = await self._list(kube)
+                    rv = await self._watch(kube, rv)
+                except KubeApiError as e:  # a lost connection, a 410 answered to the watch, the API server down
+                    if e.status == 410:
+                        log.info("watch expired (410 Gone); listing again", what=self.name)
+                    else:
+                        log.warning("watch interrupted; listing again", what=self.name, error=str(e)[:300])
+                        await trio.sleep(RETRY_S)
+                    rv = None
         finally:
-            stop.set()
+            self.watching = False
+            if own:
+                with trio.CancelScope(shield=True):
+                    await kube.aclose()

@@ -80,10 +80,8 @@ class KubeletFace:
         # not bound here, or before the first list) still asks the API server
         self.pod_informer = None
         if api is not None:
-            from kubernetes import client
-
-            self.pod_informer = Informer(api, client.CoreV1Api(api).list_pod_for_all_namespaces,
-                                         name="this node's pods", watch_timeout_s=watch_timeout_s,
+            self.pod_informer = Informer(api, "/api/v1/pods", name="this node's pods",
+                                         watch_timeout_s=watch_timeout_s,
                                          field_selector=f"spec.nodeName={node.name}")
         self._server: grpc.Server | None = None
         self._generation = 0

@@ -167,14 +167,16 @@ class RankedNodes:
             for _, name in block:
                 yield self._views[name]
 
-    def place(self, request: Request) -> Decision | NoFit:
-        """What ``engine.place(request, nodes in insertion order, self.policy)`` answers, without
-        sorting the nodes or looking at a node its summary rules out."""
-        if not request.wants_gpu:
-            return NoFit({"*": ("the request asks for no GPU",)})
+    def fits(self, request: Request) -> Iterator[Decision]:
+        """Every node's decision for ``request``, in placement order, only nodes that can take it:
+        the first is what :meth:`place` answers; a caller with filters of its own (kube-scheduler's,
+        a quota) takes the first it accepts, which is ``place`` over the nodes it accepts. Do not
+        update the index while iterating."""
         if (request.node_policy or self.policy) != self.policy:
             raise ValueError(f"request asks for node policy {request.node_policy!r}; this index ranks for "
                              f"{self.policy!r}: use one RankedNodes per policy")
+        if not request.wants_gpu:
+            return
         reqs = [c.gpu for c in request.containers if c.gpu is not None]
         views, sums = self._views, self._node_sum
         for b, block in enumerate(self._blocks):
@@ -189,7 +191,15 @@ class RankedNodes:
                     continue
                 got = fit_node(request, views[name])
                 if isinstance(got, Decision):
-                    return got
+                    yield got
+
+    def place(self, request: Request) -> Decision | NoFit:
+        """What ``engine.place(request, nodes in insertion order, self.policy)`` answers, without
+        sorting the nodes or looking at a node its summary rules out."""
+        if not request.wants_gpu:
+            return NoFit({"*": ("the request asks for no GPU",)})
+        for got in self.fits(request):
+            return got
         reasons: dict[str, tuple[str, ...]] = {}
         for node in self.ordered():  # nothing fits: only now pay for every node's reasons
             got = fit_node(request, node, quick=False)

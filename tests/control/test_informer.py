@@ -12,7 +12,6 @@ tells nothing.
 from __future__ import annotations
 
 import trio
-from kubernetes import client
 
 from hamid.kube.client import api_client
 from hamid.kube.informer import Informer
@@ -26,7 +25,7 @@ def _pod(name: str) -> dict:
 def test_a_subscriber_sees_the_list_each_change_and_what_went_while_no_watch_ran(api_server, kubeconfig):
     api = api_client(kubeconfig)
     api_server.create(_pod("a"))
-    inf = Informer(api, client.CoreV1Api(api).list_pod_for_all_namespaces, name="pods", watch_timeout_s=30,
+    inf = Informer(api, "/api/v1/pods", name="pods", watch_timeout_s=30,
                    field_selector="spec.nodeName=n1")
     seen: list[tuple[str, str | None]] = []
     events = None

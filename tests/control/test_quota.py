@@ -64,7 +64,7 @@ def run_book(kubeconfig, body, memory_factor=1):
         api = api_client(kubeconfig)
         from kubernetes import client
 
-        pods = Informer(api, client.CoreV1Api(api).list_pod_for_all_namespaces, name="pods")
+        pods = Informer(api, "/api/v1/pods", name="pods")
         book = QuotaBook(api, pods, names=ResourceNames(), memory_factor=memory_factor)
         async with trio.open_nursery() as nursery:
             await nursery.start(pods.run)
@@ -238,7 +238,7 @@ def test_bookings_expire_even_where_no_quota_is_checked():
     from hamid.control.quota import BOOKING_TTL_S
 
     now = [0.0]
-    book = QuotaBook(None, Informer(None, lambda **kw: None, name="pods"), names=ResourceNames(),
+    book = QuotaBook(None, Informer(None, "/api/v1/pods", name="pods"), names=ResourceNames(),
                      clock=lambda: now[0])
     d = decision(("main", False, [(GPU0, 1000, 0)]))
     for i in range(100):
@@ -254,7 +254,7 @@ def test_an_informer_thread_ends_with_its_run(api_server, kubeconfig):
     from kubernetes import client
 
     api = api_client(kubeconfig)
-    inf = Informer(api, client.CoreV1Api(api).list_resource_quota_for_all_namespaces, name="resourcequotas",
+    inf = Informer(api, "/api/v1/resourcequotas", name="resourcequotas",
                    watch_timeout_s=1)
 
     async def main():

@@ -1,0 +1,81 @@
+"""The leader's nodes in placement order, kept in step with the cluster view, and a choice that walks them.
+
+What it owns: per node policy a :class:`~hamid.placement.ranked.RankedNodes`
+brought up to each :class:`~.placer.Snapshot` from the snapshot's journal
+(only the members that changed since are re-ranked: a pass of gated pods
+costs O(changed nodes), not a sort of every node per pod), and
+:func:`choose_ranked`, which walks the nodes whose GPUs can take a request in
+the engine's order and checks kube-scheduler's filters, the peer address and
+the namespace quota only on those, taking the first that passes.
+
+That is :func:`.placer.choose` (kube-scheduler's filters on every node, then
+``place()`` over the nodes that pass) with the work turned around: the first
+node of placement order that passes every filter is the same node either way,
+since filtering a list does not change the order of what is left. Ties of
+``usage_score`` are broken by the order nodes joined the cluster view (the
+engine's stable sort over the API server's node order before). When nothing
+passes, :func:`choose_ranked` answers None and the caller asks
+:func:`.placer.choose` for every node's reasons (the slow path, taken only for
+a pod that stays gated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from ..placement.ranked import RankedNodes
+from ..request.model import Request
+from .placer import Choice, Snapshot
+
+
+class RankedView:
+    """One :class:`RankedNodes` per node policy, each as of the last snapshot it was brought to."""
+
+    def __init__(self) -> None:
+        self._by: dict[str, tuple[RankedNodes, int]] = {}
+        self.reranked = 0  # member views (re)inserted (tests: a pass over unchanged nodes costs none)
+
+    def ranked(self, snap: Snapshot, policy: str) -> RankedNodes:
+        hit = self._by.get(policy)
+        if hit is not None:
+            ranked, gen = hit
+            if gen == snap.gen:
+                return ranked
+            changed = snap.log.since(gen)
+            if changed is not None:
+                for name in changed:
+                    m = snap.members.get(name)
+                    if m is None:
+                        ranked.remove(name)
+                    else:
+                        ranked.update(m.view)
+                        self.reranked += 1
+                self._by[policy] = (ranked, snap.gen)
+                return ranked
+        ranked = RankedNodes((m.view for m in snap.members.values()), policy)
+        self.reranked += len(ranked)
+        self._by[policy] = (ranked, snap.gen)
+        return ranked
+
+
+def choose_ranked(request: Request, pod: dict, snap: Snapshot, ranked: RankedView, nodes: Mapping[str, dict],
+                  pods_by_node: Mapping[str, list[dict]], *, node_policy: str, ignored: set[str],
+                  exclude: Iterable[str] = (), kube_filters: Callable | None = None, quota=None) -> Choice | None:
+    """The first node in placement order whose GPUs take ``request`` and that kube-scheduler, the
+    node's peer address and ``quota`` accept; None when there is none (then :func:`.placer.choose`
+    says why, node by node)."""
+    if kube_filters is None:
+        from .nodefit import kube_filters
+    skip = set(exclude)
+    for d in ranked.ranked(snap, request.node_policy or node_policy).fits(request):
+        name = d.node
+        node = nodes.get(name)
+        m = snap.members.get(name)
+        if name in skip or node is None or m is None or not m.peer:
+            continue
+        if kube_filters(pod, node, pods_by_node.get(name, ()), ignored_resources=ignored):
+            continue
+        if quota is not None and quota.check(d) is not None:
+            continue
+        return Choice(d, m.peer, {})
+    return None
