@@ -9,7 +9,16 @@ removed: each placement is a choice on the gossiped view, a commit on the
 chosen node's ledger through the peer API, and one pod update. Baseline in
 the same run and on the same stand-in: a controller that only removes the
 gate (read, one update per pod) over P other pods: what the API round trips
-alone allow. Target: at least 100 pods placed per second.
+alone allow. Target (issue 25): pods placed/s at least 0.8x the baseline's,
+with 3 and with 50 nodes. Also printed: the leader's CPU time (user + system,
+from /proc) per pod placed, over the placement window.
+
+The daemons run with the default ``reconcileInterval`` (30 s), as deployed:
+the test clusters' 1 s would have every node look up each placed pod that is
+not bound yet (there is no kube-scheduler here to bind them) once a second,
+which is the reconciler's cost, not placement's. The stand-in API server runs
+in this process; the wait for the last gate reads one pod at a time, in order,
+so the bench's own polling does not compete with it for the interpreter.
 """
 
 from __future__ import annotations
@@ -39,17 +48,25 @@ def pod(name: str, mem: int, gated: bool = True) -> dict:
 
 
 def wait_ungated(api, names, timeout) -> float:
+    """When the last of ``names`` has no gate (each pod read until it has none, then the next)."""
     deadline = time.time() + timeout
-    left = set(names)
+    left = list(names)
     while left and time.time() < deadline:
-        for n in list(left):
-            if not api.get("Pod", "default", n)["spec"].get("schedulingGates"):
-                left.discard(n)
+        while left and not api.get("Pod", "default", left[-1])["spec"].get("schedulingGates"):
+            left.pop()
         if left:
             time.sleep(0.02)
     if left:
         raise SystemExit(f"{len(left)} pods still gated after {timeout} s")
     return time.time()
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    import os
+
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
@@ -58,15 +75,20 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=300)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="hamid-gate-") as tmp, ApiServer(bookmark_interval=1.0) as api:
-        env = ClusterEnv(Path(tmp), api, nodes=args.nodes, split=max(10, args.pods // (2 * args.nodes) + 5))
+        from hamid.config.schema import Config
+
+        env = ClusterEnv(Path(tmp), api, nodes=args.nodes, split=max(10, args.pods // (2 * args.nodes) + 5),
+                         reconcile_interval=Config().reconcileInterval)
         env.start(webhook=False)
         try:
-            env.leader()
+            leader = env.nodes[env.leader()].proc.pid
+            time.sleep(2.0)  # every node has seen the new Lease holder (retry period 0.5 s): it takes its commits
             names = [f"p{i}" for i in range(args.pods)]
-            t0 = time.time()
+            c0, t0 = cpu_s(leader), time.time()
             for n in names:
                 api.create(pod(n, 200))
             t1 = wait_ungated(api, names, timeout=300)
+            c1 = cpu_s(leader)
             placed = args.pods / (t1 - t0)
             # baseline: read and one update per pod, nothing else
             base = [f"b{i}" for i in range(args.pods)]
@@ -87,11 +109,13 @@ def main() -> int:
             booked = sum(1 for ne in env.nodes for _ in ne.reservations())
         finally:
             env.stop()
+    ratio = placed / baseline
     print(f"{args.pods} gated pods over {args.nodes} nodes x 2 H100")
     print(f"gate mode: {placed:7.1f} pods placed/s (choice + peer commit + one pod update each); "
           f"reservations on the nodes: {booked}")
+    print(f"leader's CPU: {(c1 - c0) * 1000 / args.pods:.2f} ms per pod placed ({c1 - c0:.2f} s over {t1 - t0:.2f} s)")
     print(f"baseline (read + remove the gate, one client, no placement): {baseline:7.1f} pods/s")
-    print(f"target >= 100 pods/s: {'met' if placed >= 100 else 'NOT met'}")
+    print(f"ratio {ratio:.2f}x the baseline; target >= 0.8x: {'met' if ratio >= 0.8 else 'NOT met'}")
     return 0
 
 

@@ -41,6 +41,7 @@ from ..kube.informer import Informer, key_of
 from ..kube.rest import AsyncKube, KubeApiError
 from ..request.kube import CORES_CLAMPED
 from .placer import ClusterView, choose
+from .nodefit import NodeLoad
 from .quota import QuotaBook
 from .ranking import RankedView, choose_ranked
 
@@ -63,57 +64,72 @@ def placed_on(pod: dict) -> str | None:
 
 class PodsByNode:
     """The pods on each node as kube-scheduler counts them (bound there, or placed there by hamid and
-    not bound yet; not Succeeded or Failed), kept from the pod informer's changed keys (O(changes) per
-    pass, not O(pods) per placement), plus this leader's placements whose pod update the informer has
-    not shown yet (so pods placed in one pass count against the node's resources for the next)."""
+    not bound yet; not Succeeded or Failed) and their :class:`~.nodefit.NodeLoad`, kept from the pod
+    informer's changed keys (O(changes) per pass, not O(pods) per placement), with this leader's
+    placements whose pod update the informer has not shown yet counted too (so pods placed in one
+    pass count against the node's resources for the next)."""
 
     def __init__(self) -> None:
-        self._node_of: dict[str, str] = {}  # pod key -> node
+        self._at: dict[str, tuple[str, dict]] = {}  # pod key -> (node, the pod as counted)
         self._by: dict[str, dict[str, dict]] = {}  # node -> pod key -> pod
-        self._placing: dict[str, tuple[str, dict]] = {}  # pod key -> (node, the pod as placed)
+        self._load: dict[str, NodeLoad] = {}
+        self._placing: set[str] = set()  # keys counted from this leader's placement, not the informer yet
 
     def rebuild(self, pods: list[dict]) -> None:
-        self._node_of, self._by = {}, {}
+        placing = {k: self._at[k] for k in self._placing if k in self._at}
+        self._at, self._by, self._load, self._placing = {}, {}, {}, set()
         for p in pods:
-            self._set(key_of(p), p)
+            self.update(key_of(p), p)
+        for k, (n, p) in placing.items():
+            if k not in self._at:
+                self.placing(k, n, p)
 
     def update(self, key: str, pod: dict | None) -> None:
-        self._drop(key)
-        if pod is not None:
-            self._set(key, pod)
-
-    def _set(self, key: str, pod: dict) -> None:
-        n = placed_on(pod)
+        """The informer's pod of ``key`` (None: gone)."""
+        n = placed_on(pod) if pod is not None else None
         if n and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-            self._node_of[key] = n
-            self._by.setdefault(n, {})[key] = pod
-            held = self._placing.get(key)
-            if held is not None and held[0] == n:
-                del self._placing[key]  # the informer shows it now
-
-    def _drop(self, key: str) -> None:
-        n = self._node_of.pop(key, None)
-        if n is not None:
-            at = self._by.get(n)
-            if at is not None:
-                at.pop(key, None)
+            self._placing.discard(key)
+            self._count(key, n, pod)
+        elif key not in self._placing:  # a placement of ours in flight stays counted until the informer shows it
+            self._uncount(key)
 
     def placing(self, key: str, node: str, pod: dict) -> None:
         """A placement of this leader's, counted on ``node`` until the informer shows it (or :meth:`unplace`)."""
-        self._placing[key] = (node, pod)
+        self._placing.add(key)
+        self._count(key, node, pod)
 
     def unplace(self, key: str) -> None:
-        self._placing.pop(key, None)
+        if key in self._placing:
+            self._placing.discard(key)
+            self._uncount(key)
 
-    def get(self, node: str, default=()) -> list[dict]:
-        at = self._by.get(node)
-        out = list(at.values()) if at else []
-        if self._placing:
-            out += [p for k, (n, p) in self._placing.items() if n == node and (not at or k not in at)]
-        return out if out or default is None else list(default)
+    def _count(self, key: str, node: str, pod: dict) -> None:
+        self._uncount(key)
+        self._at[key] = (node, pod)
+        self._by.setdefault(node, {})[key] = pod
+        load = self._load.get(node)
+        if load is None:
+            load = self._load[node] = NodeLoad()
+        load.add(pod)
+
+    def _uncount(self, key: str) -> None:
+        held = self._at.pop(key, None)
+        if held is not None:
+            node, pod = held
+            del self._by[node][key]
+            self._load[node].add(pod, -1)
+
+    def get(self, node: str) -> list[dict]:
+        return list((self._by.get(node) or {}).values())
+
+    def load(self, node: str, pod: dict) -> NodeLoad:
+        """The load ``pod`` is judged against on ``node`` (``pod`` itself left out)."""
+        base = self._load.get(node) or NodeLoad()
+        me = (self._by.get(node) or {}).get(key_of(pod))
+        return base if me is None else base.plus((), [me])
 
     def as_dict(self) -> dict[str, list[dict]]:
-        return {n: self.get(n) for n in set(self._by) | {n for n, _ in self._placing.values()}}
+        return {n: list(at.values()) for n, at in self._by.items()}
 
 
 class GateController:
@@ -143,7 +159,9 @@ class GateController:
         self._inflight: set[str] = set()
         self._opened: dict[str, float] = {}  # pod uid -> when its gate was removed (the cache lags behind)
         self._last_reason: dict[str, str] = {}
-        self._refused: dict[str, list[str]] = {}  # pod uid -> nodes whose ledgers refused its commit lately
+        # pod uid -> (nodes whose ledgers refused its commit, when last): left out of its next choices,
+        # for retry_s (a stale view is fresh again by then; a node that did not see the leader sees it)
+        self._refused: dict[str, tuple[list[str], float]] = {}
         self._again: set[str] = set()  # pod keys to look at in the next pass (a refused commit)
         self._wake = trio.Event()
         self._ranked = RankedView()
@@ -238,9 +256,12 @@ class GateController:
             return f"the pod's GPU request cannot be read: {e}"
         ns = meta.get("namespace") or "default"
         quota = self.quotas.of(ns, meta["uid"])
-        excluded = self._refused.get(meta["uid"], [])
+        excluded, at = self._refused.get(meta["uid"], ([], 0.0))
+        if excluded and time.monotonic() - at >= self.retry_s:
+            del self._refused[meta["uid"]]
+            excluded = []
         snap = self.cluster.snapshot()
-        choice = choose_ranked(request, pod, snap, self._ranked, nodes, self._on_node, node_policy=self.node_policy,
+        choice = choose_ranked(request, pod, snap, self._ranked, nodes, self._on_node.load, node_policy=self.node_policy,
                                ignored=self.ignored, exclude=excluded, quota=quota)
         if choice is None:  # nothing fits: every node's reasons, the slow way (only for a pod that stays gated)
             choice = choose(request, pod, snap.members, nodes, self._on_node.as_dict(),
@@ -282,8 +303,8 @@ class GateController:
                                         request=request.to_dict(), placed_by="gate", booked=True)
                 except HamidError as e:  # refused by the node's ledger (a stale view), or unreachable
                     log.info("commit refused; choosing again", pod=owner.name, node=decision.node, error=str(e))
-                    refused = self._refused.setdefault(uid, [])
-                    refused.append(decision.node)
+                    refused = self._refused.get(uid, ([], 0.0))[0] + [decision.node]
+                    self._refused[uid] = (refused, time.monotonic())
                     if len(refused) >= ATTEMPTS:
                         del self._refused[uid]
                         await self._unschedulable(

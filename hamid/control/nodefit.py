@@ -43,7 +43,7 @@ from fractions import Fraction
 from ..placement.reasons import Reason
 from ..request.quantity import NANO as _NANO, nanos as _nanos, quantity
 
-__all__ = ["quantity", "pod_requests", "kube_filters", "summarize", "narrow_to_node", "REASON_UNSCHEDULABLE",
+__all__ = ["quantity", "pod_requests", "kube_filters", "NodeLoad", "node_load", "summarize", "narrow_to_node", "REASON_UNSCHEDULABLE",
            "REASON_NODE_NAME", "REASON_AFFINITY", "REASON_AFFINITY_PREFILTER", "REASON_AFFINITY_CONFLICT",
            "REASON_PORTS", "REASON_TOO_MANY_PODS"]
 
@@ -290,7 +290,50 @@ def _live(pod: Mapping, pods_on_node: Iterable[Mapping]) -> list[Mapping]:
             and (uid is None or (p.get("metadata") or {}).get("uid") != uid)]
 
 
-def _resources(pod: Mapping, node: Mapping, live: list[Mapping], ignored: set[str]) -> list[str]:
+class NodeLoad:
+    """What the pods on a node hold as NodeResourcesFit and NodePorts count them (their number, their
+    summed requests, their host ports), kept by adding and taking away one pod at a time so a caller
+    judging many pods against one node does not sum its pods again for each (the leader's passes)."""
+
+    __slots__ = ("pods", "used", "ports")
+
+    def __init__(self) -> None:
+        self.pods = 0
+        self.used: dict[str, int] = {}
+        self.ports: dict[tuple[str, str, int], int] = {}
+
+    def add(self, pod: Mapping, sign: int = 1) -> None:
+        """Count ``pod`` (``sign`` -1: stop counting it)."""
+        self.pods += sign
+        for k, v in _counted(pod).items():
+            self.used[k] = self.used.get(k, 0) + sign * v
+        for hp in _host_ports(pod):
+            n = self.ports.get(hp, 0) + sign
+            if n:
+                self.ports[hp] = n
+            else:
+                self.ports.pop(hp, None)
+
+    def plus(self, pods: Iterable[Mapping], minus: Iterable[Mapping] = ()) -> "NodeLoad":
+        """A copy with ``pods`` added and ``minus`` taken away."""
+        out = NodeLoad()
+        out.pods, out.used, out.ports = self.pods, dict(self.used), dict(self.ports)
+        for p in pods:
+            out.add(p)
+        for p in minus:
+            out.add(p, -1)
+        return out
+
+
+def node_load(pods_on_node: Iterable[Mapping]) -> NodeLoad:
+    """The load of ``pods_on_node`` (the live ones: not Succeeded or Failed)."""
+    load = NodeLoad()
+    for p in _live({}, pods_on_node):
+        load.add(p)
+    return load
+
+
+def _resources(pod: Mapping, node: Mapping, live: list[Mapping] | NodeLoad, ignored: set[str]) -> list[str]:
     """NodeResourcesFit's ``fitsRequest``: every insufficient resource, in its order (pods, cpu, memory,
     ephemeral-storage, then the scalar resources, by name here where Go iterates a map)."""
     alloc: dict[str, int] = {}
@@ -301,13 +344,16 @@ def _resources(pod: Mapping, node: Mapping, live: list[Mapping], ignored: set[st
             raise ValueError(f"node {(node.get('metadata') or {}).get('name')!r} status.allocatable[{k!r}]: "
                              f"{e}") from None
     reasons = []
-    if len(live) + 1 > alloc.get("pods", 0):
+    if (live.pods if isinstance(live, NodeLoad) else len(live)) + 1 > alloc.get("pods", 0):
         reasons.append(REASON_TOO_MANY_PODS)
     want = _counted(pod)
-    used: dict[str, int] = {}
-    for p in live:
-        for k, v in _counted(p).items():
-            used[k] = used.get(k, 0) + v
+    if isinstance(live, NodeLoad):
+        used = live.used
+    else:
+        used = {}
+        for p in live:
+            for k, v in _counted(p).items():
+                used[k] = used.get(k, 0) + v
     for k in _COUNTED:
         if want.get(k, 0) > 0 and want[k] > alloc.get(k, 0) - used.get(k, 0):
             reasons.append(f"Insufficient {k}")
@@ -319,11 +365,13 @@ def _resources(pod: Mapping, node: Mapping, live: list[Mapping], ignored: set[st
     return reasons
 
 
-def kube_filters(pod: dict, node: dict, pods_on_node: list[dict], *, ignored_resources: set[str]) -> list[str]:
+def kube_filters(pod: dict, node: dict, pods_on_node: list[dict] | NodeLoad, *,
+                 ignored_resources: set[str]) -> list[str]:
     """kube-scheduler's reasons for not taking ``pod`` to ``node`` (``[]``: it would).
 
     ``pods_on_node`` are the pods bound to the node (terminal ones and
-    ``pod`` itself are left out here); ``ignored_resources`` are resource
+    ``pod`` itself are left out here), or their :class:`NodeLoad` (which
+    must already leave out terminal pods and ``pod``); ``ignored_resources`` are resource
     names not checked (the GPU resources hamid accounts itself). As
     kube-scheduler, the first plugin that rejects the node gives all the
     reasons: NodeResourcesFit may give several, the others one. A quantity
@@ -349,9 +397,10 @@ def kube_filters(pod: dict, node: dict, pods_on_node: list[dict], *, ignored_res
             return [f"node(s) had untolerated taint {{{t.get('key')}: {t.get('value') or ''}}}"]
     if not _affinity_ok(pod, node):
         return [REASON_AFFINITY]
-    live = _live(pod, pods_on_node)
+    live = pods_on_node if isinstance(pods_on_node, NodeLoad) else _live(pod, pods_on_node)
     mine = _host_ports(pod)
-    if mine and _port_conflict(mine, [hp for p in live for hp in _host_ports(p)]):
+    if mine and _port_conflict(mine, list(live.ports) if isinstance(live, NodeLoad) else
+                               [hp for p in live for hp in _host_ports(p)]):
         return [REASON_PORTS]
     return _resources(pod, node, live, set(ignored_resources))
 

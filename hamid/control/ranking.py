@@ -22,6 +22,7 @@ a pod that stays gated).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from ..placement.ranked import RankedNodes
 from ..request.model import Request
@@ -59,11 +60,12 @@ class RankedView:
 
 
 def choose_ranked(request: Request, pod: dict, snap: Snapshot, ranked: RankedView, nodes: Mapping[str, dict],
-                  pods_by_node: Mapping[str, list[dict]], *, node_policy: str, ignored: set[str],
+                  load_of: Callable[[str, dict], Any], *, node_policy: str, ignored: set[str],
                   exclude: Iterable[str] = (), kube_filters: Callable | None = None, quota=None) -> Choice | None:
     """The first node in placement order whose GPUs take ``request`` and that kube-scheduler, the
     node's peer address and ``quota`` accept; None when there is none (then :func:`.placer.choose`
-    says why, node by node)."""
+    says why, node by node). ``load_of(node, pod)``: the pods on ``node`` as
+    :func:`~.nodefit.kube_filters` takes them (a list, or their :class:`~.nodefit.NodeLoad`)."""
     if kube_filters is None:
         from .nodefit import kube_filters
     skip = set(exclude)
@@ -73,7 +75,7 @@ def choose_ranked(request: Request, pod: dict, snap: Snapshot, ranked: RankedVie
         m = snap.members.get(name)
         if name in skip or node is None or m is None or not m.peer:
             continue
-        if kube_filters(pod, node, pods_by_node.get(name, ()), ignored_resources=ignored):
+        if kube_filters(pod, node, load_of(name, pod), ignored_resources=ignored):
             continue
         if quota is not None and quota.check(d) is not None:
             continue

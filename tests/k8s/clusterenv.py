@@ -86,8 +86,11 @@ spec:
 
 class ClusterEnv:
     def __init__(self, root: Path, api, *, nodes: int = 3, simulate: str = "H100:2", split: int = 10,
-                 mode: str = "gate", extra_config: str = "", web: bool = False, front: bool = False) -> None:
+                 mode: str = "gate", extra_config: str = "", web: bool = False, front: bool = False,
+                 reconcile_interval: float = 1.0) -> None:
         """``web``: every daemon serves the web view on loopback, at ``web_ports[i]``;
+        ``reconcile_interval``: each daemon's ``reconcileInterval`` (1 s: tests see releases soon;
+        the benches pass the daemon's default);
         ``front``: each daemon's webhook and extender ports served by ``hamid front``
         with no capabilities, as in the chart (:class:`NodeEnv`)."""
         self.root = root
@@ -129,6 +132,7 @@ class ClusterEnv:
                    f"leaderElectionLeaseDuration: 3\nleaderElectionRenewDeadline: 2\n"
                    f"leaderElectionRetryPeriod: 0.5\n{web_line}{extra_config}")
             self.nodes.append(NodeEnv(root / f"n{i}", api, node=f"node-{i}", simulate=simulate, split=split,
+                                      reconcile_interval=reconcile_interval,
                                       extra_config=cfg, front=front))
 
     def extender_tls(self) -> dict:
