@@ -134,7 +134,7 @@ class PodsByNode:
 
 class GateController:
     def __init__(self, api, peer, cluster: ClusterView, *, defaults: Defaults, node_policy: str,
-                 ignored: set[str], workers: int = 32, retry_s: float = 2.0, kube: AsyncKube | None = None) -> None:
+                 ignored: set[str], workers: int = 4, retry_s: float = 2.0, kube: AsyncKube | None = None) -> None:
         """``workers``: placements committed and written at once (peer commits and pod updates in
         flight; 32, the API client's connection pool: more would only queue there); ``kube``: the
         async API client (made from ``api`` when not given)."""
