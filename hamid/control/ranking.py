@@ -12,8 +12,9 @@ That is :func:`.placer.choose` (kube-scheduler's filters on every node, then
 ``place()`` over the nodes that pass) with the work turned around: the first
 node of placement order that passes every filter is the same node either way,
 since filtering a list does not change the order of what is left. Ties of
-``usage_score`` are broken by the order nodes joined the cluster view (the
-engine's stable sort over the API server's node order before). When nothing
+``usage_score`` are broken by the API server's node order as it stood when the
+index was built (as the engine's stable sort over that order did), and nodes
+that join later rank after those it held then. When nothing
 passes, :func:`choose_ranked` answers None and the caller asks
 :func:`.placer.choose` for every node's reasons (the slow path, taken only for
 a pod that stays gated).
@@ -36,7 +37,10 @@ class RankedView:
         self._by: dict[str, tuple[RankedNodes, int]] = {}
         self.reranked = 0  # member views (re)inserted (tests: a pass over unchanged nodes costs none)
 
-    def ranked(self, snap: Snapshot, policy: str) -> RankedNodes:
+    def ranked(self, snap: Snapshot, policy: str, order: Iterable[str] = ()) -> RankedNodes:
+        """The nodes of ``snap`` ranked for ``policy``. ``order``: the node names in the order ties
+        go when the index is built (the API server's node order, as the one-by-one choice sorted
+        them); members not named follow, and nodes that join later go after those."""
         hit = self._by.get(policy)
         if hit is not None:
             ranked, gen = hit
@@ -53,7 +57,11 @@ class RankedView:
                         self.reranked += 1
                 self._by[policy] = (ranked, snap.gen)
                 return ranked
-        ranked = RankedNodes((m.view for m in snap.members.values()), policy)
+        members = snap.members
+        first = [n for n in order if n in members]
+        named = set(first)
+        ranked = RankedNodes([members[n].view for n in first] + [m.view for n, m in members.items() if n not in named],
+                             policy)
         self.reranked += len(ranked)
         self._by[policy] = (ranked, snap.gen)
         return ranked
@@ -69,7 +77,7 @@ def choose_ranked(request: Request, pod: dict, snap: Snapshot, ranked: RankedVie
     if kube_filters is None:
         from .nodefit import kube_filters
     skip = set(exclude)
-    for d in ranked.ranked(snap, request.node_policy or node_policy).fits(request):
+    for d in ranked.ranked(snap, request.node_policy or node_policy, nodes).fits(request):
         name = d.node
         node = nodes.get(name)
         m = snap.members.get(name)

@@ -37,6 +37,7 @@ Two strategies (``deviceListStrategy``):
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -77,11 +78,14 @@ def _gpus(ids: tuple[str, ...]) -> tuple[str, ...]:
 
 class PodAdmission:
     def __init__(self, node: NodeDoor, pods: PodDirectory, *, strategy: str, cdi_dir: str,
-                 defaults: Defaults) -> None:
+                 defaults: Defaults, cached_pod: Callable[[str, str], dict | None] | None = None) -> None:
+        """``cached_pod(namespace, name)``: the pod from a cache of this node's pods kept by a watch
+        (the face's shared informer), None on a miss: the API server is asked only then."""
         if strategy not in STRATEGIES:
             raise HamidError(f"deviceListStrategy: bad value {strategy!r}; accepted: {', '.join(STRATEGIES)}")
         self.node = node
         self.pods = pods
+        self.cached_pod = cached_pod
         self.strategy = strategy
         self.cdi_dir = cdi_dir
         node.own_file_dir(cdi_dir)  # release may delete the CDI specs written there, and nothing else
@@ -165,7 +169,9 @@ class PodAdmission:
         slot = slot_of(ids)
         try:
             ns, name, held = self.pods.holder(ids)
-            pod = self.pods.get_pod(ns, name)
+            pod = self.cached_pod(ns, name) if self.cached_pod is not None else None
+            if pod is None:
+                pod = self.pods.get_pod(ns, name)
         except PodLookupError as e:
             raise AdmissionError(f"cannot tie devices to a pod: {e}") from None
         if pod is None:
@@ -177,7 +183,8 @@ class PodAdmission:
         owner = Owner("pod", meta["uid"], name=f"{ns}/{name}")
         slots = {c: slot_of(i) for c, i in held.items()}
         containers = [c for c, s in slots.items() if s == slot]
-        known = self._known_slots(owner.key)
+        before = self.node.get(owner.key)
+        known = dict(before.details.container_slots) if before is not None else {}
         if not containers:  # a plain init container (kubelet does not list those): which one, from the spec
             init = self._init_container_for(pod, ids, res_slots=known)
             held = {**held, init: ids}
@@ -190,11 +197,16 @@ class PodAdmission:
                 containers.append(init)
         try:
             self._reserve(owner, pod, held, slots)
+            # the files are written by this call's preparation (a reservation not prepared before:
+            # node-local admission, or the leader's placement at its first start), for no known user
+            fresh = before is None or before.state == "reserved"
             res = self.node.prepare(owner.key, user=None)
             for c in containers:
-                if not _is_mig(res, c):  # (re)written from the reservation as it stands now
+                user = pod_user(pod, c)
+                if not _is_mig(res, c) and not (fresh and user is None):
+                    # (re)written from the reservation as it stands now (a restart: it may have moved);
                     # the region directory is the container's user's where the pod says who that is
-                    self.node.write_container_files(owner.key, c, pod_user(pod, c))
+                    self.node.write_container_files(owner.key, c, user)
             if self.strategy == "cdi-cri":
                 path = cdi.write_spec(self.cdi_dir, slot, realize(res, self.node.facts, containers[0]))
                 self.node.attach_file(owner.key, path)
@@ -203,10 +215,6 @@ class PodAdmission:
             raise AdmissionError(str(e)) from None
         log.info("container tied to its pod", owner=owner.key, pod=owner.name, containers=containers, slot=slot)
         return owner.key
-
-    def _known_slots(self, key: str) -> dict[str, str]:
-        res = self.node.get(key)
-        return dict(res.details.container_slots) if res is not None else {}
 
     def _unlisted_inits(self, pod: dict[str, Any], held: dict, n: int, known: dict[str, str],
                         slot: str) -> list[str]:

@@ -67,7 +67,8 @@ class KubeletFace:
         self.resource = resource
         self.pods = PodDirectory(node.name, kubelet_dir, resource, api)
         self.door = node.door()  # the node's verbs for this face's blocking work (gRPC handlers, threads)
-        self.admission = PodAdmission(self.door, self.pods, strategy=strategy, cdi_dir=cdi_dir, defaults=defaults)
+        self.admission = PodAdmission(self.door, self.pods, strategy=strategy, cdi_dir=cdi_dir, defaults=defaults,
+                                      cached_pod=self._cached_pod)
         self.health_interval = health_interval
         self.check_interval = check_interval
         self.watch_timeout_s = watch_timeout_s
@@ -151,6 +152,19 @@ class KubeletFace:
                 bound.append(((pod.get("metadata") or {}).get("creationTimestamp") or "", gset))
         bound.sort(key=lambda t: t[0])  # RFC 3339 UTC timestamps sort as strings
         return [g for _, g in bound] + unknown
+
+    def _cached_pod(self, ns: str, name: str) -> dict | None:
+        """The pod from the informer's cache of this node's pods, None on a miss. A pod being deleted
+        is a miss: a pod of the same name made again (a StatefulSet's) is asked of the API server,
+        never taken for the old one still cached."""
+        inf = self.pod_informer
+        if inf is None or not inf.synced.is_set():
+            return None
+        got = inf.get(f"{ns}/{name}")
+        if got is None or (got.get("metadata") or {}).get("deletionTimestamp") or \
+                (got.get("spec") or {}).get("nodeName") != self.node.name:
+            return None
+        return got
 
     def _pod(self, ns: str, name: str) -> dict | None:
         """The pod from the informer's cache of this node's pods, else from the API server (blocking)."""
