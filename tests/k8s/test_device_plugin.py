@@ -460,3 +460,22 @@ def test_the_reconciler_reads_the_pod_watch_not_one_get_per_reservation(tmp_path
         assert len(node.reservations()) == 12  # and every running pod is kept
     finally:
         node.stop()
+
+
+def test_prestart_takes_the_pod_from_the_watch_not_a_get(tmp_path, api_server):
+    """PreStartContainer ties the devices to the pod the node's watch already holds: no GET of the pod
+    (it cost 1-5 ms per container start), and the container gets its own pod's limits all the same."""
+    node = NodeEnv(tmp_path / "n", api_server, split=10).start()
+    try:
+        pods = [_gpu_pod(node, f"w{i}", 1000 + 100 * i, cores=10 + i) for i in range(4)]
+        time.sleep(1.0)  # the pod watch (list, then watch) has the pods created with spec.nodeName
+        before = {p: n for (m, p), n in api_server.requests.items() if m == "GET" and "/pods/" in p}
+        for i, pod in enumerate(pods):
+            assert node.kubelet.admit(pod).admitted
+            (dev,) = node.limits_of(node.kubelet.start_container(pod, "main")).devices
+            assert dev.memory_bytes == mib(1000 + 100 * i) and dev.sm_percent == 10 + i
+        after = {p: n for (m, p), n in api_server.requests.items() if m == "GET" and "/pods/" in p}
+        gets = {p: n - before.get(p, 0) for p, n in after.items() if n - before.get(p, 0)}
+        assert gets == {}, f"pod GETs during the container starts: {gets}"
+    finally:
+        node.stop()
