@@ -82,7 +82,7 @@ def main() -> int:
         env.start(webhook=False)
         try:
             leader = env.nodes[env.leader()].proc.pid
-            time.sleep(2.0)  # every node has seen the new Lease holder (retry period 0.5 s): it takes its commits
+            time.sleep(2.0 + args.nodes / 10)  # every node has seen the Lease holder (retry period 0.5 s): it takes its commits
             names = [f"p{i}" for i in range(args.pods)]
             c0, t0 = cpu_s(leader), time.time()
             for n in names:

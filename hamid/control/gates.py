@@ -134,10 +134,15 @@ class PodsByNode:
 
 class GateController:
     def __init__(self, api, peer, cluster: ClusterView, *, defaults: Defaults, node_policy: str,
-                 ignored: set[str], workers: int = 4, retry_s: float = 2.0, kube: AsyncKube | None = None) -> None:
-        """``workers``: placements committed and written at once (peer commits and pod updates in
-        flight; 32, the API client's connection pool: more would only queue there); ``kube``: the
-        async API client (made from ``api`` when not given)."""
+                 ignored: set[str], commits: int = 32, per_node: int = 2, updates: int = 4,
+                 retry_s: float = 2.0, kube: AsyncKube | None = None) -> None:
+        """``commits``: peer commits in flight at once (32: a commit waits on a node's ledger, and a
+        node starved of CPU answers slowly, so commits to many nodes are kept going); ``per_node``: to
+        one node (2: its ledger takes one writer at a time, and more only wait in SQLite's busy loop;
+        the second is on the wire while the first commits); ``updates``: pod updates in flight
+        at once (4: the API server answers in a millisecond or two, and httpcore's pool looks at every
+        connection it holds for each request, so more connections cost the leader CPU per pod without
+        placing faster); ``kube``: the async API client (made from ``api`` when not given)."""
         from kubernetes import client
 
         self.api = api
@@ -148,7 +153,12 @@ class GateController:
         self.defaults = defaults
         self.node_policy = node_policy
         self.ignored = ignored
-        self.workers = workers
+        self.commits = commits
+        self.per_node = per_node
+        self._node_slots: dict[str, trio.CapacityLimiter] = {}
+        self.updates = updates
+        self._commit_slots: trio.CapacityLimiter | None = None
+        self._update_slots: trio.CapacityLimiter | None = None
         self.retry_s = retry_s
         self.pods = Informer(self.kube, "/api/v1/pods", name="pods")
         self.nodes = Informer(self.kube, "/api/v1/nodes", name="nodes")
@@ -170,7 +180,8 @@ class GateController:
     # --- the loop --------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        limit = trio.CapacityLimiter(self.workers)
+        self._commit_slots = trio.CapacityLimiter(self.commits)
+        self._update_slots = trio.CapacityLimiter(self.updates)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.pods.run)
@@ -180,12 +191,12 @@ class GateController:
                 await self.pods.synced.wait()
                 await self.nodes.synced.wait()
                 await self.quotas.quotas.synced.wait()
-                await self._loop(nursery, limit)
+                await self._loop(nursery)
         finally:
             with trio.CancelScope(shield=True):
                 await self.kube.aclose()
 
-    async def _loop(self, nursery, limit: trio.CapacityLimiter) -> None:
+    async def _loop(self, nursery) -> None:
         full = True  # the first pass, and every retry_s: capacity may free without a pod event (gossip)
         last_full = time.monotonic()
         while True:
@@ -220,17 +231,17 @@ class GateController:
                     self._inflight.add(uid)
                     batch.append(pod)
             if batch:
-                self._pass(batch, nursery, limit)
+                self._pass(batch, nursery)
             full = False
             with trio.move_on_at(trio.current_time() + max(0.0, self.retry_s - (time.monotonic() - last_full))):
                 await _first_of(*wake)
                 continue
             full = True
 
-    def _pass(self, batch: list[dict], nursery, limit: trio.CapacityLimiter) -> None:
+    def _pass(self, batch: list[dict], nursery) -> None:
         """Place the gated pods that arrived together: one snapshot of the cluster view, decisions
         in sequence against it (each booked in the view and the quota before the next is made: no
-        await in between), then every commit and pod update at once (``limit`` of them in flight)."""
+        await in between), then every commit and pod update at once (as many in flight as ``commits`` and ``updates`` allow)."""
         self.passes += 1
         nodes = {(n.get("metadata") or {}).get("name"): n for n in self.nodes.snapshot()}
         for pod in batch:
@@ -244,7 +255,7 @@ class GateController:
             if isinstance(got, str):  # stays gated: say why (an API write, off this pass)
                 nursery.start_soon(self._stays_gated, pod, got)
             else:
-                nursery.start_soon(self._finish, pod, got, limit)
+                nursery.start_soon(self._finish, pod, got)
 
     def _decide(self, pod: dict, nodes: dict[str, dict]):
         """The pod's (request, choice), booked in the cluster view and its namespace's quota; or the
@@ -288,7 +299,7 @@ class GateController:
         finally:
             self._inflight.discard(pod["metadata"]["uid"])
 
-    async def _finish(self, pod: dict, decided, limit: trio.CapacityLimiter) -> None:
+    async def _finish(self, pod: dict, decided) -> None:
         """Commit a decision on its node and open the pod's gate; undo what failed."""
         request, choice = decided
         meta = pod["metadata"]
@@ -297,44 +308,49 @@ class GateController:
         decision = choice.decision
         placed = False
         try:
-            async with limit:
-                try:
+            if self._commit_slots is None:  # place() outside run()
+                self._commit_slots, self._update_slots = trio.CapacityLimiter(1), trio.CapacityLimiter(1)
+            try:
+                node_slots = self._node_slots.get(decision.node)
+                if node_slots is None:
+                    node_slots = self._node_slots[decision.node] = trio.CapacityLimiter(self.per_node)
+                async with node_slots, self._commit_slots:
                     done = await commit(self.peer, self.cluster, choice.peer, owner, decision,
                                         request=request.to_dict(), placed_by="gate", booked=True)
-                except HamidError as e:  # refused by the node's ledger (a stale view), or unreachable
-                    log.info("commit refused; choosing again", pod=owner.name, node=decision.node, error=str(e))
-                    refused = self._refused.get(uid, ([], 0.0))[0] + [decision.node]
-                    self._refused[uid] = (refused, time.monotonic())
-                    if len(refused) >= ATTEMPTS:
-                        del self._refused[uid]
-                        await self._unschedulable(
-                            pod, "nodes kept refusing the placement (their ledgers changed); trying again")
-                    else:
-                        self._again.add(key)
-                        self._wake.set()
-                        self._wake = trio.Event()
-                    return
-                if not done.ours:  # an earlier placement of this pod (another leader's, or ours) holds it:
-                    # the pod still gated, that is where it goes (never undone here: it is not ours)
-                    log.info("pod already placed there; opening its gate on that placement", pod=owner.name,
-                             node=done.decision.node)
-                    self.quotas.unbook(uid)  # the pod's own annotations count it once opened
-                    if await self._open_gate(pod, done.decision):
-                        placed = True
-                        self._opened[uid] = time.monotonic()
-                        self.placed += 1
-                        self._refused.pop(uid, None)
-                    return
-                if await self._open_gate(pod, decision):
+            except HamidError as e:  # refused by the node's ledger (a stale view), or unreachable
+                log.info("commit refused; choosing again", pod=owner.name, node=decision.node, error=str(e))
+                refused = self._refused.get(uid, ([], 0.0))[0] + [decision.node]
+                self._refused[uid] = (refused, time.monotonic())
+                if len(refused) >= ATTEMPTS:
+                    del self._refused[uid]
+                    await self._unschedulable(
+                        pod, "nodes kept refusing the placement (their ledgers changed); trying again")
+                else:
+                    self._again.add(key)
+                    self._wake.set()
+                    self._wake = trio.Event()
+                return
+            if not done.ours:  # an earlier placement of this pod (another leader's, or ours) holds it:
+                # the pod still gated, that is where it goes (never undone here: it is not ours)
+                log.info("pod already placed there; opening its gate on that placement", pod=owner.name,
+                         node=done.decision.node)
+                self.quotas.unbook(uid)  # the pod's own annotations count it once opened
+                if await self._open_gate(pod, done.decision):
                     placed = True
                     self._opened[uid] = time.monotonic()
                     self.placed += 1
-                    self._last_reason.pop(uid, None)
                     self._refused.pop(uid, None)
-                    log.info("placed", pod=owner.name, node=decision.node,
-                             gpus=[d.uuid for c in decision.containers for d in c.devices])
-                else:
-                    await undo(self.peer, self.cluster, done)
+                return
+            if await self._open_gate(pod, decision):
+                placed = True
+                self._opened[uid] = time.monotonic()
+                self.placed += 1
+                self._last_reason.pop(uid, None)
+                self._refused.pop(uid, None)
+                log.info("placed", pod=owner.name, node=decision.node,
+                         gpus=[d.uuid for c in decision.containers for d in c.devices])
+            else:
+                await undo(self.peer, self.cluster, done)
             if placed and ((meta.get("annotations") or {}).get(CORES_CLAMPED)):
                 # the webhook lowered gpucores to 100: say so where kubectl describe shows it
                 await trio.to_thread.run_sync(announce_clamp, self.core, pod)
@@ -360,11 +376,15 @@ class GateController:
             await self._stays_gated(pod, got)
             return False
         before = self.placed
-        await self._finish(pod, got, trio.CapacityLimiter(1))
+        await self._finish(pod, got)
         return self.placed > before
 
     async def _open_gate(self, pod: dict, decision: Decision) -> bool:
         """One update (with the pod's resourceVersion): annotations, narrowed affinity, gate removed."""
+        async with self._update_slots:
+            return await self._opening(pod, decision)
+
+    async def _opening(self, pod: dict, decision: Decision) -> bool:
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         path = f"/api/v1/namespaces/{ns}/pods/{name}"
         current = pod

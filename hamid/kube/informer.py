@@ -128,27 +128,33 @@ class Informer:
         """Watch from ``rv`` until the stream ends; the resourceVersion to resume from, None to list again."""
         query = dict(self.query, watch="true", resourceVersion=rv, allowWatchBookmarks="true",
                      timeoutSeconds=str(self.watch_timeout_s))
-        async with kube.watch(self.path, query, timeout_s=self.watch_timeout_s + 10) as events:
-            async for ev in events:
-                kind, obj = ev.get("type"), ev.get("object") or {}
-                if kind == "ERROR":
-                    level = log.info if obj.get("code") == 410 else log.warning
-                    level("watch ended with an error; listing again", what=self.name, code=obj.get("code"),
-                          reason=obj.get("reason"))
-                    return None
-                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                if kind == "BOOKMARK":
-                    continue
-                key = key_of(obj)
-                with self._lock:
-                    if kind == "DELETED":
-                        self.objects.pop(key, None)
-                    else:
-                        self.objects[key] = obj
-                    if self._dirty is not None:
-                        self._dirty.add(key)
-                self._notify([(kind, obj)])
-                if self._relist:
+        async with kube.watch(self.path, query, timeout_s=self.watch_timeout_s + 10) as bursts:
+            async for burst in bursts:  # what arrived together: applied, then told, at once
+                told = []
+                end = False
+                for ev in burst:
+                    kind, obj = ev.get("type"), ev.get("object") or {}
+                    if kind == "ERROR":
+                        level = log.info if obj.get("code") == 410 else log.warning
+                        level("watch ended with an error; listing again", what=self.name, code=obj.get("code"),
+                              reason=obj.get("reason"))
+                        end = True
+                        break
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if kind == "BOOKMARK":
+                        continue
+                    key = key_of(obj)
+                    with self._lock:
+                        if kind == "DELETED":
+                            self.objects.pop(key, None)
+                        else:
+                            self.objects[key] = obj
+                        if self._dirty is not None:
+                            self._dirty.add(key)
+                    told.append((kind, obj))
+                if told:
+                    self._notify(told)
+                if end or self._relist:
                     return None
         return rv
 

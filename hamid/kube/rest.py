@@ -138,8 +138,9 @@ class AsyncKube:
     @contextlib.asynccontextmanager
     async def watch(self, path: str, query: Mapping[str, str], timeout_s: float) -> AsyncIterator[AsyncIterator[dict]]:
         """A watch (``query`` carries ``watch=true``, ``resourceVersion``...): yields an async
-        iterator of its events (``{"type": ..., "object": {...}}``) as they arrive, each line read
-        against :data:`MAX_LINE_BYTES`; ``timeout_s`` bounds the whole stream."""
+        iterator of its events (``{"type": ..., "object": {...}}``) in lists, each list what arrived
+        together (a reader acts on a burst at once), each line read against :data:`MAX_LINE_BYTES`;
+        ``timeout_s`` bounds the whole stream."""
         what = f"WATCH {path}"
         timeout = httpx.Timeout(self.timeout_s, read=timeout_s)
         try:
@@ -152,19 +153,22 @@ class AsyncKube:
             raise KubeApiError(0, f"{what}: the stream ended: {type(e).__name__}: {e}") from None
 
 
-async def _events(resp: httpx.Response, what: str) -> AsyncIterator[dict]:
+async def _events(resp: httpx.Response, what: str) -> AsyncIterator[list[dict]]:
     buf = b""
     async for chunk in resp.aiter_raw():
         buf += chunk
         if len(buf) > MAX_LINE_BYTES and b"\n" not in buf:
             raise KubeApiError(200, f"{what}: one event is over {MAX_LINE_BYTES} bytes")
         *lines, buf = buf.split(b"\n")
+        out = []
         for line in lines:
             if line.strip():
                 try:
-                    yield json.loads(line)
+                    out.append(json.loads(line))
                 except ValueError:
                     raise KubeApiError(200, f"{what}: an event is not JSON: {line[:200]!r}") from None
+        if out:
+            yield out
 
 
 def _answer(what: str, status: int, raw: bytes) -> dict:
