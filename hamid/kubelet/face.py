@@ -455,6 +455,12 @@ class KubeletFace:
         self.pods.event(pod, "HamidMpsFailed", text)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self._run(task_status)
+        finally:
+            self.pods.close()
+
+    async def _run(self, task_status) -> None:
         async with trio.open_nursery() as nursery:
             if self.pods.api is not None:
                 await nursery.start(self._tell_mps_failures)

@@ -11,6 +11,7 @@ carries only device IDs, to exactly one pod by UID: never a guess.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import grpc
@@ -37,6 +38,22 @@ class PodDirectory:
         self.resource = resource
         self.api = api  # kubernetes.client.ApiClient, or None when the daemon has no API server
         self.socket = os.path.join(kubelet_dir, POD_RESOURCES_DIR, KUBELET_SOCKET)
+        # one channel kept open (a channel per List cost its connection setup on every PreStartContainer);
+        # gRPC reconnects it when kubelet restarts and serves a new socket at the same path
+        self._channel: grpc.Channel | None = None
+        self._channel_lock = threading.Lock()
+
+    def _stub(self) -> pr_grpc.PodResourcesListerStub:
+        with self._channel_lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(f"unix:{self.socket}")
+            return pr_grpc.PodResourcesListerStub(self._channel)
+
+    def close(self) -> None:
+        with self._channel_lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
 
     # --- kubelet -----------------------------------------------------------------
 
@@ -45,20 +62,23 @@ class PodDirectory:
         import time
 
         delay = 0.02
-        with grpc.insecure_channel(f"unix:{self.socket}") as ch:
-            stub = pr_grpc.PodResourcesListerStub(ch)
-            for attempt in range(8):
-                try:
-                    got = stub.List(pr.ListPodResourcesRequest(), timeout=5)
-                    break
-                except grpc.RpcError as e:
-                    # kubelet rate-limits this API (100 qps, burst 10): wait and ask again
-                    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and attempt < 7:
-                        time.sleep(delay)
-                        delay *= 2
-                        continue
-                    raise PodLookupError(f"kubelet's pod-resources API at {self.socket} did not answer: "
-                                         f"{e.code().name} {e.details()}") from None
+        stub = self._stub()
+        for attempt in range(8):
+            try:
+                got = stub.List(pr.ListPodResourcesRequest(), timeout=5)
+                break
+            except grpc.RpcError as e:
+                # kubelet rate-limits this API (100 qps, burst 10): wait and ask again
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and attempt < 7:
+                    time.sleep(delay)
+                    delay *= 2
+                    continue
+                if e.code() == grpc.StatusCode.UNAVAILABLE and attempt == 0:
+                    self.close()  # kubelet restarting: a fresh channel for the one more try
+                    stub = self._stub()
+                    continue
+                raise PodLookupError(f"kubelet's pod-resources API at {self.socket} did not answer: "
+                                     f"{e.code().name} {e.details()}") from None
         out: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
         for p in got.pod_resources:
             for c in p.containers:
