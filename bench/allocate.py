@@ -8,12 +8,13 @@ to the plugin's socket, times:
 - ``GetDevicePluginOptions`` (an empty round trip: the baseline),
 - ``Allocate`` for one container (kubelet's call at admission),
 - ``PreStartContainer`` for the same devices (pod-resources ``List``, the pod
-  from the API server, the ledger's node-local admission and the limits file),
+  from the node's pod watch, the ledger's node-local admission and the limits file),
   for pods created with ``spec.nodeName`` beforehand and admitted by the
   stand-in so that kubelet knows them.
 
-Prints p50 and p99 of each and of each minus the empty round trip. Target:
-``Allocate`` at most 5 ms p99 above the empty round trip.
+Prints p50 and p99 of each and of each minus the empty round trip. Targets:
+``Allocate`` at most 5 ms p99 above the empty round trip, ``PreStartContainer``
+at most 10 ms p99 above it (issue 25).
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def main() -> int:
               f"above the empty round trip: p50 {(p50 - base50) * ms:+6.2f} ms  p99 {(p99 - base99) * ms:+6.2f} ms")
     above = (pct(alloc, 99) - base99) * ms
     print(f"Allocate p99 above the empty round trip: {above:.2f} ms (target <= 5 ms: {'met' if above <= 5 else 'NOT met'})")
+    above = (pct(prestart, 99) - base99) * ms
+    print(f"PreStartContainer p99 above the empty round trip: {above:.2f} ms "
+          f"(target <= 10 ms: {'met' if above <= 10 else 'NOT met'})")
     print(f"mean Allocate / mean empty: {statistics.mean(alloc) / statistics.mean(empty):.2f}")
     return 0
 
