@@ -88,16 +88,10 @@ class KubeletFace:
         self._generation = 0
         self._kubelet_id: tuple[int, int] | None = None
 
-    # --- the RPCs, in the trio loop ----------------------------------------------------
+    # --- the RPCs, on grpcio's threads ------------------------------------------------
 
-    async def _allocate(self, ids: tuple[str, ...]) -> pb.ContainerAllocateResponse:
-        return await self.node.run_blocking(self.admission.allocate, ids)
-
-    async def _prestart(self, ids: tuple[str, ...]) -> None:
-        await self.node.run_blocking(self.admission.prestart, ids, event="admitted")
-
-    async def _prefer(self, available: tuple[str, ...], must: tuple[str, ...], size: int) -> list[str]:
-        return await self.node.run_blocking(self._preferred, available, must, size)
+    def _prestart(self, ids: tuple[str, ...]) -> None:
+        self.door.announce("admitted", self.admission.prestart(ids))
 
     def _preferred(self, available: tuple[str, ...], must: tuple[str, ...], size: int) -> list[str]:
         """Kubelet asks which of ``available`` to give a container (the pod unknown):
@@ -214,8 +208,8 @@ class KubeletFace:
             pass
         server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="hamid-dp"))
         pb_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginService(self.board, token, allocate=self._allocate, prestart=self._prestart,
-                                prefer=self._prefer), server)
+            DevicePluginService(self.board, token, allocate=self.admission.allocate, prestart=self._prestart,
+                                prefer=self._preferred), server)
         try:
             server.add_insecure_port(f"unix:{tmp}")
         except RuntimeError:
@@ -249,6 +243,7 @@ class KubeletFace:
 
     async def _keep_registered(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         token = trio.lowlevel.current_trio_token()
+        self.door.use_loop(token)  # before the gRPC server runs: its threads use the door
         started = False
         watch = None
         try:

@@ -1,9 +1,12 @@
 """The device plugin's gRPC service, served on grpcio's own threads.
 
-Each RPC runs on a grpcio worker thread and calls into the daemon's trio loop
-(``trio.from_thread.run``), where the node service runs the blocking work in
-its own thread pool: the trio loop never blocks, and kubelet's calls go
-through the same node service every other face uses. ``ListAndWatch`` is a
+Each RPC runs on a grpcio worker thread (at most 16 at once), which does the
+face's blocking work itself through the node service's door
+(:class:`~hamid.node.service.NodeDoor`: the same node service every other face
+uses) and hands what changed to the daemon's trio loop without waiting for it
+(``TrioToken.run_sync_soon``): no hop into the loop and out to another thread
+per call, and a busy loop (gossip, a leader's placements) never delays
+kubelet's calls. ``ListAndWatch`` is a
 long-lived stream per kubelet connection: it sends the whole device list at
 once and again whenever the face changes it (health), until kubelet hangs up
 or the server stops.
@@ -65,8 +68,8 @@ class DeviceBoard:
 
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):
-    """``allocate(ids)`` and ``prestart(ids)`` and ``prefer(...)`` are async
-    callables of the face, run in the trio loop given by ``token``."""
+    """``allocate(ids)``, ``prestart(ids)`` and ``prefer(...)`` are blocking callables of the face,
+    run on the RPC's own thread; ``token`` is the trio loop's (for what they announce)."""
 
     def __init__(self, board: DeviceBoard, token: trio.lowlevel.TrioToken, *,
                  allocate: Callable, prestart: Callable, prefer: Callable) -> None:
@@ -77,7 +80,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self._prefer = prefer
 
     def _call(self, fn, *args) -> Any:
-        return trio.from_thread.run(fn, *args, trio_token=self.token)
+        return fn(*args)
 
     def GetDevicePluginOptions(self, request, context):
         return pb.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)

@@ -200,9 +200,10 @@ class NodeService:
 
 class NodeDoor:
     """The node service's verbs for a face's blocking work: called in one of the
-    service's worker threads (:meth:`NodeService.run_blocking`), each change
-    announced in the trio thread as the async verbs announce theirs. The
-    kubelet face's admission runs in such threads (gRPC handlers); it reaches
+    service's worker threads (:meth:`NodeService.run_blocking`), or, once the
+    face has told the door its trio loop (:meth:`use_loop`), in threads of its
+    own; each change announced in the trio thread as the async verbs announce
+    theirs. The kubelet face's admission runs on grpcio's threads; it reaches
     the node through this and nothing else."""
 
     def __init__(self, service: NodeService) -> None:
@@ -210,9 +211,23 @@ class NodeDoor:
         self._core = service.core
         self.facts = service.core.facts
         self.state_dir = service.core.state_dir
+        self._token: trio.lowlevel.TrioToken | None = None
 
-    def _announce(self, event: str, key: str) -> None:
-        trio.from_thread.run_sync(self._service._notify, event, key)
+    def use_loop(self, token: trio.lowlevel.TrioToken) -> None:
+        """Announce through ``token`` (the daemon's trio loop): the door may then be used from any
+        thread, and an announcement is handed to the loop without waiting for it."""
+        self._token = token
+
+    def announce(self, event: str, key: str) -> None:
+        """Tell the subscribers of a change this face made through the door (``admitted``...)."""
+        if self._token is None:
+            trio.from_thread.run_sync(self._service._notify, event, key)
+            return
+        try:
+            self._token.run_sync_soon(self._service._notify, event, key)
+        except trio.RunFinishedError:
+            pass  # the daemon is stopping: nobody is left to tell
+
 
     def own_file_dir(self, path: str) -> None:
         self._core.own_file_dir(path)
@@ -223,7 +238,7 @@ class NodeDoor:
         try:
             return self._core.admit(owner, request, user=None, details=Details(container_slots=dict(slots)))
         except LedgerConflict:  # (the admission is announced by the face's run_blocking, once it is whole)
-            self._announce("conflict", owner.key)
+            self.announce("conflict", owner.key)
             raise
 
     def prepare(self, key: str, **kw) -> Reservation:
@@ -237,7 +252,7 @@ class NodeDoor:
 
     def move(self, key: str, request: Request, slots: Mapping[str, str]) -> Reservation:
         got = self._core.move(key, request, slots)
-        self._announce("committed", key)
+        self.announce("committed", key)
         return got
 
     def attach_file(self, key: str, path: str) -> Reservation:
