@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "tests" / "standins"))
 from apiserver import ApiServer  # noqa: E402
 from nodeenv import RESOURCE, NodeEnv  # noqa: E402
 
+from hamid.config.schema import Config  # noqa: E402
 from hamid.kubelet.api import deviceplugin_pb2 as pb  # noqa: E402
 from hamid.kubelet.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -49,7 +50,8 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="hamid-alloc-") as tmp, ApiServer(bookmark_interval=1.0) as api:
         # regionTmpfs off: the temporary directory is removed at the end, with no mounts left in it
-        env = NodeEnv(Path(tmp), api, split=args.rounds + 10, extra_config="regionTmpfs: false\n").start()
+        env = NodeEnv(Path(tmp), api, split=args.rounds + 10, extra_config="regionTmpfs: false\n",
+                      reconcile_interval=Config().reconcileInterval).start()
         try:
             sock = env.kubelet_dir / "device-plugins" / "hamid-nvidia.sock"
             empty, alloc, prestart = [], [], []

@@ -134,15 +134,15 @@ class PodsByNode:
 
 class GateController:
     def __init__(self, api, peer, cluster: ClusterView, *, defaults: Defaults, node_policy: str,
-                 ignored: set[str], commits: int = 32, per_node: int = 2, updates: int = 4,
+                 ignored: set[str], commits: int = 32, per_node: int = 16, updates: int = 8,
                  retry_s: float = 2.0, kube: AsyncKube | None = None) -> None:
         """``commits``: peer commits in flight at once (32: a commit waits on a node's ledger, and a
         node starved of CPU answers slowly, so commits to many nodes are kept going); ``per_node``: to
-        one node (2: its ledger takes one writer at a time, and more only wait in SQLite's busy loop;
-        the second is on the wire while the first commits); ``updates``: pod updates in flight
-        at once (4: the API server answers in a millisecond or two, and httpcore's pool looks at every
-        connection it holds for each request, so more connections cost the leader CPU per pod without
-        placing faster); ``kube``: the async API client (made from ``api`` when not given)."""
+        one node (16: binpack sends a burst's pods to one node after another, and a commit is mostly
+        waiting on that node; its ledger serialises them itself); ``updates``: pod updates in flight
+        at once (8: the API server answers in a millisecond or two when it is not starved, and
+        httpcore's pool looks at every connection it holds for each request, so more connections cost
+        the leader CPU per pod without placing faster); ``kube``: the async API client (made from ``api`` when not given)."""
         from kubernetes import client
 
         self.api = api

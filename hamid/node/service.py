@@ -228,7 +228,6 @@ class NodeDoor:
         except trio.RunFinishedError:
             pass  # the daemon is stopping: nobody is left to tell
 
-
     def own_file_dir(self, path: str) -> None:
         self._core.own_file_dir(path)
 
