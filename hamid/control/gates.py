@@ -134,11 +134,11 @@ class PodsByNode:
 
 class GateController:
     def __init__(self, api, peer, cluster: ClusterView, *, defaults: Defaults, node_policy: str,
-                 ignored: set[str], commits: int = 32, per_node: int = 16, updates: int = 8,
+                 ignored: set[str], commits: int = 32, per_node: int = 8, updates: int = 8,
                  retry_s: float = 2.0, kube: AsyncKube | None = None) -> None:
         """``commits``: peer commits in flight at once (32: a commit waits on a node's ledger, and a
         node starved of CPU answers slowly, so commits to many nodes are kept going); ``per_node``: to
-        one node (16: binpack sends a burst's pods to one node after another, and a commit is mostly
+        one node (8: binpack sends a burst's pods to one node after another, and a commit is mostly
         waiting on that node; its ledger serialises them itself); ``updates``: pod updates in flight
         at once (8: the API server answers in a millisecond or two when it is not starved, and
         httpcore's pool looks at every connection it holds for each request, so more connections cost
@@ -219,9 +219,9 @@ class GateController:
                     pods.append(p)
             self._again = set()
             # a node's or a ResourceQuota's change, or a pod gone or no longer gated (it may free room or
-            # quota), may let any gated pod fit
+            # quota; not one whose gate this leader opened: that took room), may let any gated pod fit
             if full or pods is None or nodes_changed is None or nodes_changed or quotas_changed is None or \
-                    quotas_changed or any(p is None or not gated(p) for p in pods):
+                    quotas_changed or any(p is None or (not gated(p) and _uid(p) not in self._opened) for p in pods):
                 pods = self.pods.snapshot()
                 last_full = now
             batch = []
@@ -458,6 +458,10 @@ def _carries(pod: dict, decision: Decision) -> bool:
     """The pod's annotations hold exactly ``decision``'s allocation."""
     have = (pod.get("metadata") or {}).get("annotations") or {}
     return all(have.get(k) == v for k, v in annotations.allocation(decision).items())
+
+
+def _uid(pod: dict) -> str | None:
+    return (pod.get("metadata") or {}).get("uid")
 
 
 def _name(pod: dict) -> str:

@@ -333,16 +333,37 @@ def node_load(pods_on_node: Iterable[Mapping]) -> NodeLoad:
     return load
 
 
-def _resources(pod: Mapping, node: Mapping, live: list[Mapping] | NodeLoad, ignored: set[str]) -> list[str]:
-    """NodeResourcesFit's ``fitsRequest``: every insufficient resource, in its order (pods, cpu, memory,
-    ephemeral-storage, then the scalar resources, by name here where Go iterates a map)."""
+_ALLOC_CACHE: dict[tuple[str, str], dict[str, int]] = {}
+_ALLOC_CACHE_MAX = 16384
+
+
+def _allocatable(node: Mapping) -> dict[str, int]:
+    """The node's ``status.allocatable`` as kube-scheduler counts it, remembered per (uid,
+    resourceVersion) as :func:`_counted` remembers a pod's requests (a leader judges many pods
+    against one node object)."""
+    meta = node.get("metadata") or {}
+    key = (meta.get("uid"), meta.get("resourceVersion"))
+    if key[0] and key[1]:
+        hit = _ALLOC_CACHE.get(key)  # type: ignore[arg-type]
+        if hit is not None:
+            return hit
     alloc: dict[str, int] = {}
     for k, v in ((node.get("status") or {}).get("allocatable") or {}).items():
         try:
             alloc[k] = _units(k, _nanos(v))
         except ValueError as e:
-            raise ValueError(f"node {(node.get('metadata') or {}).get('name')!r} status.allocatable[{k!r}]: "
-                             f"{e}") from None
+            raise ValueError(f"node {meta.get('name')!r} status.allocatable[{k!r}]: {e}") from None
+    if key[0] and key[1]:
+        if len(_ALLOC_CACHE) >= _ALLOC_CACHE_MAX:
+            _ALLOC_CACHE.clear()
+        _ALLOC_CACHE[key] = alloc  # type: ignore[index]
+    return alloc
+
+
+def _resources(pod: Mapping, node: Mapping, live: list[Mapping] | NodeLoad, ignored: set[str]) -> list[str]:
+    """NodeResourcesFit's ``fitsRequest``: every insufficient resource, in its order (pods, cpu, memory,
+    ephemeral-storage, then the scalar resources, by name here where Go iterates a map)."""
+    alloc = _allocatable(node)
     reasons = []
     if (live.pods if isinstance(live, NodeLoad) else len(live)) + 1 > alloc.get("pods", 0):
         reasons.append(REASON_TOO_MANY_PODS)

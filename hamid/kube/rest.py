@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -35,6 +36,10 @@ from ..errors import HamidError
 TIMEOUT_S = 10.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 MAX_CONNECTIONS = 32
+# How long a bearer token is used before the configuration's refresh hook is asked again. The in-cluster
+# loader re-reads the projected token file once a minute itself, and kubelet rotates that token well
+# before it expires (at 80 % of an hour or more): a minute late is still inside its life.
+AUTH_TTL_S = 60.0
 # Methods asked again when the connection drops before an answer (urllib3's default, which the official
 # client relies on): a server closes idle kept-alive connections, and a request sent on one just then is
 # lost. A PUT carries its resourceVersion, so one applied before the drop is refused (409) the second time.
@@ -80,6 +85,8 @@ class AsyncKube:
         self.base = configuration.host.rstrip("/")
         self.timeout_s = timeout_s
         self.max_answer_bytes = max_answer_bytes
+        self._auth_at: float | None = None
+        self._auth_value: str | None = None
         verify, cert = _tls(configuration)
         self._http = httpx.AsyncClient(verify=verify, cert=cert, trust_env=False, timeout=httpx.Timeout(timeout_s),
                                        limits=httpx.Limits(max_connections=max_connections,
@@ -93,16 +100,30 @@ class AsyncKube:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    def _auth(self) -> str | None:
+        """The Authorization header, asked of the configuration (and its refresh hook) at most every
+        :data:`AUTH_TTL_S`: the kubeconfig loader's hook rebuilds the whole configuration on each
+        call (over a millisecond, more than the request itself)."""
+        now = time.monotonic()
+        if self._auth_at is None or now - self._auth_at >= AUTH_TTL_S:
+            token = self.cfg.get_api_key_with_prefix("BearerToken", alias="authorization")  # runs the hook
+            if token:
+                self._auth_value = token
+            elif self.cfg.username or self.cfg.password:
+                pair = f"{self.cfg.username or ''}:{self.cfg.password or ''}".encode()
+                self._auth_value = "Basic " + base64.b64encode(pair).decode()
+            else:
+                self._auth_value = None
+            self._auth_at = now
+        return self._auth_value
+
     def _headers(self, content_type: str | None) -> dict[str, str]:
         h = {"Accept": "application/json"}
         if content_type:
             h["Content-Type"] = content_type
-        token = self.cfg.get_api_key_with_prefix("BearerToken", alias="authorization")  # runs the refresh hook
-        if token:
-            h["Authorization"] = token
-        elif self.cfg.username or self.cfg.password:
-            pair = f"{self.cfg.username or ''}:{self.cfg.password or ''}".encode()
-            h["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        auth = self._auth()
+        if auth:
+            h["Authorization"] = auth
         return h
 
     async def request(self, method: str, path: str, body: Any = None, *, query: Mapping[str, str] | None = None,
