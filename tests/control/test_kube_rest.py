@@ -51,6 +51,7 @@ class _Flaky:
         self.drops = drops
         self.body = body
         self.requests = 0
+        self.heads: list[bytes] = []
 
     async def serve(self, stream: trio.SocketStream) -> None:
         buf = b""
@@ -60,6 +61,7 @@ class _Flaky:
                 return
             buf += chunk
         self.requests += 1
+        self.heads.append(buf.split(b"\r\n\r\n")[0])
         if self.drops > 0:
             self.drops -= 1
             await stream.aclose()
@@ -69,13 +71,13 @@ class _Flaky:
         await stream.aclose()
 
 
-async def _with_server(server: _Flaky, body):
+async def _with_server(server: _Flaky, body, cfg=None):
     async with trio.open_nursery() as nursery:
         (listener,) = await nursery.start(partial(trio.serve_tcp, server.serve, 0, host="127.0.0.1"))
         port = listener.socket.getsockname()[1]
         from kubernetes import client
 
-        cfg = client.Configuration()
+        cfg = cfg or client.Configuration()
         cfg.host = f"http://127.0.0.1:{port}"
         kube = AsyncKube(cfg)
         try:
@@ -117,3 +119,24 @@ async def test_an_answer_over_the_limit_is_refused():
         assert "over 10000 bytes" in str(e.value)
 
     await _with_server(server, big)
+
+
+async def test_the_token_goes_with_every_request_and_its_refresh_hook_is_asked_once_a_minute():
+    """The kubeconfig loader's refresh hook rebuilds the whole configuration (over a millisecond): asked
+    per request, it cost more than the request itself."""
+    from kubernetes import client
+
+    cfg = client.Configuration()
+    cfg.api_key = {"authorization": "sekret"}
+    cfg.api_key_prefix = {"authorization": "Bearer"}
+    asked = []
+    cfg.refresh_api_key_hook = lambda c: asked.append(1)
+    server = _Flaky(drops=0)
+
+    async def five(kube):
+        for _ in range(5):
+            await kube.request("GET", "/x")
+
+    await _with_server(server, five, cfg)
+    assert len(server.heads) == 5 and all(b"authorization: bearer sekret" in h.lower() for h in server.heads)
+    assert len(asked) == 1
