@@ -16,9 +16,12 @@ Checks (issue 22 "What must hold"):
               >= 90 % of its alone throughput
   4 overhead: bench/gpu/shim_bench.py's matmul ratio, launch cost, alloc rate
 
-  python3 bench/gpu/limits_bench.py --out DIR [--cases singles,pairs,priority,overhead]
+  python3 bench/gpu/limits_bench.py --out DIR [--cases singles,pairs,priority,overhead,repeat,...]
       [--classes gemm,small,...] [--limits 30,60] [--secs 5] [--env K=V ...] [--tag name]
-      [--share-modes env,file]
+      [--share-modes env,file] [--pin] [--rounds 3] [--variant NAME:K=V,...]
+  HAMID_BENCH_SHIM=path/libvgpu.so: another build of the shim (e.g. other constants) in the same call.
+  repeat: each class's unlimited and limited runs interleaved over --rounds rounds, the median reported
+  (a single pair of launch-bound runs moves 10-20 % between processes).
 
 Tenants that share the GPU start on one clock once all of them have warmed up
 (limits_work.py's READY handshake). A tenant in "file" mode takes its limits
