@@ -27,32 +27,40 @@ def _doc(name: str, version: int) -> dict:
     return {"node": name, "version": version, "policy": "spread", "gpus": [], "profiles": {}}
 
 
+async def _start_group(nursery, net: MemoryNetwork, p: GossipParams, n: int, prefix: str, subnet: str,
+                       on_dead) -> tuple[dict[str, Membership], dict[str, trio.CancelScope]]:
+    """``n`` members joining through the first, started 0.1 s apart; ``on_dead(observer, who)`` for each
+    death any of them declares; each member's cancel scope (cancelling it is a crash)."""
+    members: dict[str, Membership] = {}
+    scopes: dict[str, trio.CancelScope] = {}
+    for i in range(n):
+        name, addr = f"{prefix}{i}", f"{subnet}.{i}:7946"
+        st = Stats()
+        ep = net.endpoint(name, addr, st)
+        m = Membership(name, addr, p, st, ep.send, seeds=(f"{subnet}.0:7946",) if i else (), forget=ep.forget)
+        ep.on_message = m.on_message
+        m.on_change = lambda who, state, obs=name: on_dead(obs, who) if state == "dead" else None
+        m.set_local_doc(_doc(name, 1))
+        members[name], scopes[name] = m, trio.CancelScope()
+
+        async def run(m=m, scope=scopes[name]):
+            with scope:
+                await m.run()
+                await trio.sleep_forever()
+        nursery.start_soon(run)
+        await trio.sleep(0.1)
+    return members, scopes
+
+
 async def test_a_group_over_the_memory_network_joins_spreads_detects_and_kills_no_live_member(autojump_clock):
     random.seed(7)
     net = MemoryNetwork(loss=0.01, latency=0.001, jitter=0.002, rng=random.Random(7))
     p = GossipParams()
-    members: dict[str, Membership] = {}
     deaths: list[tuple[str, str]] = []
-    scopes: dict[str, trio.CancelScope] = {}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(net.run)
-        for i in range(N):
-            name, addr = f"m{i}", f"10.0.0.{i}:7946"
-            st = Stats()
-            ep = net.endpoint(name, addr, st)
-            m = Membership(name, addr, p, st, ep.send, seeds=("10.0.0.0:7946",) if i else (), forget=ep.forget)
-            ep.on_message = m.on_message
-            m.on_change = lambda who, state, obs=name: deaths.append((obs, who)) if state == "dead" else None
-            m.set_local_doc(_doc(name, 1))
-            members[name] = m
-            scopes[name] = trio.CancelScope()
-
-            async def run(m=m, scope=scopes[name]):
-                with scope:
-                    await m.run()
-                    await trio.sleep_forever()
-            nursery.start_soon(run)
-            await trio.sleep(0.1)
+        members, scopes = await _start_group(nursery, net, p, N, "m", "10.0.0",
+                                             lambda obs, who: deaths.append((obs, who)))
         await trio.sleep(30)
         for m in members.values():
             assert sum(1 for x in m.members.values() if x.state == ALIVE) == N, m.name
@@ -137,27 +145,10 @@ async def test_a_starved_group_accuses_nobody_and_still_detects_a_crash(autojump
     # catch many of them mid-way, as a starved process's slow loop does
     net = MemoryNetwork(latency=0.15, rng=random.Random(3))
     p = GossipParams()
-    members: dict[str, Membership] = {}
-    scopes: dict[str, trio.CancelScope] = {}
     deaths: list[str] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(net.run)
-        for i in range(n):
-            name, addr = f"s{i}", f"10.1.0.{i}:7946"
-            st = Stats()
-            ep = net.endpoint(name, addr, st)
-            m = Membership(name, addr, p, st, ep.send, seeds=("10.1.0.0:7946",) if i else (), forget=ep.forget)
-            ep.on_message = m.on_message
-            m.on_change = lambda who, state: deaths.append(who) if state == "dead" else None
-            m.set_local_doc(_doc(name, 1))
-            members[name], scopes[name] = m, trio.CancelScope()
-
-            async def run(m=m, scope=scopes[name]):
-                with scope:
-                    await m.run()
-                    await trio.sleep_forever()
-            nursery.start_soon(run)
-            await trio.sleep(0.1)
+        members, scopes = await _start_group(nursery, net, p, n, "s", "10.1.0", lambda obs, who: deaths.append(who))
         t0 = trio.current_time()
         while not all(sum(1 for x in m.members.values() if x.state == ALIVE) == n for m in members.values()):
             await trio.sleep(1)
