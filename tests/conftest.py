@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -32,9 +31,10 @@ def kubeconfig(api_server, tmp_path) -> str:
 
 @pytest.fixture
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a daemon to listen on (tests/k8s/netports.py: outside the ephemeral range)."""
+    from netports import free_port as pick
+
+    return pick()
 
 
 @pytest.fixture(scope="session", autouse=True)

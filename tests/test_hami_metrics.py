@@ -38,11 +38,9 @@ POD = {"metadata": {"name": "train", "namespace": "ml", "uid": "uid-train"},
 
 
 def test_every_hami_series_as_hami_writes_it(tmp_path, free_port):
-    import socket
+    from netports import free_port as pick
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port_b = s.getsockname()[1]
+    port_b = pick()
     a_state, b_state = tmp_path / "a", tmp_path / "b"
     (tmp_path / "b.yaml").write_text("operatingMode: mig\n")
     a = start(a_state, free_port, "--simulate", "H100-80GB-HBM3:1,T4:1", "--legacy-metrics", node="node-a")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,10 +34,7 @@ FAST = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from netports import free_port  # noqa: E402 - ports outside the ephemeral range
 
 
 def new_key() -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,48 +19,7 @@ from pathlib import Path
 from nodeenv import RESOURCE, NodeEnv
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ephemeral() -> range:
-    try:
-        lo, hi = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-        return range(lo, hi + 1)
-    except (OSError, ValueError):
-        return range(32768, 61000)
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports for daemons to listen on, outside the kernel's ephemeral range: a port
-    from bind(0) is ephemeral, so a daemon's outgoing connection may take it as its own source port
-    before the daemon meant to listen there binds it ("Address already in use"; seen in CI). Each is
-    checked bindable, and all are held until all are chosen, so none is handed out twice."""
-    import random
-
-    eph = _ephemeral()
-    pool = [p for p in range(10000, 65536) if p not in eph]
-    random.shuffle(pool)
-    held: list[socket.socket] = []
-    try:
-        for port in pool:
-            if len(held) == n:
-                break
-            s = socket.socket()
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                s.close()
-                continue
-            held.append(s)
-        if len(held) < n:
-            raise RuntimeError(f"only {len(held)} free ports outside the ephemeral range {eph}")
-        return [s.getsockname()[1] for s in held]
-    finally:
-        for s in held:
-            s.close()
+from netports import free_port, free_ports  # noqa: E402,F401 - (free_port: the tests import it from here)
 
 
 # A GPU pod as a user writes it for `kubectl apply` (format with name, mem in MiB, cores in %).

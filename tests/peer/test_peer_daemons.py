@@ -30,10 +30,7 @@ from hamid.request import parse_docker_env
 HAMID = [sys.executable, "-m", "hamid.cli.main"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from netports import free_port  # noqa: E402 - ports outside the ephemeral range
 
 
 class Daemon:

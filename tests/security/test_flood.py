@@ -34,10 +34,7 @@ from hamid.localapi.client import LocalClient
 HAMID = [sys.executable, "-m", "hamid.cli.main"]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from netports import free_port as _port  # noqa: E402 - ports outside the ephemeral range
 
 
 def _rss_kib(pid: int) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -32,10 +31,7 @@ from hamid.control import certs
 HAMID = [sys.executable, "-m", "hamid.cli.main"]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from netports import free_port as _port  # noqa: E402 - ports outside the ephemeral range
 
 
 SETPRIV = shutil.which("setpriv")

@@ -1,0 +1,66 @@
+"""Ports for the tests' daemons to listen on (on sys.path for every test through tests/conftest.py, and for
+the benches that import the harnesses).
+
+A port from bind(0) is in the kernel's ephemeral range, so any process's outgoing connection may take it as
+its source port before the daemon meant to listen there binds it ("Address already in use": seen in CI,
+a gossip daemon of the web-view test). These come from below or above that range, from a slice of it of
+their own per pytest-xdist worker (two workers never hand out the same port), each checked bindable; the
+ports of one call are held until all are chosen, and none is handed out twice by one process.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+
+SLICE = 1500  # ports per xdist worker: a test starts at most a few dozen daemons, several ports each
+_given: set[int] = set()
+
+
+def _ephemeral() -> range:
+    try:
+        lo, hi = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return range(lo, hi + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+def _pool() -> list[int]:
+    eph = _ephemeral()
+    ports = [p for p in range(10000, 65536) if p not in eph]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    n = int(worker[2:]) if worker[2:].isdigit() else 0
+    slices = max(1, len(ports) // SLICE)
+    mine = ports[(n % slices) * SLICE:(n % slices + 1) * SLICE]
+    return [p for p in mine if p not in _given]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports, free now, outside the ephemeral range, this worker's own."""
+    pool = _pool()
+    random.shuffle(pool)
+    held: list[socket.socket] = []
+    try:
+        for port in pool:
+            if len(held) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        if len(held) < n:
+            raise RuntimeError(f"only {len(held)} free ports in this worker's slice outside {_ephemeral()}")
+        got = [s.getsockname()[1] for s in held]
+        _given.update(got)
+        return got
+    finally:
+        for s in held:
+            s.close()
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
