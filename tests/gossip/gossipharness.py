@@ -127,10 +127,20 @@ class Node:
 
 
 def start_all(nodes: list[Node]) -> list[Node]:
-    for n in nodes:
-        n.start()
-    for n in nodes:
-        n.ready()
+    """Starts ``nodes`` and waits for each to serve; if one does not, stops them all before raising (a
+    fixture that fails in its setup never reaches its teardown: its daemons outlived the test run)."""
+    try:
+        for n in nodes:
+            n.start()
+        for n in nodes:
+            n.ready()
+    except BaseException:
+        for n in nodes:
+            try:
+                n.stop()
+            except Exception:  # noqa: BLE001 - one that never started; the others are still stopped
+                pass
+        raise
     return nodes
 
 
