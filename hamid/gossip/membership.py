@@ -555,8 +555,11 @@ class Membership:
 
     def _woke_late(self, due: float) -> bool:
         """Whether this member's loop ran a wait that ended at ``due`` late enough that an ack could have
-        arrived unread (see "A starved prober accuses nobody")."""
-        return trio.current_time() - due > LATE_FRACTION * self.p.probe_timeout
+        arrived unread (see "A starved prober accuses nobody"): by more than LATE_FRACTION of the probe
+        timeout as the local health stretches it. So the excuse is bounded: a member that keeps running late
+        raises its health, its timeouts grow, and a lag shorter than half of them no longer excuses a probe
+        (a member that really died is still suspected by a busy group, later)."""
+        return trio.current_time() - due > LATE_FRACTION * self.p.probe_timeout * (self.health + 1)
 
     async def _probe(self, m: Member, deadline: float) -> None:
         seq = next(self._seq)
@@ -710,7 +713,7 @@ class Membership:
                 s = m.suspicion
                 if m.state != SUSPECT or s is None:
                     continue
-                if now >= s.deadline and not s.grace and now - s.deadline > LATE_FRACTION * self.p.probe_timeout:
+                if now >= s.deadline and not s.grace and self._woke_late(s.deadline):
                     # this member's loop ran late: the suspect's refutation may lie unread; read first
                     s.grace = now - s.deadline + self.p.probe_timeout
                     self._health(+1)
