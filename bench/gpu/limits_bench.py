@@ -15,6 +15,8 @@ Checks (issue 22 "What must hold"):
   3 priority: high-priority inference beside low-priority training keeps
               >= 90 % of its alone throughput
   4 overhead: bench/gpu/shim_bench.py's matmul ratio, launch cost, alloc rate
+  5 metrics:  the daemon's /metrics collectors (container utilization ratio, host utilization) against
+              NVML, within 5 points (file-mode tenants; sharing rows show them too)
 
   python3 bench/gpu/limits_bench.py --out DIR [--cases singles,pairs,priority,overhead,repeat,...]
       [--classes gemm,small,...] [--limits 30,60] [--secs 5] [--env K=V ...] [--tag name]
@@ -75,6 +77,7 @@ LIVE_PASS_S = 1.0  # the daemon's pass period (hamid/daemon/service.py PRIORITY_
 LIVE = None  # the daemon's live pass (LivePass), one for the whole run as in the daemon
 BUSY = None  # the daemon's NVML reading (NvmlBackend)
 PASSES: list = []  # what each pass saw and wrote
+SAVE: list = []  # main's save(), for cases that save as they go
 
 
 def log(*a):
@@ -209,6 +212,56 @@ def live_pass(tenants):
                    "shared": LIVE.shared(NV.uuid), "written": n})
 
 
+METRICS_S = 1.0  # a scrape a second (Prometheus scrapes every 15-60 s; more points for the same run)
+
+
+class Scraper:
+    """/metrics as the daemon renders it (point 5): the daemon's own collectors, hamid.shimregion.collector over
+    the file-mode tenants' region directories (hami_container_device_utilization_ratio: the GPU time the shim
+    accounted since the previous scrape) and hamid.metrics.exporter.HostCollector over NVML
+    (hami_host_gpu_utilization_ratio), rendered by prometheus_client.generate_latest and parsed back, every
+    METRICS_S while the tenants run. In-process: the device machine cannot run the daemon itself."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry
+        from hamid.metrics.exporter import HostCollector
+        from hamid.shimregion.collector import register_collector
+        self.reg = CollectorRegistry()
+        register_collector(self.reg, TMP)
+        self.reg.register(HostCollector("bench", BUSY.readings))
+        self.scrapes: list = []  # (t, {pod: ratio}, host util)
+        self.stop = threading.Event()
+
+    def once(self):
+        from prometheus_client import generate_latest
+        from prometheus_client.parser import text_string_to_metric_families
+        ctr, host = {}, None
+        for fam in text_string_to_metric_families(generate_latest(self.reg).decode()):
+            for smp in fam.samples:
+                if smp.name == "hami_container_device_utilization_ratio":
+                    ctr[smp.labels["pod"]] = smp.value
+                elif smp.name == "hami_host_gpu_utilization_ratio" and smp.labels.get("device_uuid") == NV.uuid:
+                    host = smp.value
+        self.scrapes.append((time.time(), ctr, host))
+
+    def loop(self):
+        while not self.stop.wait(METRICS_S):
+            try:
+                self.once()
+            except Exception as ex:  # noqa: BLE001 - recorded, the run goes on
+                R.setdefault("errors", []).append(f"scrape: {type(ex).__name__}: {ex}")
+
+    def container(self, pod, t0, t1):
+        """Mean of the pod's ratios whose interval (the previous scrape to this one) lies within [t0, t1]."""
+        v = [c[pod] for (tp, _, _), (t, c, _) in zip(self.scrapes, self.scrapes[1:])
+             if tp >= t0 and t <= t1 and pod in c]
+        return statistics.mean(v) if v else None
+
+    def host(self, t0, t1):
+        v = [h for t, _, h in self.scrapes if t0 + METRICS_S <= t <= t1 and h is not None]
+        return statistics.mean(v) if v else None
+
+
 def together(specs, secs):
     """Runs the (class, env) specs at once: each warms up, and once all are ready they start on one clock and
     are measured over the same window; returns their results. File-mode tenants run in their own mount
@@ -252,9 +305,17 @@ def together(specs, secs):
             except Exception as ex:  # noqa: BLE001 - recorded, the run goes on
                 R.setdefault("errors", []).append(f"live pass: {type(ex).__name__}: {ex}")
     lt = threading.Thread(target=passes, daemon=True) if filed_t else None
+    scr = None
     if lt:
         live_pass(filed_t)
         lt.start()
+        try:
+            scr = Scraper()
+            scr.once()
+            threading.Thread(target=scr.loop, daemon=True).start()
+        except Exception as ex:  # noqa: BLE001 - recorded, the run goes on without point 5
+            R.setdefault("errors", []).append(f"scraper: {type(ex).__name__}: {ex}")
+            scr = None
     res = []
     try:
         for (c, e), p, o, er in zip(specs, ps, outs, errs):
@@ -271,10 +332,15 @@ def together(specs, secs):
             r["limit"] = e.get("HAMID_BENCH_LIMIT", e.get("CUDA_DEVICE_SM_LIMIT"))
             r["priority"] = e.get("HAMID_BENCH_PRIORITY", e.get("CUDA_TASK_PRIORITY"))
             r["mode"] = "file" if "HAMID_BENCH_LIMITS_DIR" in e else "env"
+            if scr is not None and r["mode"] == "file":
+                r["metrics_share"] = scr.container(Path(e["HAMID_BENCH_LIMITS_DIR"]).name, r["t0"], r["t1"])
+                r["metrics_host"] = scr.host(r["t0"], r["t1"])
             R["runs"].append(r)
             res.append(r)
     finally:
         stop.set()
+        if scr is not None:
+            scr.stop.set()
         if lt:
             lt.join(timeout=5)
         for p in ps:
@@ -336,6 +402,8 @@ def singles(classes, limits, secs):
             ROWS.append(f"| {c} | {lim} | {fmt(us)} | {fmt(ls)} | {fmt(lr['shim_share'])} | {fmt(lr['dev_share'])} | "
                         f"{ratio:.2f} | {'pass' if ok_hi and ok_lo and ok_tp else 'FAIL'} |")
             log(ROWS[-1])
+            for f in SAVE:  # a long case: what is measured is kept if the call runs out of time
+                f()
 
 
 # classes whose throughput is proportional to their GPU time (each keeps the GPU >= 97 % busy alone: H200,
@@ -363,13 +431,36 @@ def sharing(name, specs, secs, policy="force", mode="env"):
     cross = res[0]["dev_share"] is not None and abs(tot - res[0]["dev_share"]) <= 5
     R.setdefault("sharing", {})[f"{name} {policy} {mode}"] = {
         "runs": res, "want": want, "tput_share": tshare, "pass": ok, "sum_vs_device": cross, "policy": policy,
-        "mode": mode, "passes": PASSES[n0:]}
+        "mode": mode, "passes": PASSES[n0:], "metrics": [r.get("metrics_share") for r in res],
+        "metrics_host": res[0].get("metrics_host")}
     fac = [p["factor"] for p in PASSES[n0:] if p["shared"]]
     ROWS.append(f"| share {name} ({policy}, {mode}{f', factor {fac[-1]:.2f}' if fac else ''}) | {'/'.join(str(lim) for _, lim in specs)} | - | "
                 f"tput-share {' / '.join(fmt(t) for t in tshare)} | {' / '.join(fmt(r['shim_share']) for r in res)} "
                 f"(sum {tot:.1f}) | {fmt(res[0]['dev_share'])} | - | {'pass' if ok else 'FAIL'}"
                 f"{'' if cross else ', sum != device'} |")
     log(ROWS[-1])
+    if mode == "file":
+        ms = [r.get("metrics_share") for r in res]
+        ROWS.append(f"| share {name}: /metrics container ratios / host ratio | - | - | "
+                    f"{' / '.join(fmt(m) for m in ms)} (sum {sum(m or 0 for m in ms):.1f}) / "
+                    f"{fmt(res[0].get('metrics_host'))} | - | {fmt(res[0]['dev_share'])} | - | - |")
+        log(ROWS[-1])
+
+
+@step
+def metrics(classes, lim, secs):
+    """Point 5: the daemon's /metrics (Scraper) against NVML, each class alone in file mode at lim %:
+    hami_container_device_utilization_ratio against the process's NVML share (smUtil; alone, NVML can tell),
+    hami_host_gpu_utilization_ratio against NVML's device-wide share, both within 5 points."""
+    out = R.setdefault("metrics", {})
+    for c in classes:
+        (r,) = together([(c, filed(limit=lim, policy="force"))], secs)
+        m, h, n, d = r.get("metrics_share"), r.get("metrics_host"), r["nvml_share"], r["dev_share"]
+        ok = None not in (m, h, n, d) and abs(m - n) <= 5 and abs(h - d) <= 5
+        out[f"{c}@{lim}"] = {"run": r, "pass": ok}
+        ROWS.append(f"| metrics {c} (container ratio / host ratio) | {lim} | - | {fmt(n)} | {fmt(r['shim_share'])} | "
+                    f"{fmt(d)} | /metrics {fmt(m)} / {fmt(h)} | {'pass' if ok else 'FAIL'} |")
+        log(ROWS[-1])
 
 
 @step
@@ -519,6 +610,8 @@ def main():
     def save():
         (out / f"{a.tag}.json").write_text(json.dumps(R, indent=1, default=str))
         (out / f"{a.tag}.md").write_text(table(a.tag) + "\n")
+    SAVE.append(save)
+
     def pairs(modes=None):
         ensure_unl(("gemm", "dyn", "train"), a.secs)
         for mode in modes or a.share_modes.split(","):
@@ -540,6 +633,7 @@ def main():
     run = {"singles": lambda: singles(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs),
            "pairs": pairs, "pairs-env": lambda: pairs(["env"]), "policy": policy, "policy-shared": policy_shared, "priority": lambda: priority(a.secs, a.policy),
            "overhead": lambda: overhead(a.work),
+           "metrics": lambda: metrics(a.classes.split(","), int(a.limits.split(",")[0]), a.secs),
            "repeat": lambda: repeat(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs, a.rounds,
                                     variants)}
     for c in cases:  # in the order given

@@ -155,5 +155,26 @@ typedef struct {
     unsigned int encUtil;
     unsigned int decUtil;
 } nvmlProcessUtilizationSample_t;
+/* nvmlDeviceGetSamples: a device's sampled counters (here only GPU utilization, the share of each sample
+   period in which a kernel ran) */
+typedef int nvmlSamplingType_t;
+#define NVML_GPU_UTILIZATION_SAMPLES 1
+typedef int nvmlValueType_t;
+#define NVML_VALUE_TYPE_DOUBLE 0
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
+#define NVML_VALUE_TYPE_UNSIGNED_LONG 2
+#define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
+#define NVML_VALUE_TYPE_SIGNED_LONG_LONG 4
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+} nvmlValue_t;
+typedef struct {
+    unsigned long long timeStamp; /* CPU timestamp, us */
+    nvmlValue_t sampleValue;
+} nvmlSample_t;
 
 #endif

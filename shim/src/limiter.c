@@ -787,21 +787,30 @@ static int sample_begin(struct lctx *L, CUstream s, int ptsz)
  * with smUtil > 0 within CONTEND_NS. Unknown (no NVML, the call fails) counts
  * as contended: a limit that cannot tell is a limit that holds.
  *
- * Feedback (k_gap): a kernel sample that began on an idle stream holds the
- * kernel and part of the launch latency (between lo and lo + gap, see
+ * Feedback (k_gap, k_all): a kernel sample that began on an idle stream holds
+ * the kernel and part of the launch latency (between lo and lo + gap, see
  * post_launch); that matters only for launch-bound work (micro-second
- * kernels, the GPU mostly idle). While NVML shows this process alone on the
- * device, every FEEDBACK_NS window compares the busy time NVML measured for
- * it with what was charged (sum of lo, sum of gap): k_gap is the part of the
+ * kernels, the GPU mostly idle). While this process is the only one busy on
+ * the device, every FEEDBACK_NS window compares the busy time NVML measured
+ * with what was charged (sum of lo, sum of gap): k_gap is the part of the
  * gap that was really GPU time, moved halfway each window, in 0..1; and
  * whatever is left (per-shape estimates of shapes seen rarely, as dynamic
  * shapes are, came out 30 % low on the H200) corrects the whole charge
  * (k_all, 0.5..2.5, halfway each window; any window alone and busy
  * enough, gaps or not). Never learned while shared (NVML cannot tell
  * time-sliced processes apart): a tenant that never ran alone keeps 1.
- * With several processes time-sliced on the GPU, the driver reports each
- * active process with (about) the device's utilization, so no window with
- * another process active teaches anything: k_gap stays as it was learned.
+ *
+ * The busy time is the device's (nvmlDeviceGetSamples, GPU utilization:
+ * the share of each sample period in which a kernel ran, one sample per
+ * period, idle periods included), mean x window, taken only while no other
+ * process, of this container or another, had a busy sample for ALONE_NS. Not
+ * the process's own utilization samples: NVML reports a process only for
+ * the periods it was busy, so their mean x window counts a half-idle window
+ * as busy throughout (measured on the H200, 2026-11-26: a GEMM tenant warming
+ * up alone learned k_all 1.43 from "287 ms busy" against 155 ms charged,
+ * and was held to 23 % at a 30 % limit for the rest of its run). No device
+ * samples (NVML answers NOT_SUPPORTED): nothing learned, k_gap 0 and k_all 1
+ * (the measured per-shape costs alone), said once in the log.
  */
 #define MON_GAP_NS 100000000ull      /* NVML samples processes about every 1/6 s; polled twice as often */
 /* Another container counts as sharing for 10 s after its last busy sample: NVML reports one process's
@@ -821,6 +830,7 @@ static int sample_begin(struct lctx *L, CUstream s, int ptsz)
 #define K_ALL_MIN 500                /* 1/1000: the whole-charge correction, 0.5 .. 2.5 */
 #define K_ALL_MAX 2500
 #define MON_SAMPLES 256
+#define MON_DEV_SAMPLES 64           /* device samples since the last poll: one or two at NVML's 1/6 .. 1 s period */
 
 
 struct mon_dev {
@@ -828,9 +838,11 @@ struct mon_dev {
     uint64_t other_busy_ns;  /* mono time another container was last seen busy */
     uint64_t win_start;      /* mono */
     uint64_t lo0, gap0;      /* the sums at win_start */
-    uint64_t own_sum, own_n; /* own smUtil samples in the window */
+    uint64_t dev_sum, dev_n; /* the device's utilization samples in the window */
+    unsigned long long dev_last_ts;
+    uint64_t sibling_busy_ns; /* mono time another process of this container was last seen busy */
     int other_in_win;
-    int ok;
+    int no_dev_samples;      /* NVML has no device samples: nothing to learn from (said once) */
 };
 
 HIDDEN int limiter_contended(int rdev) { return A_LD(&g_contended[rdev]); }
@@ -885,6 +897,39 @@ HIDDEN uint32_t limiter_k_all(int rdev) { return A_LD(&g_k_all[rdev]); }
 HIDDEN uint32_t limiter_share(int rdev) { return A_LD(&g_share[rdev]); }
 
 
+/* The device's utilization samples since the last poll, added to the window's (see "Feedback" above). */
+static void dev_samples(nvmlDevice_t h, struct mon_dev *m)
+{
+    if (m->no_dev_samples) return;
+    if (!m->dev_last_ts) m->dev_last_ts = real_ns() / 1000; /* as last_ts: nothing from before the monitor */
+    static nvmlSample_t sb[MON_DEV_SAMPLES]; /* the monitor thread's alone */
+    unsigned int n = MON_DEV_SAMPLES;
+    nvmlValueType_t vt = NVML_VALUE_TYPE_UNSIGNED_INT;
+    nvmlReturn_t r = g_nv.nvmlDeviceGetSamples
+                         ? g_nv.nvmlDeviceGetSamples(h, NVML_GPU_UTILIZATION_SAMPLES, m->dev_last_ts, &vt, &n, sb)
+                         : -1;
+    if (r == NVML_ERROR_NOT_FOUND) return; /* no period ended since the last poll */
+    if (r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE) {
+        m->no_dev_samples = 1;
+        LOG_WARN("NVML has no device utilization samples (nvmlDeviceGetSamples: %d): the measured-busy feedback is "
+                 "off, charges are the measured kernel times alone", (int)r);
+        return;
+    }
+    unsigned long long since = m->dev_last_ts; /* NVML's ring need not be in time order */
+    for (unsigned int i = 0; i < n && i < MON_DEV_SAMPLES; i++) {
+        if (sb[i].timeStamp <= since) continue;
+        if (sb[i].timeStamp > m->dev_last_ts) m->dev_last_ts = sb[i].timeStamp;
+        double v = vt == NVML_VALUE_TYPE_UNSIGNED_INT       ? (double)sb[i].sampleValue.uiVal
+                   : vt == NVML_VALUE_TYPE_UNSIGNED_LONG      ? (double)sb[i].sampleValue.ulVal
+                   : vt == NVML_VALUE_TYPE_UNSIGNED_LONG_LONG ? (double)sb[i].sampleValue.ullVal
+                   : vt == NVML_VALUE_TYPE_SIGNED_LONG_LONG   ? (double)sb[i].sampleValue.sllVal
+                                                              : sb[i].sampleValue.dVal;
+        if (!(v >= 0 && v <= 100)) continue; /* not a percentage: not a GPU utilization sample */
+        m->dev_sum += (uint64_t)(v + 0.5);
+        m->dev_n++;
+    }
+}
+
 /* One poll of one device; returns 0 when NVML answered. Exposed to the tests through limiter_monitor_poll. */
 static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
 {
@@ -919,6 +964,7 @@ static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
         if (sh != A_LD(&g_share[rdev])) LOG_INFO("device %d: sharing correction %u/1000 (the daemon's)", rdev, sh);
         A_ST(&g_share[rdev], sh);
     }
+    int32_t self = nvmlpid_self();
     for (unsigned int i = 0; i < n && i < MON_SAMPLES; i++) {
         if (buf[i].timeStamp > m->last_ts) m->last_ts = buf[i].timeStamp;
         for (int h = 0; h < nhold && buf[i].smUtil > 0; h++)
@@ -929,13 +975,13 @@ static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
         LOG_DEBUG("NVML sample: pid %u ts %llu smUtil %u%s", buf[i].pid, buf[i].timeStamp, buf[i].smUtil,
                   region_nvml_pid_ours((int32_t)buf[i].pid) ? " (this container)" : "");
         if (region_nvml_pid_ours((int32_t)buf[i].pid)) {
-            m->own_sum += buf[i].smUtil;
-            m->own_n++;
+            if (buf[i].smUtil > 0 && self && (int32_t)buf[i].pid != self) m->sibling_busy_ns = now;
         } else if (buf[i].smUtil > 0) {
             m->other_busy_ns = now;
             m->other_in_win = 1;
         }
     }
+    dev_samples(h, m);
     int c = m->other_busy_ns && now - m->other_busy_ns < CONTEND_NS;
     if (c != A_LD(&g_contended[rdev]))
         LOG_INFO("device %d: %s (NVML: %u samples since the last poll)", rdev,
@@ -948,9 +994,9 @@ static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
         /* alone (no other container's busy sample for ALONE_NS, and the daemon sees no sharing) and busy
            enough to measure (3 samples, 5 % charged) */
         int alone = !m->other_in_win && (!m->other_busy_ns || now - m->other_busy_ns >= ALONE_NS) &&
-                    !A_LD(&g_share[rdev]);
-        if (alone && m->own_n >= 3 && (lo + gap) * 20 >= win) {
-            double busy = (double)m->own_sum / (double)m->own_n / 100.0 * (double)win;
+                    (!m->sibling_busy_ns || now - m->sibling_busy_ns >= ALONE_NS) && !A_LD(&g_share[rdev]);
+        if (alone && m->dev_n >= 3 && (lo + gap) * 20 >= win) {
+            double busy = (double)m->dev_sum / (double)m->dev_n / 100.0 * (double)win;
             uint32_t was = A_LD(&g_k_gap[rdev]), now_k = was;
             if (gap * 10 >= lo + gap) { /* gaps that matter (10 % of the charge) */
                 double k = (busy - (double)lo) / (double)gap;
@@ -971,7 +1017,7 @@ static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
         m->win_start = now;
         m->lo0 = A_LD(&g_sum_lo[rdev]);
         m->gap0 = A_LD(&g_sum_gap[rdev]);
-        m->own_sum = m->own_n = 0;
+        m->dev_sum = m->dev_n = 0;
         m->other_in_win = 0;
     }
     return 0;

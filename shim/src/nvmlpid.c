@@ -184,3 +184,5 @@ HIDDEN void nvmlpid_after_fork_child(void)
     g_ncand = -1;
     g_seen_dev = 0;
 }
+
+HIDDEN int32_t nvmlpid_self(void) { return __atomic_load_n(&g_nvml_pid, __ATOMIC_ACQUIRE); }

@@ -185,7 +185,7 @@ static void nvml_resolve_once(void)
 #define N(n) g_nv.n = (__typeof__(g_nv.n))ds(h, #n)
     N(nvmlInit_v2); N(nvmlDeviceGetCount_v2); N(nvmlDeviceGetHandleByIndex_v2); N(nvmlDeviceGetUUID);
     N(nvmlDeviceGetIndex); N(nvmlDeviceGetComputeRunningProcesses_v3); N(nvmlDeviceGetMemoryInfo);
-    N(nvmlDeviceGetMemoryInfo_v2); N(nvmlDeviceGetProcessUtilization);
+    N(nvmlDeviceGetMemoryInfo_v2); N(nvmlDeviceGetProcessUtilization); N(nvmlDeviceGetSamples);
 #undef N
 }
 

@@ -165,6 +165,8 @@ struct real_nvml {
     nvmlReturn_t (*nvmlDeviceGetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
     nvmlReturn_t (*nvmlDeviceGetProcessUtilization)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
                                                     unsigned long long);
+    nvmlReturn_t (*nvmlDeviceGetSamples)(nvmlDevice_t, nvmlSamplingType_t, unsigned long long, nvmlValueType_t *,
+                                         unsigned int *, nvmlSample_t *);
 };
 
 extern HIDDEN struct real_cuda g_cu;
@@ -211,6 +213,7 @@ HIDDEN void *nvmlpid_before_context(CUdevice ord);  /* takes the device's contex
 HIDDEN void nvmlpid_after_context(void *token, CUdevice ord); /* the context exists now */
 HIDDEN void nvmlpid_end(void *token);               /* releases the lock, frees the token */
 HIDDEN int nvmlpid_usage(CUdevice ord, uint64_t *used); /* NVML's figure for this process; -1 unknown */
+HIDDEN int32_t nvmlpid_self(void);                  /* the pid NVML lists this process by; 0 unknown */
 HIDDEN void nvmlpid_after_fork_child(void);
 
 /* ---- limiter (limiter.c) ---- */

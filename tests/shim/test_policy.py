@@ -178,3 +178,40 @@ def test_the_credit_never_exceeds_its_bound(shim, bare):
                  f"run:3.0:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
     s = share(r.find("run")[-1], bare)
     assert 0.34 <= s <= 0.30 + 0.25 / 3 + 0.03, (s, r.stderr[-2000:])
+
+
+# ---- the measured-busy feedback (k_all): the device's busy time, not the process's own samples ----
+
+@pytest.mark.parametrize("device_samples", [True, False], ids=["device-samples", "no-device-samples"])
+def test_charges_follow_the_devices_measured_busy_time(shim, bare, tmp_path, device_samples):
+    """Kernel times that read half what the GPU really spent (events misled: clocks, shapes measured rarely)
+    are corrected by NVML's device utilization samples while the process runs alone: at a 30 % limit the GPU
+    is busy 30 % of the time, not 60. Where NVML has no device samples the feedback is off and says so: the
+    charge is the measured times alone (60 %)."""
+    util = tmp_path / "nvml_util"
+    util.write_text("")  # per-process samples: nobody else busy
+    env = dict(CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force", FAKE_EVENT_SCALE="0.5",
+               FAKE_NVML_UTIL=str(util))
+    if not device_samples:
+        env["FAKE_NVML_NO_SAMPLES"] = "1"
+    r = shim.run("direct", "init", f"run:3.0:{KERNEL_US}:k", f"run:2.0:{KERNEL_US}:k", HAMID_SHIM_LOG_LEVEL="3", **env)
+    s = share(r.find("run")[-1], bare)
+    if device_samples:
+        assert abs(s - 0.30) <= 0.06, (s, r.stderr[-3000:])
+    else:
+        assert abs(s - 0.60) <= 0.08, (s, r.stderr[-3000:])
+        assert "no device utilization samples" in r.stderr
+
+
+def test_a_warm_up_with_idle_periods_does_not_inflate_the_charge(shim, bare, tmp_path):
+    """NVML reports a process only for the sample periods it was busy. A warm-up that runs 0.3 s and then
+    waits (how every workload starts) must not teach the limiter that the whole window was busy: on the
+    H200 a GEMM tenant learned 1.43x from such a window and was held to 23 % at a 30 % limit. The run after
+    it reads its limit."""
+    util = tmp_path / "nvml_util"
+    util.write_text("self\n")  # the process's own samples, as NVML gives them: only for its busy periods
+    r = shim.run("direct", "init", f"run:0.3:{KERNEL_US}:k", "sleep:900", f"run:0.3:{KERNEL_US}:k", "sleep:900",
+                 f"run:2.0:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force",
+                 FAKE_NVML_UTIL=str(util), HAMID_SHIM_LOG_LEVEL="3")
+    s = share(r.find("run")[-1], bare)
+    assert abs(s - 0.30) <= 0.05, (s, r.stderr[-3000:])

@@ -442,8 +442,13 @@ static CUresult run_work(CUstream s, uint64_t us)
     struct fake_state *st = fake_state_get();
     int p = phys(t_cur);
     load_module(p);
-    int64_t now = fake_now(), old = busy_until(p), end;
-    do { end = (old > now ? old : now) + (int64_t)us * 1000; } while (!__atomic_compare_exchange_n(&st->dev[p].busy_until, &old, end, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    int64_t now = fake_now(), old, end;
+    fake_lock(st); /* the timeline and its history (NVML's device samples) move together */
+    old = st->dev[p].busy_until;
+    end = (old > now ? old : now) + (int64_t)us * 1000;
+    __atomic_store_n(&st->dev[p].busy_until, end, __ATOMIC_RELEASE);
+    fake_busy_add_locked(st, p, end - (int64_t)us * 1000, end);
+    fake_unlock(st);
     int64_t ahead = end - now - queue_ns();
     if (ahead > 0) { struct timespec ts = {ahead / 1000000000, ahead % 1000000000}; nanosleep(&ts, NULL); }
     return CUDA_SUCCESS;
@@ -478,7 +483,15 @@ API CUresult cuEventRecord(CUevent e, CUstream s)
     return CUDA_SUCCESS;
 }
 API CUresult cuEventQuery(CUevent e) { return fake_now() >= ((struct fevent *)e)->ts ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
-API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { *ms = (float)(((struct fevent *)b)->ts - ((struct fevent *)a)->ts) / 1e6f; return CUDA_SUCCESS; }
+/* FAKE_EVENT_SCALE: events that read kernel times scaled (a GPU whose per-launch timing misleads: what the
+   measured-busy feedback must correct) */
+API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
+{
+    const char *v = getenv("FAKE_EVENT_SCALE");
+    double k = v && *v ? strtod(v, NULL) : 1.0;
+    *ms = (float)((double)(((struct fevent *)b)->ts - ((struct fevent *)a)->ts) * k / 1e6);
+    return CUDA_SUCCESS;
+}
 API CUresult cuCtxSynchronize_marker(void) { return 4242; } /* a symbol the shim does not intercept */
 
 /* ---- cuGetProcAddress, answering per version like the driver ---- */

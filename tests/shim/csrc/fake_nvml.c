@@ -88,13 +88,30 @@ API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t h, unsigne
 
 /*
  * Per-process utilization samples. FAKE_NVML_UTIL names a file of lines
- * "<pid> <smUtil> [<age ms>]": every call returns one sample per line, stamped
+ * "<pid> <smUtil> [<age ms>]" or "self" (the caller, see below): every call returns one sample per line, stamped
  * now (minus its age, as NVML keeps seconds of samples), the file re-read each
  * call so a test can change who is busy while a process runs; as NVML, only
  * samples newer than lastSeenTimeStamp. Unset: NOT_SUPPORTED (3), as NVML
  * answers where it has no per-process accounting.
  */
 #include <stdlib.h>
+static int64_t sample_period_ns(void)
+{
+    const char *pm = getenv("FAKE_NVML_SAMPLE_MS");
+    return (pm && *pm ? atoll(pm) : 100) * 1000000ll;
+}
+
+/* The device's busy percent over the sample period that ended last. */
+static double busy_share_now(nvmlDevice_t h)
+{
+    struct fake_state *s = fake_state_get();
+    int64_t P = sample_period_ns(), end = fake_now() / P * P;
+    fake_lock(s);
+    double v = (double)fake_busy_in_locked(s, idx_of(h), end - P, end) * 100.0 / (double)P;
+    fake_unlock(s);
+    return v;
+}
+
 API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessUtilizationSample_t *out,
                                                  unsigned int *count, unsigned long long last)
 {
@@ -110,7 +127,13 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessUtil
     char line[128];
     while (fgets(line, sizeof line, f)) {
         unsigned int age_ms = 0;
-        if (sscanf(line, "%u %u %u", &pid, &sm, &age_ms) < 2) continue;
+        if (!strncmp(line, "self", 4) && (line[4] == '\n' || !line[4])) {
+            /* the calling process, as the driver reports it: its share of the last sample period from the
+               fake GPU's timeline (the test's only tenant), and no sample at all for a period it was idle */
+            pid = (unsigned)fake_host_pid();
+            sm = (unsigned)(busy_share_now(h) + 0.5);
+            if (!sm) continue;
+        } else if (sscanf(line, "%u %u %u", &pid, &sm, &age_ms) < 2) continue;
         unsigned long long stamp = now - (unsigned long long)age_ms * 1000ull;
         if (stamp <= last) continue;
         if (n >= *count) {
@@ -124,6 +147,45 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessUtil
         n++;
     }
     fclose(f);
+    *count = n;
+    return n ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
+}
+
+/*
+ * Device samples (nvmlDeviceGetSamples), GPU utilization only: one sample per
+ * FAKE_NVML_SAMPLE_MS (default 100) period, the share of it in which the fake
+ * GPU ran a kernel (from the launches' timeline), idle periods included,
+ * stamped at the period's end (wall-clock us); as NVML, only samples newer
+ * than lastSeenTimeStamp, and only the last 2 s. FAKE_NVML_NO_SAMPLES=1:
+ * NOT_SUPPORTED.
+ */
+API nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t h, nvmlSamplingType_t type, unsigned long long last,
+                                      nvmlValueType_t *vt, unsigned int *count, nvmlSample_t *out)
+{
+    const char *no = getenv("FAKE_NVML_NO_SAMPLES");
+    if (no && *no == '1') return 3;
+    if (type != NVML_GPU_UTILIZATION_SAMPLES) return 3;
+    int64_t P = sample_period_ns();
+    struct fake_state *s = fake_state_get();
+    int d = idx_of(h);
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    int64_t mono = fake_now(), real_us = (int64_t)rt.tv_sec * 1000000ll + rt.tv_nsec / 1000;
+    unsigned int n = 0;
+    fake_lock(s);
+    for (int64_t end = (mono - 2000000000ll) / P * P + P; end <= mono; end += P) {
+        unsigned long long stamp = (unsigned long long)(real_us - (mono - end) / 1000);
+        if (stamp <= last) continue;
+        if (n >= *count) {
+            fake_unlock(s);
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        out[n].timeStamp = stamp;
+        out[n].sampleValue.uiVal = (unsigned int)(fake_busy_in_locked(s, d, end - P, end) * 100 / P);
+        n++;
+    }
+    fake_unlock(s);
+    *vt = NVML_VALUE_TYPE_UNSIGNED_INT;
     *count = n;
     return n ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
 }

@@ -19,6 +19,9 @@
 
 #define FAKE_MAX_DEV 4
 #define FAKE_MAX_PROC 256
+/* The busy history NVML's device samples are computed from: GPU time per 10 ms bucket, 4 s of them. */
+#define FAKE_BUCKET_NS 10000000ll
+#define FAKE_BUCKETS 400
 
 struct fake_state {
     uint64_t magic;
@@ -28,6 +31,8 @@ struct fake_state {
         uint64_t total;
         uint64_t used;
         int64_t busy_until;
+        int64_t bucket_no[FAKE_BUCKETS]; /* which bucket (mono ns / FAKE_BUCKET_NS) a slot holds */
+        int64_t bucket_busy[FAKE_BUCKETS]; /* ns of it a kernel ran */
     } dev[FAKE_MAX_DEV];
     struct {
         int32_t pid;
@@ -48,6 +53,32 @@ static inline void fake_lock(struct fake_state *s)
     while (__atomic_exchange_n(&s->lock, 1, __ATOMIC_ACQUIRE)) usleep(10);
 }
 static inline void fake_unlock(struct fake_state *s) { __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE); }
+
+/* The device ran kernels over [start, end) (mono ns): into the buckets it spans (under the lock). */
+static inline void fake_busy_add_locked(struct fake_state *s, int d, int64_t start, int64_t end)
+{
+    for (int64_t b = start / FAKE_BUCKET_NS; b * FAKE_BUCKET_NS < end; b++) {
+        int64_t lo = b * FAKE_BUCKET_NS > start ? b * FAKE_BUCKET_NS : start;
+        int64_t hi = (b + 1) * FAKE_BUCKET_NS < end ? (b + 1) * FAKE_BUCKET_NS : end;
+        int i = (int)(b % FAKE_BUCKETS);
+        if (s->dev[d].bucket_no[i] != b) {
+            s->dev[d].bucket_no[i] = b;
+            s->dev[d].bucket_busy[i] = 0;
+        }
+        s->dev[d].bucket_busy[i] += hi - lo;
+    }
+}
+
+/* ns of [start, end) in which device d ran a kernel (whole buckets; under the lock). */
+static inline int64_t fake_busy_in_locked(struct fake_state *s, int d, int64_t start, int64_t end)
+{
+    int64_t t = 0;
+    for (int64_t b = start / FAKE_BUCKET_NS; b * FAKE_BUCKET_NS < end; b++) {
+        int i = (int)(b % FAKE_BUCKETS);
+        if (s->dev[d].bucket_no[i] == b) t += s->dev[d].bucket_busy[i];
+    }
+    return t;
+}
 
 static inline struct fake_state *fake_state_get(void)
 {
