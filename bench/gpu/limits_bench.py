@@ -581,6 +581,7 @@ def main():
     # tenants sharing the GPU run longer: the daemon's correction learns once a second from the second pass
     # on, and the first seconds of a new mix are what it learns from
     ap.add_argument("--share-secs", type=float, default=10)
+    ap.add_argument("--metrics-classes", default="gemm,dyn,train", help="the metrics case's classes")
     a = ap.parse_args()
     for kv in a.env:
         k, v = kv.split("=", 1)
@@ -633,7 +634,7 @@ def main():
     run = {"singles": lambda: singles(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs),
            "pairs": pairs, "pairs-env": lambda: pairs(["env"]), "policy": policy, "policy-shared": policy_shared, "priority": lambda: priority(a.secs, a.policy),
            "overhead": lambda: overhead(a.work),
-           "metrics": lambda: metrics(a.classes.split(","), int(a.limits.split(",")[0]), a.secs),
+           "metrics": lambda: metrics(a.metrics_classes.split(","), int(a.limits.split(",")[0]), a.secs),
            "repeat": lambda: repeat(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs, a.rounds,
                                     variants)}
     for c in cases:  # in the order given
