@@ -598,6 +598,10 @@ def main():
     from hamid.devices.nvml import NvmlBackend
     from hamid.shimlimits.live import LivePass
     LIVE, BUSY = LivePass(), NvmlBackend()
+    if os.environ.get("HAMID_BENCH_LIVE_RATE"):  # a variant of the daemon's learning rate (hamid.shimlimits.live)
+        import hamid.shimlimits.live as live_mod
+        live_mod.LEARN_RATE = float(os.environ["HAMID_BENCH_LIVE_RATE"])
+        R["live_rate"] = live_mod.LEARN_RATE
     import limits_work  # noqa: F401 - imported now (it imports torch): a live pass must not wait for it
     if os.path.exists(os.path.join(LIMITS_DIR, "hamid.limits")):
         raise SystemExit(f"{LIMITS_DIR}/hamid.limits exists: every shim on this machine would read it")

@@ -26,9 +26,8 @@ and NVML's device-wide busy time, which time slicing makes the sum of the
 containers' true GPU time. While two or more containers are busy on a GPU, all
 of them limited and no process of anyone else busy, the pass moves the GPU's
 factor f so that the sum of the charges matches the busy time: f <- f *
-sqrt(busy / sum of charges) (the charges already carry f; halfway in log, as
-the shim's own feedback moves: NVML's busy share lags a sixth of a second to
-a second, and a full step overshoots on that lag), and writes f into every
+(busy / sum of charges) (the charges already carry f; one step, within
+STEP_MAX, see LEARN_RATE), and writes f into every
 container's file on that GPU. The same f for all: one equation (the sum) per
 pass cannot tell whose charge is off, and a factor per container would be a
 guess; the limit-bound containers then keep their ratio to each other and
@@ -44,7 +43,6 @@ none (0) and the shims' own feedback holds (the shim learns only alone).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -61,6 +59,12 @@ BUSY_MIN = 0.02
 # A pass moves f at most by this factor either way, whatever one reading said (a busy share read over a
 # stretch that the regions' read did not cover exactly); halfway in log makes that a ratio of 2.25 seen.
 STEP_MAX = 1.5
+# How far (in log) a pass moves f towards the sum matching the busy time: all the way, within STEP_MAX. Halfway
+# (the rate before) was for charges that ran ahead of the GPU; since the shims' schedules follow a GPU that
+# falls behind them (limiter.c catch_up), a pass's charges are what the GPU ran, and on the H200 (2026-11-26,
+# bench/gpu/results/h200-2026-11-26-limits-round4-*) the full step held GEMM+GEMM and GEMM+inference at
+# 30/70 within 5 points where halfway left the 70 % tenant 5-6 points short at the end of a 10 s run.
+LEARN_RATE = 1.0
 # NVML's busy share this low says nothing about how the charges compare (idle GPU, rounding): no pass learns.
 BUSY_PCT_MIN = 5.0
 # A pass learns only when every busy container's charged share is within this factor of its share in the
@@ -96,7 +100,7 @@ def next_factor(f: float, charged_ns: Sequence[int], interval_ns: float, busy_pc
     if total <= 0 or interval_ns <= 0:
         raise HamidError(f"next_factor: charges {list(charged_ns)} over {interval_ns} ns: nothing to compare")
     ratio = busy_pct / 100.0 * interval_ns / total
-    step = min(STEP_MAX, max(1.0 / STEP_MAX, math.sqrt(ratio)))
+    step = min(STEP_MAX, max(1.0 / STEP_MAX, ratio ** LEARN_RATE))
     lo, hi = share_range()
     return min(hi / 1000.0, max(lo / 1000.0, f * step))
 

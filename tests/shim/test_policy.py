@@ -215,3 +215,15 @@ def test_a_warm_up_with_idle_periods_does_not_inflate_the_charge(shim, bare, tmp
                  FAKE_NVML_UTIL=str(util), HAMID_SHIM_LOG_LEVEL="3")
     s = share(r.find("run")[-1], bare)
     assert abs(s - 0.30) <= 0.05, (s, r.stderr[-3000:])
+
+
+def test_the_schedule_follows_a_gpu_that_falls_behind_it(shim, bare):
+    """A limited process the GPU serves slower than its schedule (kernel times read half: charged 70 % while
+    the GPU would need 140 %; no device samples, so the feedback cannot fix it) must not queue up seconds of
+    work behind its limit (the driver's queue holds about a second of GEMMs): its schedule follows the GPU, so
+    its synchronize at the end waits for tens of ms, not the whole queue."""
+    r = shim.run("direct", "init", f"run:3.0:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="70",
+                 GPU_CORE_UTILIZATION_POLICY="force", FAKE_EVENT_SCALE="0.5", FAKE_NVML_NO_SAMPLES="1",
+                 FAKE_QUEUE_MS="1000")
+    n, ns = (int(x) for x in r.find("run")[-1][1:3])
+    assert ns - 3.0e9 < 0.15e9, (n, ns, r.stderr[-2000:])
