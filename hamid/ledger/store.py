@@ -258,6 +258,8 @@ class Ledger:
                 out = fn(self._db)
             except BaseException:
                 self._db.execute("ROLLBACK")
+                if self._touched:  # the cache saw this transaction's inserts: read it again next time
+                    self._cache, self._cache_version = None, None
                 self._touched = set()
                 raise
             finally:
@@ -355,8 +357,10 @@ class Ledger:
 
     def _insert(self, db: sqlite3.Connection, owner: str, kind: str, request: dict, decision: Decision,
                 details: Details, name: str) -> Reservation:
-        details = replace(details, slots=timeslots.assign_taken(decision, self._booked(db).taken) or {})
+        booked = self._booked(db)
+        details = replace(details, slots=timeslots.assign_taken(decision, booked.taken) or {})
         self._touched.add(owner)
+        booked.put(owner, decision, details.slots)  # at once: the rest of this transaction sees it (a batch)
         db.execute("INSERT INTO reservations(owner, kind, state, created, request, decision, mig, details, name) "
                    "VALUES (?, ?, 'reserved', ?, ?, ?, '{}', ?, ?)",
                    (owner, kind, time.time(), json.dumps(request), json.dumps(decision.to_dict()),
@@ -408,20 +412,46 @@ class Ledger:
 
         def tx(db: sqlite3.Connection) -> Reservation:
             _check_deadline(deadline, f"commit for {key}")
-            existing = self._existing(db, key)
-            if existing is not None:
-                if existing.decision == decision:
-                    return existing
-                raise LedgerConflict(f"{key} already holds a different reservation on this node")
-            view = self._view(db)
-            if decision.node != view.name:
-                raise LedgerConflict(f"decision is for node {decision.node}, this ledger is {view.name}")
-            problems = check(decision, view)
-            if problems:
-                raise LedgerConflict(f"{key} does not fit on {view.name}: " + "; ".join(problems), problems)
-            return self._insert(db, key, kind, request or {}, decision, details or Details(), name)
+            return self._commit_one(db, key, kind, name, decision, request, details)
 
         return self._write(tx)
+
+    def commit_many(self, items: Iterable[tuple[Any, Decision, dict | None, Details | None]], *,
+                    deadline: float | None = None) -> list[Reservation | LedgerConflict]:
+        """Commit several proposed decisions ``(owner, decision, request, details)`` in ONE
+        transaction (one fsync of the journal for all of them), each re-checked as :meth:`commit`
+        checks one, in order, against the node with the ones before it booked. Each gets its own
+        verdict, in the same order: the reservation, or the :class:`LedgerConflict` that refused
+        it (a refused one does not refuse the others). Idempotent per owner, as :meth:`commit`. A
+        passed ``deadline`` commits none of them (:class:`Abandoned`)."""
+        keyed = [(self._key(owner, None), decision, request, details) for owner, decision, request, details in items]
+
+        def tx(db: sqlite3.Connection) -> list[Reservation | LedgerConflict]:
+            _check_deadline(deadline, f"commit of {len(keyed)} placements")
+            out: list[Reservation | LedgerConflict] = []
+            for (key, kind, name), decision, request, details in keyed:
+                try:
+                    out.append(self._commit_one(db, key, kind, name, decision, request, details))
+                except LedgerConflict as e:
+                    out.append(e)
+            return out
+
+        return self._write(tx)
+
+    def _commit_one(self, db: sqlite3.Connection, key: str, kind: str, name: str, decision: Decision,
+                    request: dict | None, details: Details | None) -> Reservation:
+        existing = self._existing(db, key)
+        if existing is not None:
+            if existing.decision == decision:
+                return existing
+            raise LedgerConflict(f"{key} already holds a different reservation on this node")
+        view = self._view(db)
+        if decision.node != view.name:
+            raise LedgerConflict(f"decision is for node {decision.node}, this ledger is {view.name}")
+        problems = check(decision, view)
+        if problems:
+            raise LedgerConflict(f"{key} does not fit on {view.name}: " + "; ".join(problems), problems)
+        return self._insert(db, key, kind, request or {}, decision, details or Details(), name)
 
     def recommit(self, owner: str, decision: Decision, *, details: Details | None = None) -> Reservation:
         """Replace ``owner``'s decision with ``decision``, re-checked against

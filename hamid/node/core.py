@@ -274,6 +274,12 @@ class NodeCore:
                deadline: float | None = None) -> Reservation:
         return self.ledger.commit(owner, decision, request=request, details=details, deadline=deadline)
 
+    def commit_many(self, items, *, deadline: float | None = None) -> list:
+        """Several proposed decisions ``(owner, decision, request, details)`` in one ledger
+        transaction (:meth:`hamid.ledger.Ledger.commit_many`): each its reservation or the
+        :class:`LedgerConflict` that refused it, in order."""
+        return self.ledger.commit_many(items, deadline=deadline)
+
     def set_state(self, key: str, state: str) -> Reservation:
         return self.ledger.transition(key, state)
 

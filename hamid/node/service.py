@@ -141,6 +141,16 @@ class NodeService:
         return await self._changing("committed", owner.key, self.core.commit, owner, decision, request=request,
                                     details=details, deadline=deadline)
 
+    async def commit_many(self, items: list[tuple[Owner, Decision, dict | None, Details | None]], *,
+                          deadline: float | None = None) -> list[Reservation | LedgerConflict]:
+        """Several proposals in one ledger transaction; each its reservation or its refusal
+        (a :class:`LedgerConflict`, returned, not raised), in order; each announced as the
+        single :meth:`commit` announces it."""
+        got = await self._run(self.core.commit_many, items, deadline=deadline)
+        for (owner, *_), out in zip(items, got):
+            self._notify("conflict" if isinstance(out, LedgerConflict) else "committed", owner.key)
+        return got
+
     async def release(self, key: str) -> Reservation | None:
         res = await self._changing("released", key, self.core.release, key)
         if res is not None:
