@@ -381,13 +381,18 @@ class Ledger:
 
     def reserve(self, request: Request, *, kind: str | None = None, owner: Any = None,
                 node_policy: str = "binpack", details: Details | None = None,
-                deadline: float | None = None) -> Reservation:
+                deadline: float | None = None,
+                prepare: Callable[[Reservation], bool] | None = None) -> Reservation:
         """Place ``request`` on this node and commit it, in one transaction.
 
         ``owner`` (a :class:`hamid.node.identity.Owner`) keys the reservation;
         without one, ``request.owner`` (``<kind>:<uid>``) does. Idempotent per
         owner: asking again returns the existing reservation. A ``deadline``
         (wall-clock seconds) that has passed commits nothing (:class:`Abandoned`).
+        ``prepare(reservation)``: called inside the transaction for a new
+        reservation; True (it made what the containers need) commits it as
+        ``allocated`` at once, False as ``reserved``; raising commits nothing
+        (one transaction for an admission instead of two: :meth:`allocate`).
         """
         key, kind, name = self._key(owner if owner is not None else request.owner, kind)
 
@@ -401,7 +406,37 @@ class Ledger:
             if isinstance(got, NoFit):
                 reasons = got.reasons.get(view.name, ())
                 raise LedgerConflict(f"{key} does not fit on {view.name}:\n" + got.message(), reasons)
-            return self._insert(db, key, kind, request.to_dict(), got, details or Details(), name)
+            res = self._insert(db, key, kind, request.to_dict(), got, details or Details(), name)
+            if prepare is not None and prepare(res):
+                db.execute("UPDATE reservations SET state='allocated' WHERE owner=?", (key,))
+                res = replace(res, state="allocated")
+            return res
+
+        return self._write(tx)
+
+    def allocate(self, owner: str, prepare: Callable[[Reservation], bool], *, details: Details | None = None,
+                 deadline: float | None = None) -> Reservation:
+        """In one transaction: record ``details`` on a ``reserved`` reservation, call
+        ``prepare`` with it as recorded, and move it to ``allocated`` if ``prepare`` says
+        True. A reservation past ``reserved`` is returned as it is (``prepare`` not called).
+        A ``deadline`` that has passed commits nothing (:class:`Abandoned`), as does
+        ``prepare`` raising. ``prepare`` runs while the ledger's write lock is held: it may
+        write files, never wait on anything slow (MIG, MPS daemons: the caller's two-step path)."""
+
+        def tx(db: sqlite3.Connection) -> Reservation:
+            _check_deadline(deadline, f"allocated for {owner}")
+            existing = self._existing(db, owner)
+            if existing is None:
+                raise LedgerError(f"no reservation for {owner}")
+            if existing.state != "reserved":
+                return existing
+            res = existing
+            if details is not None:
+                res = replace(existing, details=existing.details.merged(details))
+            to = "allocated" if prepare(res) else "reserved"
+            db.execute("UPDATE reservations SET state=?, details=? WHERE owner=?",
+                       (to, json.dumps(res.details.to_dict()), owner))
+            return replace(res, state=to)
 
         return self._write(tx)
 

@@ -172,6 +172,10 @@ class NodeService:
             self._notify("released", r.owner)
         return done
 
+    async def restore_limits_files(self) -> list[str]:
+        """At start-up, before any face serves: :meth:`NodeCore.restore_limits_files`."""
+        return await self._run(self.core.restore_limits_files)
+
     async def priority_pass(self) -> int:
         return await self._run(self.core.priority_pass)
 
@@ -255,9 +259,6 @@ class NodeDoor:
 
     def write_container_files(self, key: str, container: str, user: tuple[int, int] | None = None) -> None:
         self._core.write_container_files(key, container, user)
-
-    def bind_slots(self, key: str, slots: Mapping[str, str]) -> Reservation:
-        return self._core.bind_slots(key, slots)
 
     def move(self, key: str, request: Request, slots: Mapping[str, str]) -> Reservation:
         got = self._core.move(key, request, slots)
