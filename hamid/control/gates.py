@@ -8,7 +8,8 @@ leads) takes each gated pod and:
    (:mod:`.placer`), among the nodes kube-scheduler would also take it to,
    within its namespace's GPU quota (:mod:`.quota`);
 2. commits the choice on that node's ledger through the peer API (the node
-   re-checks it: two leaders for a moment cannot double-book);
+   re-checks it: two leaders for a moment cannot double-book), the pass's
+   commits for one node in one request (:mod:`.batches`);
 3. in one update carrying the pod's ``resourceVersion``: writes HAMi's
    allocation annotations, narrows the pod's required node affinity to that
    node and removes the gate; kube-scheduler then binds it as any pod.
