@@ -4,7 +4,7 @@ A gate pass decides a burst of pods at once and binpack sends them to one node a
 another, so the commits of a pass arrive for a node together. :class:`NodeBatches` keeps,
 per node, the commits waiting to be sent; the first commit for a node that finds none in
 flight sends, after letting the pass's other commits for that node join it, everything
-waiting (up to :data:`hamid.peer.frames.MAX_BATCH`) as one ``commit_many`` request, which the
+waiting (up to the client's ``max_batch``) as one ``commit_many`` request, which the
 node applies in one ledger transaction. Commits that arrive while a batch is in flight wait
 and go in the next one, sent by the first of them, so a node has at most one batch in flight
 and its ledger never sees more than one writer from this leader.
@@ -22,9 +22,8 @@ from typing import Any
 
 import trio
 
+from ..errors import HamidError
 from ..logs import get_logger
-from ..peer import PeerError, PeerProtocolError, PeerUnknownMethod, PeerUnreachable
-from ..peer.frames import MAX_BATCH
 
 log = get_logger("control")
 
@@ -38,8 +37,13 @@ RECHECK_S = 300.0
 class _Pending:
     item: dict  # {"owner", "decision", "request", "details"}
     done: trio.Event = field(default_factory=trio.Event)  # set with a verdict, or (unanswered) for its turn
-    result: Any = None  # the reservation dict, or a PeerError to raise
+    result: Any = None  # the reservation dict, or the error to raise
     answered: bool = False
+
+
+class NotSent(HamidError):
+    """The commit was never answered: the leader stopped while its batch was in flight (it may
+    have been applied; the node's ledger is idempotent per owner, so retrying is safe)."""
 
 
 @dataclass
@@ -49,16 +53,19 @@ class _Node:
 
 
 class NodeBatches:
-    def __init__(self, peer: Any, *, slots: trio.CapacityLimiter | None = None, singles: int = 8,
-                 max_items: int = MAX_BATCH) -> None:
-        """``peer``: a :class:`hamid.peer.PeerClient`. ``slots``: requests in flight at once to all
+    def __init__(self, peer: Any, *, slots: trio.CapacityLimiter | None = None, singles: int = 8) -> None:
+        """``peer``: the peer API's client as the daemon hands it in (this face does not import that
+        one): ``commit`` and ``commit_many`` as :class:`hamid.peer.PeerClient` has them, ``max_batch``
+        (the most commits one request may carry), errors that are :class:`HamidError` with a
+        ``kind`` (``unknown-method``: the node is too old for the verb and applied nothing;
+        ``too-large``: over the node's body limit). ``slots``: requests in flight at once to all
         nodes together (the caller's bound). ``singles``: commits in flight at once to one node that
         lacks the batch verb (8, as the leader's old per-node bound: its ledger serialises them
-        itself). ``max_items``: at most this many commits per request (the verb's own bound)."""
+        itself)."""
         self.peer = peer
         self.slots = slots
         self.singles = singles
-        self.max_items = min(max_items, MAX_BATCH)
+        self.max_items = max(1, int(getattr(peer, "max_batch", 1)))
         self._nodes: dict[str, _Node] = {}
         self._old: dict[str, float] = {}  # node -> when it answered "unknown method" (singles until RECHECK_S)
         self._said: set[str] = set()  # nodes the log has named as old (once each)
@@ -110,8 +117,8 @@ class NodeBatches:
         finally:
             for p in batch:
                 if not p.answered:
-                    _answer(p, PeerUnreachable(f"the commit to {node} was not sent (the leader stopped); "
-                                               "retrying is safe", address=address, maybe_applied=True))
+                    _answer(p, NotSent(f"the commit to {node} at {address} was not answered (the leader "
+                                       "stopped); retrying is safe"))
 
     async def _send_now(self, address: str, node: str, batch: list[_Pending]) -> None:
         old = self._old.get(node)
@@ -122,23 +129,21 @@ class NodeBatches:
             self.requests += 1
             try:
                 got = await self.peer.commit_many(address, node, [p.item for p in batch])
-            except PeerUnknownMethod:
-                self._old[node] = time.monotonic()
-                if node not in self._said:
-                    self._said.add(node)
-                    log.warning("node does not know the batch commit (an older hamid): its placements are "
-                                "committed one per request", node=node, address=address)
-            except PeerProtocolError as e:
-                if e.kind != "too-large":
+            except HamidError as e:
+                kind = getattr(e, "kind", None)
+                if kind == "unknown-method":
+                    self._old[node] = time.monotonic()
+                    if node not in self._said:
+                        self._said.add(node)
+                        log.warning("node does not know the batch commit (an older hamid): its placements are "
+                                    "committed one per request", node=node, address=address)
+                elif kind == "too-large":
+                    log.warning("a batch of commits was over the node's body limit (peerMaxBodyBytes); sending "
+                                "them one per request", node=node, commits=len(batch))
+                else:  # the whole request failed: each commit's caller sees why
                     for p in batch:
                         _answer(p, e)
                     return
-                log.warning("a batch of commits was over the node's body limit (peerMaxBodyBytes); sending "
-                            "them one per request", node=node, commits=len(batch))
-            except PeerError as e:  # the whole request failed: each commit's caller sees why
-                for p in batch:
-                    _answer(p, e)
-                return
             else:
                 for p, r in zip(batch, got):
                     _answer(p, r)
@@ -151,7 +156,7 @@ class NodeBatches:
                 try:
                     _answer(p, await self.peer.commit(address, p.item["owner"], p.item["decision"],
                                                       request=p.item["request"], details=p.item["details"]))
-                except PeerError as e:
+                except HamidError as e:
                     _answer(p, e)
 
         async with trio.open_nursery() as nursery:

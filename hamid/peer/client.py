@@ -39,6 +39,7 @@ class PeerClient:
         if keyring is None and not insecure:
             raise ValueError("PeerClient needs the gossip keyring, or insecure=True to send plain frames")
         self.sealer = frames.Sealer(keyring)
+        self.max_batch = frames.MAX_BATCH  # commits one commit_many may carry (what a batching caller reads)
         self.name = name
         self.identity = identity
         self.max_answer_bytes = max_answer_bytes
