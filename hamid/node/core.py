@@ -305,8 +305,9 @@ class NodeCore:
         ledger's limits is left alone (a running container's bind mount holds that inode, whose
         live part the priority pass keeps writing). Only limits files: never a region directory or
         anything in one. Returns the paths rewritten."""
-        from ..shimlimits import write_limits_file
+        from ..shimlimits import limits_size, write_limits_file
 
+        limits_size()  # the codec (cffi over the shim's header, ~70 ms) is built now, not at the first start
         _safe_dir(str(self.state_dir / layout.LIMITS_DIR), 0o700)
         out = []
         for res in self.ledger.list():
