@@ -48,6 +48,7 @@ async def commit(peer: Any, cluster: Any, address: str, owner: Owner, decision: 
         cluster.forget(decision)
         raise
     if (res.get("details") or {}).get("attempt") == attempt:
+        cluster.applied(decision)  # the overlay stays until the node publishes a document read after this
         return Commit(owner, decision, address, True)
     cluster.forget(decision)  # the node holds an earlier placement of this owner: not ours to open or undo
     return Commit(owner, Decision.from_dict(res["decision"]), address, False)
