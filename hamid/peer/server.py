@@ -259,7 +259,7 @@ class PeerFace:
             todo.append((owner, decision, request, self._placed_by(details, sender)))
             where.append(i)
         got = await self.node.commit_many(todo) if todo else []
-        for i, (owner, decision, *_), out in zip(where, todo, got):
+        for i, out in zip(where, got):
             if isinstance(out, LedgerConflict):
                 verdicts[i] = {"ok": False, "error": frames.REFUSED, "message": str(out), "reasons": list(out.reasons)}
             else:
