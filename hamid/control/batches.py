@@ -10,7 +10,9 @@ and go in the next one, sent by the first of them, so a node has at most one bat
 and its ledger never sees more than one writer from this leader.
 
 Each commit still gets its own verdict (the reservation, or its own refusal raised to its own
-caller). A node that does not know the verb (an older hamid in a rolling upgrade) is sent the
+caller). A commit whose caller is cancelled leaves the queue; if it was the one sending, the
+others of its batch get :class:`NotSent` (the leader is stopping: every caller is cancelled
+then), and the next waiting commit sends the next batch. A node that does not know the verb (an older hamid in a rolling upgrade) is sent the
 commits one per request from then on, and the leader says so once in its log.
 """
 
@@ -81,30 +83,43 @@ class NodeBatches:
             st = self._nodes[node] = _Node()
         me = _Pending({"owner": owner, "decision": decision, "request": request, "details": details})
         st.queue.append(me)
-        if not st.sending:
-            st.sending = True
-            await trio.lowlevel.checkpoint()  # the other commits of this pass for the node join the batch
-            await self._send_turn(address, node, st)
-        while not me.answered:
-            await me.done.wait()
-            if not me.answered:  # woken as the head of the queue: send the next batch (this one in it)
-                me.done = trio.Event()
-                await self._send_turn(address, node, st)
+        try:
+            if not st.sending:
+                st.sending = True
+                await self._send_turn(address, node, st, gather=True)
+            while not me.answered:
+                await me.done.wait()
+                if not me.answered:  # woken as the head of the queue: send the next batch (this one in it)
+                    me.done = trio.Event()
+                    await self._send_turn(address, node, st)
+        except BaseException:  # cancelled (the leader stops): never leave the others without a sender
+            if not me.answered:
+                if me in st.queue:
+                    st.queue.remove(me)
+                if me.done.is_set():  # the turn was handed to this commit: hand it on
+                    self._hand_on(st)
+            raise
         if isinstance(me.result, BaseException):
             raise me.result
         return me.result
 
-    async def _send_turn(self, address: str, node: str, st: _Node) -> None:
+    async def _send_turn(self, address: str, node: str, st: _Node, *, gather: bool = False) -> None:
         """Send the head of ``st``'s queue as one batch, then hand the turn to the next waiting commit."""
         try:
+            if gather:
+                await trio.lowlevel.checkpoint()  # the other commits of this pass for the node join the batch
             batch = st.queue[:self.max_items]
             del st.queue[:self.max_items]
             await self._send(address, node, batch)
         finally:
-            if st.queue:
-                st.queue[0].done.set()  # not answered: its turn
-            else:
-                st.sending = False
+            self._hand_on(st)
+
+    @staticmethod
+    def _hand_on(st: _Node) -> None:
+        if st.queue:
+            st.queue[0].done.set()  # not answered: its turn
+        else:
+            st.sending = False
 
     async def _send(self, address: str, node: str, batch: list[_Pending]) -> None:
         """Send ``batch`` and give each its verdict (whatever happens: a waiter never waits forever)."""
