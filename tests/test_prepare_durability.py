@@ -132,6 +132,19 @@ def test_start_up_restores_damaged_limits_files_and_leaves_the_rest_alone(node, 
     assert node.core.restore_limits_files() == []  # nothing left to do
 
 
+def test_a_restart_that_reuses_its_reservation_finds_its_limits_file_whole(node):
+    """A Docker restart admits the container again and finds its reservation (perhaps with no daemon,
+    after an OS crash lost the unsynced file): its limits file is made whole before it is reused."""
+    st = node.core.state_dir
+    node.core.admit(Owner("docker", "r1"), _req("r1", "mem=3g,cores=40"))
+    want = decode(open(limits_file(st, "r1"), "rb").read())
+    with open(limits_file(st, "r1"), "r+b") as f:
+        f.truncate(0)
+    got = node.core.admit(Owner("docker", "r1"), _req("r1", "mem=3g,cores=40"))
+    assert got.reservation.state == "allocated"
+    assert decode(open(limits_file(st, "r1"), "rb").read()) == want
+
+
 @pytest.mark.slow  # a daemon start: a few seconds
 def test_the_daemon_restores_limits_files_before_it_serves(tmp_path, free_port):
     state = tmp_path / "s"

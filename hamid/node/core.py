@@ -143,6 +143,10 @@ class NodeCore:
                                   prepare=lambda r: self._prepare_new(r, user))
         if res.state == "releasing":
             raise HamidError(f"{owner} is being released; try again once it is gone")
+        if before is not None and res.state in ("allocated", "running"):
+            # a start that finds its reservation (a Docker restart, perhaps with no daemon after an OS crash)
+            # reuses its limits files: made what the ledger says first, as the daemon's start-up pass does
+            self._restore_limits(res)
         try:
             res = self.prepare(res.owner, user=user, deadline=deadline)
         except BaseException:
@@ -272,7 +276,8 @@ class NodeCore:
         # restore_limits_files() rewrites every live reservation's file whose bytes are not the ledger's
         # before any face serves (hamid/daemon/service.py: before the Docker face answers a create and
         # before the device plugin registers with kubelet, which calls PreStartContainer, which rewrites
-        # it, before every start). A file torn in between is one the shim refuses (it fails closed).
+        # it, before every start), and an admission that finds its reservation (a Docker restart, with or
+        # without a daemon) checks them first too (admit). A file torn in between is one the shim refuses.
         write_limits_file(layout.limits_file(self.state_dir, slot), self._limits(res, container), durable=False)
 
     def _limits(self, res: Reservation, container: str):
@@ -308,30 +313,37 @@ class NodeCore:
         from ..shimlimits import limits_size, write_limits_file
 
         limits_size()  # the codec (cffi over the shim's header, ~70 ms) is built now, not at the first start
-        _safe_dir(str(self.state_dir / layout.LIMITS_DIR), 0o700)
         out = []
         for res in self.ledger.list():
-            if res.state not in ("allocated", "running"):
+            if res.state in ("allocated", "running"):
+                out += self._restore_limits(res)
+        return out
+
+    def _restore_limits(self, res: Reservation) -> list[str]:
+        """:meth:`restore_limits_files` for one reservation; the paths rewritten."""
+        from ..shimlimits import write_limits_file
+
+        _safe_dir(str(self.state_dir / layout.LIMITS_DIR), 0o700)
+        out: list[str] = []
+        done: set[str] = set()
+        for c in res.decision.containers:
+            if not c.devices or any(d.mig_profile for d in c.devices):
                 continue
-            done: set[str] = set()
-            for c in res.decision.containers:
-                if not c.devices or any(d.mig_profile for d in c.devices):
+            try:
+                slot = slot_name(res, c.name)
+                if slot in done:
                     continue
-                try:
-                    slot = slot_name(res, c.name)
-                    if slot in done:
-                        continue
-                    done.add(slot)
-                    want = self._limits(res, c.name)
-                    path = layout.limits_file(self.state_dir, slot)
-                    if _limits_on_disk(path) == want:
-                        continue
-                    write_limits_file(path, want)  # durable: once per damaged file, at start-up
-                except (HamidError, OSError) as e:  # one bad row must not keep the others' files unrestored
-                    log.error("limits file not restored", owner=res.owner, container=c.name, error=str(e))
+                done.add(slot)
+                want = self._limits(res, c.name)
+                path = layout.limits_file(self.state_dir, slot)
+                if _limits_on_disk(path) == want:
                     continue
-                log.warning("limits file restored from the ledger", owner=res.owner, container=c.name, path=path)
-                out.append(path)
+                write_limits_file(path, want)  # durable: once per damaged file
+            except (HamidError, OSError) as e:  # one bad row must not keep the others' files unrestored
+                log.error("limits file not restored", owner=res.owner, container=c.name, error=str(e))
+                continue
+            log.warning("limits file restored from the ledger", owner=res.owner, container=c.name, path=path)
+            out.append(path)
         return out
 
     def realize(self, key: str, container: str | None = None) -> ContainerEdits:
