@@ -33,19 +33,22 @@ class Commit:
 
 
 async def commit(peer: Any, cluster: Any, address: str, owner: Owner, decision: Decision, *, request: dict,
-                 placed_by: str, booked: bool = False) -> Commit:
+                 placed_by: str, booked: bool = False, send: Any = None) -> Commit:
     """``booked``: the caller has already put ``decision`` in the view (``cluster.committed``: a
-    pass that decides several pods before committing any)."""
+    pass that decides several pods before committing any). ``send``: what sends the commit, with
+    ``peer.commit``'s signature (the gate leader's :class:`~.batches.NodeBatches`); ``peer.commit``
+    when not given."""
     attempt = uuid.uuid4().hex
     if not booked:
         cluster.committed(decision)  # at once: other placements choose around it
     try:
-        res = await peer.commit(address, owner, decision, request=request,
-                                details={"placed_by": placed_by, "attempt": attempt})
+        res = await (send or peer.commit)(address, owner, decision, request=request,
+                                          details={"placed_by": placed_by, "attempt": attempt})
     except HamidError:
         cluster.forget(decision)
         raise
     if (res.get("details") or {}).get("attempt") == attempt:
+        cluster.applied(decision)  # the overlay stays until the node publishes a document read after this
         return Commit(owner, decision, address, True)
     cluster.forget(decision)  # the node holds an earlier placement of this owner: not ours to open or undo
     return Commit(owner, Decision.from_dict(res["decision"]), address, False)

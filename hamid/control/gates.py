@@ -8,7 +8,8 @@ leads) takes each gated pod and:
    (:mod:`.placer`), among the nodes kube-scheduler would also take it to,
    within its namespace's GPU quota (:mod:`.quota`);
 2. commits the choice on that node's ledger through the peer API (the node
-   re-checks it: two leaders for a moment cannot double-book);
+   re-checks it: two leaders for a moment cannot double-book), the pass's
+   commits for one node in one request (:mod:`.batches`);
 3. in one update carrying the pod's ``resourceVersion``: writes HAMi's
    allocation annotations, narrows the pod's required node affinity to that
    node and removes the gate; kube-scheduler then binds it as any pod.
@@ -36,6 +37,7 @@ from ..request import parse_pod
 from ..request.model import Defaults
 from ..kube.events import announce_clamp, pod_event
 from . import annotations
+from .batches import NodeBatches
 from .commit import commit, undo
 from ..kube.informer import Informer, key_of
 from ..kube.rest import AsyncKube, KubeApiError
@@ -136,10 +138,12 @@ class GateController:
     def __init__(self, api, peer, cluster: ClusterView, *, defaults: Defaults, node_policy: str,
                  ignored: set[str], commits: int = 32, per_node: int = 8, updates: int = 8,
                  retry_s: float = 2.0, kube: AsyncKube | None = None) -> None:
-        """``commits``: peer commits in flight at once (32: a commit waits on a node's ledger, and a
-        node starved of CPU answers slowly, so commits to many nodes are kept going); ``per_node``: to
-        one node (8: binpack sends a burst's pods to one node after another, and a commit is mostly
-        waiting on that node; its ledger serialises them itself); ``updates``: pod updates in flight
+        """``commits``: peer requests in flight at once (32: a commit waits on a node's ledger, and a
+        node starved of CPU answers slowly, so commits to many nodes are kept going); the commits
+        for one node go together, as one request in flight per node (:mod:`.batches`);
+        ``per_node``: single commits in flight to one node that lacks the batch verb (8: binpack
+        sends a burst's pods to one node after another, and a commit is mostly waiting on that
+        node; its ledger serialises them itself); ``updates``: pod updates in flight
         at once (8: the API server answers in a millisecond or two when it is not starved, and
         httpcore's pool looks at every connection it holds for each request, so more connections cost
         the leader CPU per pod without placing faster); ``kube``: the async API client (made from ``api`` when not given)."""
@@ -155,7 +159,7 @@ class GateController:
         self.ignored = ignored
         self.commits = commits
         self.per_node = per_node
-        self._node_slots: dict[str, trio.CapacityLimiter] = {}
+        self._batches: NodeBatches | None = None  # made with the commit slots, in run()
         self.updates = updates
         self._commit_slots: trio.CapacityLimiter | None = None
         self._update_slots: trio.CapacityLimiter | None = None
@@ -182,6 +186,7 @@ class GateController:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._commit_slots = trio.CapacityLimiter(self.commits)
         self._update_slots = trio.CapacityLimiter(self.updates)
+        self._batches = NodeBatches(self.peer, slots=self._commit_slots, singles=self.per_node)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.pods.run)
@@ -311,12 +316,12 @@ class GateController:
             if self._commit_slots is None:  # place() outside run()
                 self._commit_slots, self._update_slots = trio.CapacityLimiter(1), trio.CapacityLimiter(1)
             try:
-                node_slots = self._node_slots.get(decision.node)
-                if node_slots is None:
-                    node_slots = self._node_slots[decision.node] = trio.CapacityLimiter(self.per_node)
-                async with node_slots, self._commit_slots:
-                    done = await commit(self.peer, self.cluster, choice.peer, owner, decision,
-                                        request=request.to_dict(), placed_by="gate", booked=True)
+                if self._batches is None:
+                    self._batches = NodeBatches(self.peer, slots=self._commit_slots, singles=self.per_node)
+                # no await before the commit is queued: the pass's commits for one node go in one request
+                done = await commit(self.peer, self.cluster, choice.peer, owner, decision,
+                                    request=request.to_dict(), placed_by="gate", booked=True,
+                                    send=self._batches.commit)
             except HamidError as e:  # refused by the node's ledger (a stale view), or unreachable
                 log.info("commit refused; choosing again", pod=owner.name, node=decision.node, error=str(e))
                 refused = self._refused.get(uid, ([], 0.0))[0] + [decision.node]

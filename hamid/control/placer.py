@@ -5,8 +5,8 @@ has booked, as of its last publication) plus the placements this leader has
 committed since, which gossip has not carried back yet: without them, pods
 placed in a burst would all be proposed for the same free GPU and refused
 one after another by the node's re-check. An overlay entry is dropped once
-the node has published a document read after the commit, or after
-``OVERLAY_MAX_S``; a stale view costs at most a refused commit and a retry,
+the node has published a document read after it answered the commit (never
+while the commit is in flight), or after ``OVERLAY_MAX_S``; a stale view costs at most a refused commit and a retry,
 never a double booking (the node's ledger re-checks every commit).
 
 A node is a candidate only if kube-scheduler would also take the pod there
@@ -37,7 +37,8 @@ READ_AFTER_MS = 250  # a document versioned this long after a commit was read af
 @dataclass(frozen=True)
 class _Pending:
     decision: Decision
-    at_ms: int
+    at_ms: int  # when it was booked here (its age: OVERLAY_MAX_S)
+    applied_ms: int | None = None  # when the node answered that it applied it; None: in flight
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,21 @@ class ClusterView:
         self.pending.setdefault(decision.node, []).append(_Pending(decision, int(time.time() * 1000)))
         self._dirty.add(decision.node)
 
+    def applied(self, decision: Decision) -> None:
+        """The node answered that its ledger holds ``decision``: its overlay entry stays until the
+        node publishes a document read after that answer (a document read while the commit was
+        still queued or in flight, which a starved node or a batch behind another may take longer
+        than ``READ_AFTER_MS`` to apply, must not drop it)."""
+        now = int(time.time() * 1000)
+        pend = self.pending.get(decision.node)
+        if not pend:
+            return
+        for i, p in enumerate(pend):
+            if p.decision == decision and p.applied_ms is None:
+                pend[i] = _Pending(p.decision, p.at_ms, now)
+                self._dirty.add(decision.node)
+                return
+
     def forget(self, decision: Decision) -> None:
         """A commit that was released again (its pod update failed)."""
         self.pending[decision.node] = [p for p in self.pending.get(decision.node, ()) if p.decision != decision]
@@ -175,7 +191,8 @@ class ClusterView:
         pend = self.pending.get(name)
         keep: tuple[_Pending, ...] = ()
         if pend is not None:
-            keep = tuple(p for p in pend if version < p.at_ms + READ_AFTER_MS and now - p.at_ms < OVERLAY_MAX_S * 1000)
+            keep = tuple(p for p in pend if now - p.at_ms < OVERLAY_MAX_S * 1000 and (
+                p.applied_ms is None or version < p.applied_ms + READ_AFTER_MS))
             if keep:
                 self.pending[name] = list(keep)
             else:

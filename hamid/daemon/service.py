@@ -4,7 +4,8 @@ Start-up order: take the state directory's lock (before anything is
 written, so a second daemon on the same directory changes nothing), read the
 devices (the first log line says NVML or simulated), open the ledger and
 record the inventory, install the shim, write the node's facts, finish
-pending releases and reconcile once; then start every face (local API,
+pending releases, reconcile once and restore the live reservations' limits
+files from the ledger (they are written without fsync); then start every face (local API,
 Docker, metrics, gossip, peer API, web view as configured) and reconcile periodically
 until SIGINT or SIGTERM. Faces are built by :func:`build_faces`: a new face
 is one more entry there, and the loop that runs them does not change.
@@ -582,6 +583,8 @@ async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
             liveness.update(liveness_of(f))
         await d.service.drain_released()
         await d.service.reconcile(liveness)
+        # before any face serves: the limits files are written without fsync (NodeCore._container_files)
+        await d.service.restore_limits_files()
         health = d.face_health
         async with trio.open_nursery() as nursery:
             for f in faces:

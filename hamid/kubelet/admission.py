@@ -196,11 +196,12 @@ class PodAdmission:
                 slots[init] = slot
                 containers.append(init)
         try:
-            self._reserve(owner, pod, held, slots)
+            todo = self._reserve(owner, pod, held, slots)
             # the files are written by this call's preparation (a reservation not prepared before:
-            # node-local admission, or the leader's placement at its first start), for no known user
+            # node-local admission, or the leader's placement at its first start), for no known user;
+            # a reservation still reserved gets kubelet's slots, its files and `allocated` in one transaction
             fresh = before is None or before.state == "reserved"
-            res = self.node.prepare(owner.key, user=None)
+            res = self.node.prepare(owner.key, user=None, slots=todo)
             for c in containers:
                 user = pod_user(pod, c)
                 if not _is_mig(res, c) and not (fresh and user is None):
@@ -254,9 +255,10 @@ class PodAdmission:
                              f"asks for {len(ids)} of {resource}")
 
     def _reserve(self, owner: Owner, pod: dict[str, Any], held: dict[str, tuple[str, ...]],
-                 slots: dict[str, str]) -> None:
-        """Make sure the ledger holds ``owner`` with its containers keyed to kubelet's slots
-        (and, with ``envvar``, on the GPUs kubelet's devices belong to)."""
+                 slots: dict[str, str]) -> dict[str, str] | None:
+        """Make sure the ledger holds ``owner`` (and, with ``envvar``, on the GPUs kubelet's devices
+        belong to) with its containers keyed to kubelet's slots; the slots still to record (by the
+        preparation that follows, in its transaction), or None."""
         gpus = {c: _gpus(i) for c, i in held.items()}
         res = self.node.get(owner.key)
         if res is None:  # node-local admission: the pod came with spec.nodeName, or without a reservation
@@ -264,15 +266,15 @@ class PodAdmission:
             if self.strategy == "envvar":
                 request = _restricted(request, gpus)
             self.node.admit(owner, request, slots=slots)
-            return
+            return None
         if res.state == "releasing":
             raise HamidError(f"{owner} is being released")
         if self.strategy == "envvar":
             placed = {c.name: tuple(d.uuid for d in c.devices) for c in res.decision.containers}
             if any(set(placed.get(c, ())) != set(g) for c, g in gpus.items()):
                 self._follow_kubelet(res, gpus, slots)
-                return
-        self.node.bind_slots(owner.key, slots)
+                return None
+        return slots  # recorded by prepare (only where they changed, for a reservation past reserved)
 
     def _follow_kubelet(self, res, gpus: dict[str, tuple[str, ...]], slots: dict[str, str]) -> None:
         """Move a reservation onto the GPUs kubelet chose, re-checked by the ledger."""

@@ -258,6 +258,8 @@ class Ledger:
                 out = fn(self._db)
             except BaseException:
                 self._db.execute("ROLLBACK")
+                if self._touched:  # the cache saw this transaction's inserts: read it again next time
+                    self._cache, self._cache_version = None, None
                 self._touched = set()
                 raise
             finally:
@@ -355,8 +357,10 @@ class Ledger:
 
     def _insert(self, db: sqlite3.Connection, owner: str, kind: str, request: dict, decision: Decision,
                 details: Details, name: str) -> Reservation:
-        details = replace(details, slots=timeslots.assign_taken(decision, self._booked(db).taken) or {})
+        booked = self._booked(db)
+        details = replace(details, slots=timeslots.assign_taken(decision, booked.taken) or {})
         self._touched.add(owner)
+        booked.put(owner, decision, details.slots)  # at once: the rest of this transaction sees it (a batch)
         db.execute("INSERT INTO reservations(owner, kind, state, created, request, decision, mig, details, name) "
                    "VALUES (?, ?, 'reserved', ?, ?, ?, '{}', ?, ?)",
                    (owner, kind, time.time(), json.dumps(request), json.dumps(decision.to_dict()),
@@ -377,13 +381,18 @@ class Ledger:
 
     def reserve(self, request: Request, *, kind: str | None = None, owner: Any = None,
                 node_policy: str = "binpack", details: Details | None = None,
-                deadline: float | None = None) -> Reservation:
+                deadline: float | None = None,
+                prepare: Callable[[Reservation], bool] | None = None) -> Reservation:
         """Place ``request`` on this node and commit it, in one transaction.
 
         ``owner`` (a :class:`hamid.node.identity.Owner`) keys the reservation;
         without one, ``request.owner`` (``<kind>:<uid>``) does. Idempotent per
         owner: asking again returns the existing reservation. A ``deadline``
         (wall-clock seconds) that has passed commits nothing (:class:`Abandoned`).
+        ``prepare(reservation)``: called inside the transaction for a new
+        reservation; True (it made what the containers need) commits it as
+        ``allocated`` at once, False as ``reserved``; raising commits nothing
+        (one transaction for an admission instead of two: :meth:`allocate`).
         """
         key, kind, name = self._key(owner if owner is not None else request.owner, kind)
 
@@ -397,7 +406,37 @@ class Ledger:
             if isinstance(got, NoFit):
                 reasons = got.reasons.get(view.name, ())
                 raise LedgerConflict(f"{key} does not fit on {view.name}:\n" + got.message(), reasons)
-            return self._insert(db, key, kind, request.to_dict(), got, details or Details(), name)
+            res = self._insert(db, key, kind, request.to_dict(), got, details or Details(), name)
+            if prepare is not None and prepare(res):
+                db.execute("UPDATE reservations SET state='allocated' WHERE owner=?", (key,))
+                res = replace(res, state="allocated")
+            return res
+
+        return self._write(tx)
+
+    def allocate(self, owner: str, prepare: Callable[[Reservation], bool], *, details: Details | None = None,
+                 deadline: float | None = None) -> Reservation:
+        """In one transaction: record ``details`` on a ``reserved`` reservation, call
+        ``prepare`` with it as recorded, and move it to ``allocated`` if ``prepare`` says
+        True. A reservation past ``reserved`` is returned as it is (``prepare`` not called).
+        A ``deadline`` that has passed commits nothing (:class:`Abandoned`), as does
+        ``prepare`` raising. ``prepare`` runs while the ledger's write lock is held: it may
+        write files, never wait on anything slow (MIG, MPS daemons: the caller's two-step path)."""
+
+        def tx(db: sqlite3.Connection) -> Reservation:
+            _check_deadline(deadline, f"allocated for {owner}")
+            existing = self._existing(db, owner)
+            if existing is None:
+                raise LedgerError(f"no reservation for {owner}")
+            if existing.state != "reserved":
+                return existing
+            res = existing
+            if details is not None:
+                res = replace(existing, details=existing.details.merged(details))
+            to = "allocated" if prepare(res) else "reserved"
+            db.execute("UPDATE reservations SET state=?, details=? WHERE owner=?",
+                       (to, json.dumps(res.details.to_dict()), owner))
+            return replace(res, state=to)
 
         return self._write(tx)
 
@@ -408,20 +447,46 @@ class Ledger:
 
         def tx(db: sqlite3.Connection) -> Reservation:
             _check_deadline(deadline, f"commit for {key}")
-            existing = self._existing(db, key)
-            if existing is not None:
-                if existing.decision == decision:
-                    return existing
-                raise LedgerConflict(f"{key} already holds a different reservation on this node")
-            view = self._view(db)
-            if decision.node != view.name:
-                raise LedgerConflict(f"decision is for node {decision.node}, this ledger is {view.name}")
-            problems = check(decision, view)
-            if problems:
-                raise LedgerConflict(f"{key} does not fit on {view.name}: " + "; ".join(problems), problems)
-            return self._insert(db, key, kind, request or {}, decision, details or Details(), name)
+            return self._commit_one(db, key, kind, name, decision, request, details)
 
         return self._write(tx)
+
+    def commit_many(self, items: Iterable[tuple[Any, Decision, dict | None, Details | None]], *,
+                    deadline: float | None = None) -> list[Reservation | LedgerConflict]:
+        """Commit several proposed decisions ``(owner, decision, request, details)`` in ONE
+        transaction (one fsync of the journal for all of them), each re-checked as :meth:`commit`
+        checks one, in order, against the node with the ones before it booked. Each gets its own
+        verdict, in the same order: the reservation, or the :class:`LedgerConflict` that refused
+        it (a refused one does not refuse the others). Idempotent per owner, as :meth:`commit`. A
+        passed ``deadline`` commits none of them (:class:`Abandoned`)."""
+        keyed = [(self._key(owner, None), decision, request, details) for owner, decision, request, details in items]
+
+        def tx(db: sqlite3.Connection) -> list[Reservation | LedgerConflict]:
+            _check_deadline(deadline, f"commit of {len(keyed)} placements")
+            out: list[Reservation | LedgerConflict] = []
+            for (key, kind, name), decision, request, details in keyed:
+                try:
+                    out.append(self._commit_one(db, key, kind, name, decision, request, details))
+                except LedgerConflict as e:
+                    out.append(e)
+            return out
+
+        return self._write(tx)
+
+    def _commit_one(self, db: sqlite3.Connection, key: str, kind: str, name: str, decision: Decision,
+                    request: dict | None, details: Details | None) -> Reservation:
+        existing = self._existing(db, key)
+        if existing is not None:
+            if existing.decision == decision:
+                return existing
+            raise LedgerConflict(f"{key} already holds a different reservation on this node")
+        view = self._view(db)
+        if decision.node != view.name:
+            raise LedgerConflict(f"decision is for node {decision.node}, this ledger is {view.name}")
+        problems = check(decision, view)
+        if problems:
+            raise LedgerConflict(f"{key} does not fit on {view.name}: " + "; ".join(problems), problems)
+        return self._insert(db, key, kind, request or {}, decision, details or Details(), name)
 
     def recommit(self, owner: str, decision: Decision, *, details: Details | None = None) -> Reservation:
         """Replace ``owner``'s decision with ``decision``, re-checked against

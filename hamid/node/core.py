@@ -73,6 +73,30 @@ def _safe_dir(path: str, mode: int) -> None:
             raise HamidError(f"{path} exists and is not a directory; remove it") from None
 
 
+def _limits_on_disk(path: str):
+    """The limits a limits file of ours says (:class:`ContainerLimits`), or None where the entry is
+    missing or is not one: not a regular file (a link is not followed, a FIFO not waited on), not
+    root's (the daemon's), not a limits file's size, or bytes that do not decode."""
+    from ..shimlimits import LimitsFormatError, decode, limits_size
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # missing, or a symbolic link (ELOOP)
+        return None
+    try:
+        st = os.fstat(fd)
+        size = limits_size()
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size != size:
+            return None
+        data = os.read(fd, size + 1)
+    finally:
+        os.close(fd)
+    try:
+        return decode(data)
+    except LimitsFormatError:
+        return None
+
+
 class NodeCore:
     def __init__(self, ledger: Ledger, facts: NodeFacts, backend: Callable[[], DeviceBackend]) -> None:
         self.ledger = ledger
@@ -115,9 +139,14 @@ class NodeCore:
         self.drain_released()
         before = self.ledger.get(owner.key)
         res = self.ledger.reserve(request, owner=owner, node_policy=self.facts.node_policy,
-                                  details=details, deadline=deadline)
+                                  details=details, deadline=deadline,
+                                  prepare=lambda r: self._prepare_new(r, user))
         if res.state == "releasing":
             raise HamidError(f"{owner} is being released; try again once it is gone")
+        if before is not None and res.state in ("allocated", "running"):
+            # a start that finds its reservation (a Docker restart, perhaps with no daemon after an OS crash)
+            # reuses its limits files: made what the ledger says first, as the daemon's start-up pass does
+            self._restore_limits(res)
         try:
             res = self.prepare(res.owner, user=user, deadline=deadline)
         except BaseException:
@@ -152,28 +181,66 @@ class NodeCore:
             raise LedgerConflict(f"{elsewhere(request)}; on this node: {e}", e.reasons) from None
 
     def prepare(self, key: str, *, user: tuple[int, int] | None = None,
-                deadline: float | None = None) -> Reservation:
+                deadline: float | None = None, slots: Mapping[str, str] | None = None) -> Reservation:
         """Make what a ``reserved`` reservation's containers need (MIG
         instances, region directories, limits files) and move it to
-        ``allocated``. A reservation already past ``reserved`` is returned as it is."""
+        ``allocated``; ``slots`` (container -> device-plugin slot, kubelet's) are
+        recorded first. Without MIG or MPS that is one ledger transaction (the
+        files written inside it: :meth:`_prepare_now`); MIG instances and MPS
+        daemons are made outside any transaction, then the move. A reservation
+        already past ``reserved`` is returned with only ``slots`` recorded."""
         res = self.ledger.get(key)
         if res is None:
             raise HamidError(f"no reservation for {key}")
+        merged = Details(container_slots={**res.details.container_slots, **slots}) if slots else None
         if res.state != "reserved":
+            if merged is not None and merged.container_slots != res.details.container_slots:
+                res = self.ledger.update(key, details=merged)
             return res
+        if not mig.wanted(res) and not mps.wanted(res):
+            got = self.ledger.allocate(key, lambda r: self._prepare_now(r, user), details=merged, deadline=deadline)
+            if got.state != "reserved":
+                return got
+            res = got
+        elif merged is not None:
+            res = self.ledger.update(key, details=merged)
         if mig.wanted(res):
             mig.create_instances(self.backend, res, self.facts,
                                  lambda entry: self.ledger.update(res.owner, mig=entry))
             res = self.ledger.get(res.owner) or res
         for uuid in mps.wanted(res):
             self._mps_up(uuid)
+        self._all_container_files(res, user)
+        return self.ledger.transition(res.owner, "allocated", deadline=deadline)
+
+    def _prepare_now(self, res: Reservation, user: tuple[int, int] | None) -> bool:
+        """Inside the ledger transaction that records ``res``: write its containers' files and say
+        True (commit it ``allocated``), or say False when it needs MIG instances or an MPS daemon
+        first (slow work no transaction may wait on: :meth:`prepare` does it after)."""
+        if mig.wanted(res) or mps.wanted(res):
+            return False
+        self._all_container_files(res, user)
+        return True
+
+    def _prepare_new(self, res: Reservation, user: tuple[int, int] | None) -> bool:
+        """:meth:`_prepare_now` for a reservation this transaction makes: on failure its files go
+        too (the transaction leaves no row whose release would remove them)."""
+        try:
+            return self._prepare_now(res, user)
+        except BaseException:
+            kind, _, uid = res.owner.partition(":")
+            for c in res.decision.containers:
+                for slot in {slot_name(res, c.name), layout.slot(kind, uid, c.name)}:
+                    self._remove_container_files(slot)
+            raise
+
+    def _all_container_files(self, res: Reservation, user: tuple[int, int] | None) -> None:
         done: set[str] = set()
         for c in res.decision.containers:
             slot = slot_name(res, c.name)
             if c.devices and not any(d.mig_profile for d in c.devices) and slot not in done:
                 self._container_files(res, c.name, user)
                 done.add(slot)
-        return self.ledger.transition(res.owner, "allocated", deadline=deadline)
 
     def write_container_files(self, key: str, container: str, user: tuple[int, int] | None = None) -> None:
         """(Re)write one container's region directory and limits file from its
@@ -185,7 +252,7 @@ class NodeCore:
 
     def _container_files(self, res: Reservation, container: str, user: tuple[int, int] | None) -> None:
         """The region directory (the container's user's) and the limits file (root's, read-only)."""
-        from ..shimlimits import ContainerLimits, DeviceLimits, write_limits_file
+        from ..shimlimits import write_limits_file
 
         slot = slot_name(res, container)
         for d in (layout.CONTAINERS_DIR, layout.LIMITS_DIR):
@@ -203,6 +270,20 @@ class NodeCore:
                 os.fchmod(fd, 0o777)
         finally:
             os.close(fd)
+        # Not fsynced (durable=False): the ledger row this file is derived from is committed (and fsynced)
+        # after it is written, in the same transaction; a daemon that crashes loses nothing (the page cache
+        # outlives the process), and after an OS crash, when every container died with the machine,
+        # restore_limits_files() rewrites every live reservation's file whose bytes are not the ledger's
+        # before any face serves (hamid/daemon/service.py: before the Docker face answers a create and
+        # before the device plugin registers with kubelet, which calls PreStartContainer, which rewrites
+        # it, before every start), and an admission that finds its reservation (a Docker restart, with or
+        # without a daemon) checks them first too (admit). A file torn in between is one the shim refuses.
+        write_limits_file(layout.limits_file(self.state_dir, slot), self._limits(res, container), durable=False)
+
+    def _limits(self, res: Reservation, container: str):
+        """What ``container``'s limits file says, from its reservation (:class:`ContainerLimits`)."""
+        from ..shimlimits import ContainerLimits, DeviceLimits
+
         c = slot_assignment(res, container)
         prio = asked = None
         for rc in res.request.get("containers") or ():
@@ -213,14 +294,57 @@ class NodeCore:
         # slots are not work-conserving (a launch-bound tenant got 3 % of a 30 % share); the shim's rate limiter
         # holds each container to its share (the ledger's cores), with the policy below.
         is_mps = any(d.mps for d in c.devices)
-        limits = ContainerLimits(
+        return ContainerLimits(
             devices=tuple(DeviceLimits(uuid=d.uuid, memory_bytes=d.mem_mib << 20,
                                        sm_percent=d.cores if 0 < d.cores < 100 else 0)
                           for d in c.devices),
             region_path=layout.REGION_FILE_IN_CONTAINER, priority=prio,
             sm_policy=effective_core_policy(self.facts.core_policy, asked),  # type: ignore[arg-type]
             mps=is_mps)
-        write_limits_file(layout.limits_file(self.state_dir, slot), limits)
+
+    def restore_limits_files(self) -> list[str]:
+        """At start-up, before any face serves: every live (``allocated``, ``running``) reservation's
+        limits file made what the ledger says again where it is not (missing, emptied, torn, replaced
+        by something that is not a regular file of ours, or limits that are not the ledger's: the
+        files are written without fsync, :meth:`_container_files`). A file that already says the
+        ledger's limits is left alone (a running container's bind mount holds that inode, whose
+        live part the priority pass keeps writing). Only limits files: never a region directory or
+        anything in one. Returns the paths rewritten."""
+        from ..shimlimits import limits_size, write_limits_file
+
+        limits_size()  # the codec (cffi over the shim's header, ~70 ms) is built now, not at the first start
+        out = []
+        for res in self.ledger.list():
+            if res.state in ("allocated", "running"):
+                out += self._restore_limits(res)
+        return out
+
+    def _restore_limits(self, res: Reservation) -> list[str]:
+        """:meth:`restore_limits_files` for one reservation; the paths rewritten."""
+        from ..shimlimits import write_limits_file
+
+        _safe_dir(str(self.state_dir / layout.LIMITS_DIR), 0o700)
+        out: list[str] = []
+        done: set[str] = set()
+        for c in res.decision.containers:
+            if not c.devices or any(d.mig_profile for d in c.devices):
+                continue
+            try:
+                slot = slot_name(res, c.name)
+                if slot in done:
+                    continue
+                done.add(slot)
+                want = self._limits(res, c.name)
+                path = layout.limits_file(self.state_dir, slot)
+                if _limits_on_disk(path) == want:
+                    continue
+                write_limits_file(path, want)  # durable: once per damaged file
+            except (HamidError, OSError) as e:  # one bad row must not keep the others' files unrestored
+                log.error("limits file not restored", owner=res.owner, container=c.name, error=str(e))
+                continue
+            log.warning("limits file restored from the ledger", owner=res.owner, container=c.name, path=path)
+            out.append(path)
+        return out
 
     def realize(self, key: str, container: str | None = None) -> ContainerEdits:
         res = self.ledger.get(key)
@@ -229,14 +353,6 @@ class NodeCore:
         return realize(res, self.facts, container)
 
     # --- what a face learns after admission ---------------------------------------
-
-    def bind_slots(self, key: str, slots: Mapping[str, str]) -> Reservation:
-        """Record which device-plugin slot each named container of ``key`` holds
-        (kubelet's device IDs, known only at PreStartContainer)."""
-        res = self.ledger.get(key)
-        if res is None:
-            raise HamidError(f"no reservation for {key}")
-        return self.ledger.update(key, details=Details(container_slots={**res.details.container_slots, **slots}))
 
     def move(self, key: str, request: Request, slots: Mapping[str, str]) -> Reservation:
         """Place ``key`` again with ``request`` (the GPUs a face learnt its
@@ -273,6 +389,12 @@ class NodeCore:
     def commit(self, owner: Owner, decision, *, request: dict | None = None, details: Details | None = None,
                deadline: float | None = None) -> Reservation:
         return self.ledger.commit(owner, decision, request=request, details=details, deadline=deadline)
+
+    def commit_many(self, items, *, deadline: float | None = None) -> list:
+        """Several proposed decisions ``(owner, decision, request, details)`` in one ledger
+        transaction (:meth:`hamid.ledger.Ledger.commit_many`): each its reservation or the
+        :class:`LedgerConflict` that refused it, in order."""
+        return self.ledger.commit_many(items, deadline=deadline)
 
     def set_state(self, key: str, state: str) -> Reservation:
         return self.ledger.transition(key, state)

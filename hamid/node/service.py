@@ -141,6 +141,16 @@ class NodeService:
         return await self._changing("committed", owner.key, self.core.commit, owner, decision, request=request,
                                     details=details, deadline=deadline)
 
+    async def commit_many(self, items: list[tuple[Owner, Decision, dict | None, Details | None]], *,
+                          deadline: float | None = None) -> list[Reservation | LedgerConflict]:
+        """Several proposals in one ledger transaction; each its reservation or its refusal
+        (a :class:`LedgerConflict`, returned, not raised), in order; each announced as the
+        single :meth:`commit` announces it."""
+        got = await self._run(self.core.commit_many, items, deadline=deadline)
+        for (owner, *_), out in zip(items, got):
+            self._notify("conflict" if isinstance(out, LedgerConflict) else "committed", owner.key)
+        return got
+
     async def release(self, key: str) -> Reservation | None:
         res = await self._changing("released", key, self.core.release, key)
         if res is not None:
@@ -161,6 +171,10 @@ class NodeService:
         for r in done:
             self._notify("released", r.owner)
         return done
+
+    async def restore_limits_files(self) -> list[str]:
+        """At start-up, before any face serves: :meth:`NodeCore.restore_limits_files`."""
+        return await self._run(self.core.restore_limits_files)
 
     async def priority_pass(self) -> int:
         return await self._run(self.core.priority_pass)
@@ -245,9 +259,6 @@ class NodeDoor:
 
     def write_container_files(self, key: str, container: str, user: tuple[int, int] | None = None) -> None:
         self._core.write_container_files(key, container, user)
-
-    def bind_slots(self, key: str, slots: Mapping[str, str]) -> Reservation:
-        return self._core.bind_slots(key, slots)
 
     def move(self, key: str, request: Request, slots: Mapping[str, str]) -> Reservation:
         got = self._core.move(key, request, slots)

@@ -1,4 +1,4 @@
-"""The peer API: a node answers ``commit``, ``release`` and ``status`` from its peers.
+"""The peer API: a node answers ``commit``, ``commit_many``, ``release`` and ``status`` from its peers.
 
 The elected leader commits a placement it chose on the chosen node; that node
 re-checks it against its own ledger in one transaction and answers yes, or no
@@ -12,8 +12,9 @@ Modules: ``address`` (HOST:PORT), ``frames`` (the sealed wire format),
 """
 
 from .client import PeerClient
-from .errors import PeerError, PeerProtocolError, PeerRefused, PeerUnauthenticated, PeerUnreachable
+from .errors import (PeerError, PeerProtocolError, PeerRefused, PeerUnauthenticated, PeerUnknownMethod,
+                     PeerUnreachable)
 from .server import PeerFace
 
 __all__ = ["PeerClient", "PeerFace", "PeerError", "PeerProtocolError", "PeerRefused",
-           "PeerUnauthenticated", "PeerUnreachable"]
+           "PeerUnauthenticated", "PeerUnknownMethod", "PeerUnreachable"]

@@ -18,7 +18,8 @@ from ..keyring import Keyring
 from ..logs import get_logger
 from . import frames
 from ..netaddr import parse_address
-from .errors import PeerProtocolError, PeerRefused, PeerUnauthenticated, PeerUnreachable
+from .errors import (PeerError, PeerProtocolError, PeerRefused, PeerUnauthenticated, PeerUnknownMethod,
+                     PeerUnreachable)
 from .server import FRAME_TYPE, PATH
 
 log = get_logger("peer")
@@ -38,6 +39,7 @@ class PeerClient:
         if keyring is None and not insecure:
             raise ValueError("PeerClient needs the gossip keyring, or insecure=True to send plain frames")
         self.sealer = frames.Sealer(keyring)
+        self.max_batch = frames.MAX_BATCH  # commits one commit_many may carry (what a batching caller reads)
         self.name = name
         self.identity = identity
         self.max_answer_bytes = max_answer_bytes
@@ -58,7 +60,7 @@ class PeerClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    # --- the three calls ---------------------------------------------------
+    # --- the calls ---------------------------------------------------
 
     async def commit(self, address: str, owner: Any, decision: Any, *, request: dict | None = None,
                      details: dict | None = None) -> dict:
@@ -67,6 +69,38 @@ class PeerClient:
         ledger's reasons) when it does not fit there."""
         args = {"owner": owner.to_dict(), "decision": decision.to_dict(), "request": request, "details": details}
         return await self.call(address, "commit", args, to=decision.node)
+
+    async def commit_many(self, address: str, node: str, items: list[dict]) -> list[dict | PeerError]:
+        """Commit several decisions on ``node`` (at ``address``) in one request and one ledger
+        transaction there. ``items``: ``{"owner": Owner, "decision": Decision, "request": dict |
+        None, "details": dict | None}``, at most :data:`~.frames.MAX_BATCH`. One verdict per item,
+        in order: the reservation as a dict, or the item's own refusal as an exception *value*
+        (:class:`PeerRefused` with the ledger's reasons, :class:`PeerProtocolError` for an item
+        the node could not read); the others are committed whatever one item's verdict. What
+        fails the whole request is raised as :meth:`call` raises it, and
+        :class:`PeerUnknownMethod` from a node too old to know the verb (nothing was applied
+        there: send the commits one by one)."""
+        if not 1 <= len(items) <= frames.MAX_BATCH:
+            raise ValueError(f"commit_many: {len(items)} items; accepted: 1 to {frames.MAX_BATCH}")
+        args = {"items": [{"owner": it["owner"].to_dict(), "decision": it["decision"].to_dict(),
+                           "request": it.get("request"), "details": it.get("details")} for it in items]}
+        got = await self.call(address, "commit_many", args, to=node)
+        results = got.get("results") if type(got) is dict else None
+        if type(results) is not list or len(results) != len(items) or not all(type(r) is dict for r in results):
+            raise PeerProtocolError(f"peer {address} answered commit_many without one verdict per item",
+                                    "answer", address=address)
+        out: list[dict | PeerError] = []
+        for r in results:
+            if r.get("ok") is True and type(r.get("reservation")) is dict:
+                out.append(r["reservation"])
+            elif r.get("error") == frames.REFUSED:
+                out.append(PeerRefused(str(r.get("message")), [str(x) for x in r.get("reasons") or ()],
+                                       address=address))
+            else:
+                out.append(PeerProtocolError(f"peer {address} refused a commit of the batch "
+                                             f"({r.get('error')}): {r.get('message')}", str(r.get("error")),
+                                             address=address))
+        return out
 
     async def release(self, address: str, key: str, *, node: str) -> dict:
         """Release the reservation ``key`` (``Owner.key``) on ``node`` (the peer at
@@ -92,6 +126,9 @@ class PeerClient:
             if status == 401:
                 raise PeerUnauthenticated(f"peer {address} could not authenticate this request ({text}): "
                                           "the two nodes share no key of the gossip keyring", address=address)
+            if status == 400 and text.startswith(f"bad-request: method {method!r};"):
+                raise PeerUnknownMethod(f"peer {address} does not know the {method} request (an older hamid): "
+                                        f"{text}", address=address)
             kind = "too-large" if status == 413 else frames.BAD_REQUEST if status == 400 else "answer"
             raise PeerProtocolError(f"peer {address} refused the request (HTTP {status}): {text}", kind,
                                     address=address)

@@ -47,3 +47,11 @@ class PeerProtocolError(PeerError):
     def __init__(self, message: str, kind: str, *, address: str = "") -> None:
         super().__init__(message, address=address)
         self.kind = kind
+
+
+class PeerUnknownMethod(PeerProtocolError):
+    """The peer does not know the request's method (an older hamid, during a rolling upgrade): it
+    refused the request before reading it, so nothing was applied."""
+
+    def __init__(self, message: str, *, address: str = "") -> None:
+        super().__init__(message, "unknown-method", address=address)

@@ -20,6 +20,10 @@ method, "from": caller name, "to": the node it is for, "args": map, "sig":
 (:func:`signed_bytes`), with the key whose public half the sender gossips
 (:mod:`hamid.nodekey`): the keyring proves membership, the signature which
 member.
+``commit_many``'s args are ``{"items": [commit args, ...]}`` (1 to :data:`MAX_BATCH`), its
+result ``{"results": [verdict, ...]}`` in the same order, each ``{"ok": true, "reservation":
+...}`` or ``{"ok": false, "error": kind, "message": text, "reasons": [text]}``: one item refused
+does not refuse the others.
 Answer plaintext: ``{"v": 1, "re": request id, "ok": true, "result": ...}`` or
 ``{"v": 1, "re": id, "ok": false, "error": kind, "message": text, "reasons":
 [text]}``. This module does no I/O.
@@ -44,7 +48,12 @@ ID_BYTES = 16
 MAX_DEPTH = 32
 AAD_REQUEST = b"hamid-peer/1 request"
 AAD_ANSWER = b"hamid-peer/1 answer"
-METHODS = ("commit", "release", "status")
+METHODS = ("commit", "commit_many", "release", "status")
+# Placements one commit_many request may carry. 64: a leader's pass sends each node the burst binpack gave
+# it (a few to a few dozen pods), 64 commits of one-container pods are ~60-120 KiB of CBOR, within the
+# default peerMaxBodyBytes (256 KiB), and the node's ledger holds its write lock for all of them at once
+# (~0.1 ms of checking each), so a larger batch would only lengthen that lock for other writers.
+MAX_BATCH = 64
 # error kinds an answer may carry
 REFUSED, BAD_REQUEST, STALE, REPLAY, WRONG_NODE, BUSY, INTERNAL, FORBIDDEN = (
     "refused", "bad-request", "stale", "replay", "wrong-node", "busy", "internal", "forbidden")

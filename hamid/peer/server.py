@@ -58,7 +58,8 @@ class PeerFace:
     """The peer API as a face of the node: ``run`` serves until cancelled.
 
     ``node`` has async ``commit(owner, decision, request=, details=)``,
-    ``release(key)`` and ``status()`` and a ``name``. ``keyring`` None is
+    ``commit_many([(owner, decision, request, details)])``, ``release(key)``
+    and ``status()`` and a ``name``. ``keyring`` None is
     refused unless ``insecure`` (then frames are plain and anyone who can
     reach ``listen`` may commit and release: loopback tests only)."""
 
@@ -193,33 +194,78 @@ class PeerFace:
             if res is not None:
                 log.info("released for a peer", key=key)
             return {"released": res is not None, "reservation": res.to_dict() if res is not None else None}
+        if method == "commit_many":
+            return await self._commit_many(args, sender)
+        owner, decision, request, details = self._commit_args(args, "commit")
+        self._leader_only(sender)
+        res = await self.node.commit(owner, decision, request=request, details=self._placed_by(details, sender))
+        log.info("committed for a peer", owner=owner.key, node=decision.node)
+        return res.to_dict()
+
+    def _commit_args(self, args: Any, what: str):
+        """(owner, decision, request, details) of one commit's arguments, checked; FrameError names what is wrong."""
+        if type(args) is not dict:
+            raise frames.FrameError("schema", f"{what}: expected a map")
         owner_d, decision_d = args.get("owner"), args.get("decision")
         if type(owner_d) is not dict or type(decision_d) is not dict:
-            raise frames.FrameError("schema", "commit: 'owner' and 'decision' maps are required")
+            raise frames.FrameError("schema", f"{what}: 'owner' and 'decision' maps are required")
         try:
             owner = Owner.from_dict(owner_d)
         except Exception as e:
-            raise frames.FrameError("schema", f"commit: malformed owner ({e!r})") from None
+            raise frames.FrameError("schema", f"{what}: malformed owner ({e!r})") from None
         try:
             decision = Decision.from_dict(decision_d)
         except Exception as e:
-            raise frames.FrameError("schema", f"commit: malformed decision ({e!r})") from None
+            raise frames.FrameError("schema", f"{what}: malformed decision ({e!r})") from None
         try:
             details = caller_details(args.get("details"))
             for c in decision.containers:  # the node derives file names from these
                 component(c.name, "container name")
         except (DetailsError, LayoutError) as e:
-            raise frames.FrameError("schema", f"commit: {e}") from None
+            raise frames.FrameError("schema", f"{what}: {e}") from None
+        request = _optional_map(args, "request")
+        return owner, decision, request, details
+
+    def _leader_only(self, sender: str) -> None:
         if self.leader is not None:
             lead = self.leader()
             if lead != sender:
                 raise Refused(frames.FORBIDDEN, f"node {sender!r} is not the leader (this node sees "
                                                 f"{lead or 'no leader'}); only the leader commits placements")
-        if self.identities is not None:
-            details = replace(details, placer=sender)  # the node's own record of who placed it: only it may release it
-        res = await self.node.commit(owner, decision, request=_optional_map(args, "request"), details=details)
-        log.info("committed for a peer", owner=owner.key, node=decision.node)
-        return res.to_dict()
+
+    def _placed_by(self, details, sender: str):
+        """``details`` with the node's own record of who placed it (only it may release it), where
+        senders are authenticated."""
+        return details if self.identities is None else replace(details, placer=sender)
+
+    async def _commit_many(self, args: dict, sender: str) -> dict:
+        """Several commits in one request and one ledger transaction; a verdict for each, in order.
+        A malformed item is refused alone (``bad-request``), as is one the ledger refuses
+        (``refused``, with its reasons); the others are committed."""
+        items = args.get("items")
+        if type(items) is not list or not 1 <= len(items) <= frames.MAX_BATCH:
+            got = f"{len(items)} items" if type(items) is list else f"a {type(items).__name__}"
+            raise frames.FrameError("schema", f"commit_many: 'items' must be a list of 1 to {frames.MAX_BATCH} "
+                                              f"commits; got {got}")
+        self._leader_only(sender)
+        verdicts: list[dict | None] = [None] * len(items)
+        todo, where = [], []
+        for i, item in enumerate(items):
+            try:
+                owner, decision, request, details = self._commit_args(item, f"commit_many item {i}")
+            except frames.FrameError as e:
+                verdicts[i] = {"ok": False, "error": frames.BAD_REQUEST, "message": e.detail, "reasons": []}
+                continue
+            todo.append((owner, decision, request, self._placed_by(details, sender)))
+            where.append(i)
+        got = await self.node.commit_many(todo) if todo else []
+        for i, out in zip(where, got):
+            if isinstance(out, LedgerConflict):
+                verdicts[i] = {"ok": False, "error": frames.REFUSED, "message": str(out), "reasons": list(out.reasons)}
+            else:
+                verdicts[i] = {"ok": True, "reservation": out.to_dict()}
+        log.info("committed for a peer", owners=len(todo), refused=sum(1 for v in verdicts if not v["ok"]))
+        return {"results": verdicts}
 
     # --- serving -----------------------------------------------------------
 

@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily
 # every result a request can end in, so each series exists from the start
 RESULTS = ("ok", "refused", "unauthenticated", "bad-request", "stale", "replay", "wrong-node", "busy",
            "internal", "too-large")
-METHODS = ("commit", "release", "status", "unknown")
+METHODS = ("commit", "commit_many", "release", "status", "unknown")
 
 
 class PeerStats:

@@ -34,7 +34,10 @@ log = get_logger("shimlimits")
 MODE = 0o644
 
 
-def write_limits_file(path: str | os.PathLike[str], limits: ContainerLimits) -> None:
+def write_limits_file(path: str | os.PathLike[str], limits: ContainerLimits, *, durable: bool = True) -> None:
+    """``durable`` False: neither the file nor its directory is fsynced (still atomic for a reader: the
+    old file or the whole new one); for a caller that restores the file after a crash itself (the
+    node core: from the ledger at start-up)."""
     data = encode(limits)
     path = os.fspath(path)
     parent, name = os.path.split(os.path.abspath(path))
@@ -56,7 +59,8 @@ def write_limits_file(path: str | os.PathLike[str], limits: ContainerLimits) -> 
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         except OSError as e:
             os.close(fd)
             os.unlink(tmp, dir_fd=dfd)
@@ -67,7 +71,8 @@ def write_limits_file(path: str | os.PathLike[str], limits: ContainerLimits) -> 
         except OSError as e:
             os.unlink(tmp, dir_fd=dfd)
             raise HamidError(f"limits file {path}: cannot put it in place: {e.strerror}") from e
-        os.fsync(dfd)
+        if durable:
+            os.fsync(dfd)
     finally:
         os.close(dfd)
     log.debug("limits file written", path=path, devices=len(limits.devices), region=limits.region_path)

@@ -138,6 +138,36 @@ async def test_a_commit_is_in_the_view_at_once_and_leaves_it_when_forgotten():
     assert sum(x.mem_used for x in cv.members()["node-2"].view.gpus) == 0
 
 
+async def test_a_commit_in_flight_stays_in_the_view_until_a_document_read_after_its_answer(monkeypatch):
+    """The gate leader queues a node's commits behind its batch in flight, and a starved node takes
+    a while to answer: a document the node publishes meanwhile (versioned well after the decision,
+    but read before the commit was applied) must not drop the booking, or the next pods are sent
+    to GPUs that are already taken and refused."""
+    import types
+
+    import hamid.control.placer as placer
+
+    clock = [1_000_000.0]
+    monkeypatch.setattr(placer, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    ms = lambda: int(clock[0] * 1000)  # noqa: E731
+    g = _gossip()
+    cv = ClusterView(g, view_from_doc)
+    dec = place(parse_pod(_pod("70000"), Defaults()), [cv.members()["node-2"].view])
+    cv.committed(dec)
+    clock[0] += 2.0
+    g._apply_doc("node-2", _doc(2, ms()))  # published 2 s after the decision, the commit still queued
+    assert sum(x.mem_used for x in cv.members()["node-2"].view.gpus) == 70000
+    clock[0] += 1.0
+    cv.applied(dec)  # the node answered: its ledger holds it
+    clock[0] += 0.1
+    g._apply_doc("node-2", _doc(2, ms()))  # read 100 ms after the answer: may predate the commit
+    assert sum(x.mem_used for x in cv.members()["node-2"].view.gpus) == 70000
+    clock[0] += 1.0
+    g._apply_doc("node-2", _doc(2, ms(), used_mib=9000))  # read well after: the document is the truth
+    assert sum(x.mem_used for x in cv.members()["node-2"].view.gpus) == 8 * 9000
+    assert "node-2" not in cv.pending
+
+
 async def test_filter_sees_changes_at_once_and_recomputes_only_changed_nodes():
     g = _gossip()
     ext = _extender(ClusterView(g, view_from_doc))
