@@ -120,6 +120,9 @@ struct sample {
     int rdev;
     uint32_t pct;
     int64_t sched_end; /* the container's schedule (tat) just after this launch's charge; 0: not held to it */
+    int64_t due;       /* when the GPU would finish it at full speed: launch + this process's work queued ahead */
+    uint64_t cum;      /* this process's charges on the device up to and with it (g_cum) */
+    int64_t shifted;   /* how far it has moved the schedule already (catch_up) */
 };
 
 static struct est g_est[EST_SETS * EST_WAYS];
@@ -149,6 +152,8 @@ static pthread_once_t g_mon_once = PTHREAD_ONCE_INIT;
 static uint64_t g_held_until[HAMID_MAX_DEVICES]; /* mono ns: launches wait until then (priority) */
 static uint32_t g_share[HAMID_MAX_DEVICES];      /* 1/1000, the daemon's sharing correction (limits file); 0 none */
 static uint64_t g_last_charge[HAMID_MAX_DEVICES]; /* mono ns of this process's last charged launch (the credit) */
+static uint64_t g_cum[HAMID_MAX_DEVICES];      /* this process's charges (GPU ns), all launches (catch_up) */
+static uint64_t g_cum_done[HAMID_MAX_DEVICES]; /* of those, up to the newest sample seen finished */
 
 #define A_LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define A_ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
@@ -501,6 +506,7 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
         slot_admit(d, rdev, cost, may_wait, st, (int64_t)now, provisional);
         return;
     }
+    __atomic_fetch_add(&g_cum[rdev], cost, __ATOMIC_RELAXED);
     int64_t w = (int64_t)(cost * 100 / pct);
     /* the schedule may lie up to CREDIT_NS of GPU time (at this limit) in the past: a burst after a lighter
        stretch uses that much of the share the lighter stretch left; after a pause only IDLE_CREDIT_NS (per
@@ -682,24 +688,27 @@ static void record_sample(const struct sample *p, uint64_t m, uint64_t gap, uint
  * that shares the GPU with others (time-sliced) may be served slower than its limit, and then its queue, and
  * what it was charged but has not run, grow (a GEMM tenant at 70 % beside one at 30 % on the H200, 2026-11-26:
  * 0.84 s of queued work at the end of a 10 s run; its charges read 70 % while the GPU gave it 63 %, so the
- * daemon's sharing correction, which compares charges with NVML's busy time, saw nothing to correct). A sample
- * still not run LAG_KEEP_NS after the schedule said it would be moves the schedule forward by what it is late
- * beyond that: the process then waits for its queue to drain to about LAG_KEEP_NS, and its charges follow what
- * the GPU ran. Not-ready at `now` proves the lag (no clock of the GPU needed); a sample that ran in time moves
- * nothing.
+ * daemon's sharing correction, which compares charges with NVML's busy time, saw nothing to correct).
+ *
+ * A sample launched while the schedule held the process (not while it spent its burst credit) is late when it
+ * has not run LAG_KEEP_NS after both its place in the schedule (sched_end) and when the GPU would have
+ * finished it at full speed (due: its launch plus this process's charged work still queued ahead of it, from
+ * the samples seen finished; a burst runs its queue at full speed and is never late). Lateness beyond
+ * LAG_KEEP_NS moves the schedule forward, once per sample and by its increase only: the process then waits
+ * for its queue to drain to about LAG_KEEP_NS, and its charges follow what the GPU ran. Not-ready at `now`
+ * proves the lateness (no clock of the GPU needed).
  */
 #define LAG_KEEP_NS 20000000ll /* 20 ms: several of the driver's time slices, so the queue never runs dry */
-static void catch_up(const struct sample *p, uint64_t now)
+static void catch_up(struct sample *p, uint64_t now)
 {
-    if (!p->sched_end || (int64_t)now - LAG_KEEP_NS <= p->sched_end) return;
-    struct hamid_device *d = &g_region->devices[p->rdev];
-    int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED), want;
-    do {
-        want = (int64_t)now - LAG_KEEP_NS + (old - p->sched_end); /* the work charged after the sample follows it */
-        if (want <= old) return;
-    } while (!__atomic_compare_exchange_n(&d->tat_ns, &old, want, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
-    LOG_DEBUG("device %d: the GPU is %lld ms behind the schedule: the schedule follows it", p->rdev,
-              (long long)(((int64_t)now - p->sched_end) / 1000000));
+    if (!p->sched_end) return;
+    int64_t ref = p->sched_end > p->due ? p->sched_end : p->due;
+    int64_t late = (int64_t)now - LAG_KEEP_NS - ref, more = late - p->shifted;
+    if (more <= 0) return;
+    p->shifted = late;
+    __atomic_fetch_add(&g_region->devices[p->rdev].tat_ns, more, __ATOMIC_RELAXED);
+    LOG_DEBUG("device %d: the GPU is %lld ms behind: the schedule follows it", p->rdev,
+              (long long)((late + LAG_KEEP_NS) / 1000000));
 }
 
 static void drop_sample(struct sample *p)
@@ -734,6 +743,10 @@ static void poll_pending_force(uint64_t now, int force)
             continue;
         }
         if (r == CUDA_SUCCESS) {
+            uint64_t done = A_LD(&g_cum_done[p->rdev]);
+            while (p->cum > done && !__atomic_compare_exchange_n(&g_cum_done[p->rdev], &done, p->cum, 1,
+                                                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+            }
             float ms = 0;
             if (g_cu.cuEventElapsedTime(&ms, p->e0, p->e1) == CUDA_SUCCESS && ms >= 0) {
                 /* A sample that began on an idle stream holds the kernel and some of the launch's own latency
@@ -1236,6 +1249,10 @@ static int pre_launch(struct lctx *L, uint64_t key, uint64_t fn, CUstream s, int
                    in the past by design) says anything about the GPU keeping up with the schedule */
                 int64_t tat = (int64_t)A_LD(&d->tat_ns);
                 L->s.sched_end = hold && !g_cfg.sm_nslots[rdev] && !g_cfg.sm_observe_only && tat >= (int64_t)now ? tat : 0;
+                L->s.cum = A_LD(&g_cum[rdev]);
+                uint64_t done = A_LD(&g_cum_done[rdev]);
+                L->s.due = (int64_t)now + (int64_t)(L->s.cum > done ? L->s.cum - done : 0);
+                L->s.shifted = 0;
             } else {
                 sample_done(e, key);
             }
