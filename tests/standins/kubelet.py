@@ -550,6 +550,10 @@ class KubeletStandIn:
         self._pods: dict[str, _Pod] = {}
         self._alloc: dict[tuple[str, str, str], _Allocation] = {}  # (uid, container, resource)
         self._removed: set[str] = set()  # UIDs of pods removed (terminated): never active again
+        # each pod's pod-resources message, built once and kept until the pod, its allocations or the
+        # devices change: List answers from these (kubelet's List is Go and sub-millisecond; rebuilding
+        # every pod's message per call made the stand-in's own cost part of what the benches time)
+        self._pr_msgs: dict[str, Any] = {}
 
     # ---- lifecycle
 
@@ -638,6 +642,7 @@ class KubeletStandIn:
             old = self._endpoints.get(req.resource_name)
             self._endpoints[req.resource_name] = ep
             self._devices.setdefault(req.resource_name, {})
+            self._pr_msgs.clear()
         if old is not None:
             old.stop()
         log.info("plugin registered", resource=req.resource_name, endpoint=req.endpoint,
@@ -649,8 +654,11 @@ class KubeletStandIn:
         with self._lock:
             if self._endpoints.get(ep.resource) is not ep:
                 return
+            before = {i: d.numa_nodes for i, d in self._devices.get(ep.resource, {}).items()}
             self._devices[ep.resource] = {
                 d.ID: Device(d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in devices}
+            if {i: d.numa_nodes for i, d in self._devices[ep.resource].items()} != before:
+                self._pr_msgs.clear()  # a device's NUMA nodes are in the messages (its health is not)
             self._write_checkpoint()  # kubelet checkpoints the registered devices on every update
             self._changed.notify_all()
 
@@ -709,6 +717,7 @@ class KubeletStandIn:
                 if known is not None and known != p:
                     raise ValueError(f"pod uid {p.uid} was admitted with another spec")
                 self._pods[p.uid] = p
+                self._pr_msgs.pop(p.uid, None)
             reuse: dict[str, list[str]] = {}
             try:
                 for c in p.containers:
@@ -780,6 +789,7 @@ class KubeletStandIn:
             resp = self._allocate(ep, resource, chosen)
             with self._lock:
                 self._alloc[key] = _Allocation(chosen, resp)
+                self._pr_msgs.pop(p.uid, None)
                 self._write_checkpoint()
             got[resource] = chosen
         return got
@@ -911,6 +921,7 @@ class KubeletStandIn:
     def _drop_pod(self, uid: str) -> None:
         with self._lock:
             self._pods.pop(uid, None)
+            self._pr_msgs.pop(uid, None)
             for key in [k for k in self._alloc if k[0] == uid]:
                 del self._alloc[key]
             self._write_checkpoint()
@@ -942,6 +953,7 @@ class KubeletStandIn:
         if hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest() != doc["checksum"]:
             raise ValueError(f"checkpoint {self.checkpoint} is corrupt: checksum mismatch")
         with self._lock:
+            self._pr_msgs.clear()
             for p in data["pods"]:
                 pod = _Pod.from_json(p)
                 self._pods[pod.uid] = pod
@@ -981,15 +993,21 @@ class KubeletStandIn:
                       for c in p.containers if not c.init or c.restartable]
         return podresources_pb2.PodResources(name=p.name, namespace=p.namespace, containers=containers)
 
+    def _cached_message(self, p: _Pod):
+        got = self._pr_msgs.get(p.uid)
+        if got is None:
+            got = self._pr_msgs[p.uid] = self._pod_message(p)
+        return got
+
     def _pod_resources_all(self) -> list:
         with self._lock:
-            return [self._pod_message(p) for p in self._pods.values()]
+            return [self._cached_message(p) for p in self._pods.values()]
 
     def _pod_resources_one(self, namespace: str, name: str):
         with self._lock:
             for p in self._pods.values():
                 if p.namespace == namespace and p.name == name:
-                    return self._pod_message(p)
+                    return self._cached_message(p)
         return None
 
     def _allocatable(self) -> list:

@@ -467,6 +467,56 @@ def test_pod_resources_list_get_and_allocatable(root, plugins):
         k.stop()
 
 
+def test_pod_resources_list_builds_only_what_changed_and_stays_exact(root, plugins, monkeypatch):
+    """List answers from each pod's message built once (kubelet's List is Go, sub-millisecond; the
+    stand-in rebuilding every pod per call put its own cost into what the benches time): a pod
+    admitted since the last List is the only one built again, and what List says is always what
+    a fresh build says, after an admission, a removal and a device's NUMA node changing."""
+    k = KubeletStandIn(root, node_name="node-a", pod_resources_qps=1000, pod_resources_burst=1000)
+    k.start()
+    try:
+        p = plugin(k, plugins, ids=[f"d{i}" for i in range(8)], numa={f"d{i}": 0 for i in range(8)})
+        pods = [pod(f"p{i}", [("c", 1)]) for i in range(6)]
+        for x in pods[:5]:
+            assert k.admit(x).admitted
+        built = []
+        real = k._pod_message
+        monkeypatch.setattr(k, "_pod_message", lambda q: built.append(q.name) or real(q))
+
+        def listed():
+            with grpc.insecure_channel(f"unix:{k.pod_resources_socket}") as ch:
+                got = podresources_pb2_grpc.PodResourcesListerStub(ch).List(pr.ListPodResourcesRequest())
+            fresh = pr.ListPodResourcesResponse(pod_resources=[real(q) for q in k._pods.values()])
+            assert got == fresh
+            return [(x.name, [(list(d.device_ids), [n.ID for n in d.topology.nodes])
+                              for c in x.containers for d in c.devices]) for x in got.pod_resources]
+
+        listed()
+        assert sorted(built) == ["p0", "p1", "p2", "p3", "p4"]
+        built.clear()
+        listed()
+        assert built == []  # nothing changed: nothing built
+        assert k.admit(pods[5]).admitted
+        assert [n for n, _ in listed()] == ["p0", "p1", "p2", "p3", "p4", "p5"]
+        assert built == ["p5"]
+        built.clear()
+        k.remove_pod(pods[2])
+        assert [n for n, _ in listed()] == ["p0", "p1", "p3", "p4", "p5"] and built == []
+        # a device moved to NUMA node 1: every message that names it is built again
+        p.numa = {f"d{i}": 1 for i in range(8)}
+        p.send([f"d{i}" for i in range(8)])
+        wait(lambda: all(d.numa_nodes == (1,) for d in k.devices(RES).values()), "NUMA node 1")
+        assert {tuple(n for _, ns in devs for n in ns) for _, devs in listed()} == {(1,)}
+        # a health change alone rebuilds nothing
+        built.clear()
+        p.send([f"d{i}" for i in range(8)], unhealthy=["d7"])
+        wait(lambda: k.devices(RES)["d7"].health == UNHEALTHY, "d7 unhealthy")
+        listed()
+        assert built == []
+    finally:
+        k.stop()
+
+
 def test_bad_pods_are_refused_with_the_bad_value_named(kubelet):
     with pytest.raises(ValueError, match=r"limits\[example.com/gpu\]: '1.5' is not an integer quantity"):
         kubelet.admit(pod("p", [("c", "1.5")]))
