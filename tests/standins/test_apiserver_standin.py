@@ -1571,3 +1571,41 @@ def test_bound_and_expiring_tokens_and_access_reviews(secure_api, tmp_path):
     assert {"verbs": ["get"], "api_groups": [""], "resources": ["configmaps"], "resource_names": ["c"]} in [
         {k: v for k, v in r.to_dict().items() if v is not None} for r in rules.resource_rules]
     assert rules.incomplete is False
+
+
+def test_a_burst_of_new_connections_waits_in_the_listen_queue_not_a_syn_retransmission(api_server):
+    """kube-apiserver (Go) listens with the kernel's somaxconn backlog; a client that opens a burst
+    of connections while the server is busy (the gate leader opens its 8 pod-update connections at
+    once) has them all queued. socketserver's default backlog of 5 dropped the rest's SYNs, which the
+    client resends only after its 1 s initial retransmission timeout: one pod placed ~1 s late."""
+    import select
+    import socket
+
+    gate = threading.Event()
+    real = api_server._server._handle_request_noblock
+
+    def held():  # the stand-in too busy to accept, as when its process is starved
+        gate.wait(10)
+        real()
+
+    api_server._server._handle_request_noblock = held
+    socks = []
+    try:
+        burst = min(32, int(open("/proc/sys/net/core/somaxconn").read()))
+        for _ in range(burst):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", api_server.port))
+            socks.append(s)
+        deadline, pending = time.monotonic() + 0.5, list(socks)
+        while pending and time.monotonic() < deadline:
+            _, ready, _ = select.select([], pending, [], 0.05)
+            pending = [s for s in pending if s not in ready]
+        assert not pending, f"{len(pending)} of {burst} connections not established within 0.5 s (listen backlog " \
+                            f"{api_server._server.request_queue_size})"
+        assert all(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for s in socks)
+    finally:
+        gate.set()
+        api_server._server._handle_request_noblock = real
+        for s in socks:
+            s.close()

@@ -27,6 +27,11 @@ _PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
 
 class _Server(ThreadingHTTPServer):
     tls_context: Callable[[str], ssl.SSLContext] | None = None  # local address -> context; None: plain HTTP
+    # the listen backlog (the kernel caps it at net.core.somaxconn): kube-apiserver (Go) listens with
+    # somaxconn's; socketserver's default of 5 dropped the SYNs of a burst of new connections while this
+    # process was busy (the gate leader opens 8 update connections at once), which the client resends
+    # only after its 1 s initial retransmission timeout: a pod placed ~1 s after the others
+    request_queue_size = 4096
 
     def finish_request(self, request, client_address) -> None:
         """With TLS, the handshake happens here, in the connection's own
