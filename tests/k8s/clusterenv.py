@@ -45,10 +45,15 @@ spec:
 class ClusterEnv:
     def __init__(self, root: Path, api, *, nodes: int = 3, simulate: str = "H100:2", split: int = 10,
                  mode: str = "gate", extra_config: str = "", web: bool = False, front: bool = False,
-                 reconcile_interval: float = 1.0) -> None:
+                 reconcile_interval: float = 1.0, deployed_timings: bool = False) -> None:
         """``web``: every daemon serves the web view on loopback, at ``web_ports[i]``;
         ``reconcile_interval``: each daemon's ``reconcileInterval`` (1 s: tests see releases soon;
         the benches pass the daemon's default);
+        ``deployed_timings``: gossip and leader election at the daemon's defaults (gossip every
+        0.2 s, probes every 1 s, a Lease of 15 s tried every 2 s) instead of the tests' quick ones
+        (0.05 s, 0.5 s, 3 s, 0.5 s: a test sees a member or a leader change soon), for benches: at
+        50 daemons the quick ones are 100 Lease reads a second at the API server and four times the
+        gossip, a load no deployed cluster carries;
         ``front``: each daemon's webhook and extender ports served by ``hamid front``
         with no capabilities, as in the chart (:class:`NodeEnv`)."""
         self.root = root
@@ -79,16 +84,21 @@ class ClusterEnv:
         first_gossip = f"127.0.0.1:{self.ports[0][0]}"
         self.web_ports = ports[4 * nodes:] if web else []
         self.nodes: list[NodeEnv] = []
+        quick_gossip = "" if deployed_timings else "gossipProbeInterval: 0.5\ngossipInterval: 0.05\n"
+        quick_lease = "" if deployed_timings else ("leaderElectionLeaseDuration: 3\nleaderElectionRenewDeadline: 2\n"
+                                                   "leaderElectionRetryPeriod: 0.5\n")
+        from hamid.config.schema import Config
+
+        self.lease_retry_s = Config().leaderElectionRetryPeriod if deployed_timings else 0.5
         for i in range(nodes):
             gossip, peer, webhook, extender = self.ports[i]
             web_line = f"webListen: 127.0.0.1:{self.web_ports[i]}\n" if web else ""
             cfg = (f"gossipListen: 127.0.0.1:{gossip}\ngossipKeyFile: {key}\n"
-                   f"gossipJoin: [{first_gossip}]\ngossipProbeInterval: 0.5\ngossipInterval: 0.05\n"
+                   f"gossipJoin: [{first_gossip}]\n{quick_gossip}"
                    f"peerListen: 127.0.0.1:{peer}\n"
                    f"controlMode: {mode}\nwebhookListen: 127.0.0.1:{webhook}\nextenderListen: 127.0.0.1:{extender}\n"
                    f"webhookCertFile: {self.tls.cert}\nwebhookKeyFile: {self.tls.key}\n"
-                   f"leaderElectionLeaseDuration: 3\nleaderElectionRenewDeadline: 2\n"
-                   f"leaderElectionRetryPeriod: 0.5\n{web_line}{extra_config}")
+                   f"{quick_lease}{web_line}{extra_config}")
             self.nodes.append(NodeEnv(root / f"n{i}", api, node=f"node-{i}", simulate=simulate, split=split,
                                       reconcile_interval=reconcile_interval,
                                       extra_config=cfg, front=front))
