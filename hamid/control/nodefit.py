@@ -155,23 +155,29 @@ _COUNTED_CACHE: dict[tuple[str, str], dict[str, int]] = {}
 _COUNTED_CACHE_MAX = 65536
 
 
+def _per_version(cache: dict, cap: int, obj: Mapping, compute):
+    """``compute(obj)``, remembered in ``cache`` (at most ``cap`` entries, then emptied) per (uid,
+    resourceVersion) for objects read from the API server (a resourceVersion names one content of the
+    object); objects without both are computed each time."""
+    meta = obj.get("metadata") or {}
+    key = (meta.get("uid"), meta.get("resourceVersion"))
+    if not (key[0] and key[1]):
+        return compute(obj)
+    hit = cache.get(key)
+    if hit is None:
+        hit = compute(obj)
+        if len(cache) >= cap:
+            cache.clear()
+        cache[key] = hit
+    return hit
+
+
 def _counted(pod: Mapping) -> dict[str, int]:
     """A pod's requests as kube-scheduler's NodeInfo counts them (its ``Resource``): the exact total
-    of the pod, then rounded up per resource. Remembered per (uid, resourceVersion) for objects read
-    from the API server (a resourceVersion names one content of the object), since every pod on a node
-    is counted again for each pod judged there; objects without both are computed each time."""
-    meta = pod.get("metadata") or {}
-    key = (meta.get("uid"), meta.get("resourceVersion"))
-    if key[0] and key[1]:
-        hit = _COUNTED_CACHE.get(key)  # type: ignore[arg-type]
-        if hit is not None:
-            return hit
-    out = {k: _units(k, v) for k, v in _pod_nanos(pod).items() if k in _COUNTED or _scalar(k)}
-    if key[0] and key[1]:
-        if len(_COUNTED_CACHE) >= _COUNTED_CACHE_MAX:
-            _COUNTED_CACHE.clear()
-        _COUNTED_CACHE[key] = out  # type: ignore[index]
-    return out
+    of the pod, then rounded up per resource. Remembered per version (:func:`_per_version`), since every
+    pod on a node is counted again for each pod judged there."""
+    return _per_version(_COUNTED_CACHE, _COUNTED_CACHE_MAX, pod, lambda p: {
+        k: _units(k, v) for k, v in _pod_nanos(p).items() if k in _COUNTED or _scalar(k)})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -338,25 +344,18 @@ _ALLOC_CACHE_MAX = 16384
 
 
 def _allocatable(node: Mapping) -> dict[str, int]:
-    """The node's ``status.allocatable`` as kube-scheduler counts it, remembered per (uid,
-    resourceVersion) as :func:`_counted` remembers a pod's requests (a leader judges many pods
-    against one node object)."""
-    meta = node.get("metadata") or {}
-    key = (meta.get("uid"), meta.get("resourceVersion"))
-    if key[0] and key[1]:
-        hit = _ALLOC_CACHE.get(key)  # type: ignore[arg-type]
-        if hit is not None:
-            return hit
+    """The node's ``status.allocatable`` as kube-scheduler counts it, remembered per version
+    (:func:`_per_version`; a leader judges many pods against one node object)."""
+    return _per_version(_ALLOC_CACHE, _ALLOC_CACHE_MAX, node, _read_allocatable)
+
+
+def _read_allocatable(node: Mapping) -> dict[str, int]:
     alloc: dict[str, int] = {}
     for k, v in ((node.get("status") or {}).get("allocatable") or {}).items():
         try:
             alloc[k] = _units(k, _nanos(v))
         except ValueError as e:
-            raise ValueError(f"node {meta.get('name')!r} status.allocatable[{k!r}]: {e}") from None
-    if key[0] and key[1]:
-        if len(_ALLOC_CACHE) >= _ALLOC_CACHE_MAX:
-            _ALLOC_CACHE.clear()
-        _ALLOC_CACHE[key] = alloc  # type: ignore[index]
+            raise ValueError(f"node {(node.get('metadata') or {}).get('name')!r} status.allocatable[{k!r}]: {e}") from None
     return alloc
 
 
