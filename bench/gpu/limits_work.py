@@ -169,6 +169,9 @@ def main():
     end = t0 + seconds
     names = list(steps)
     last = None
+    # units launched in each second of the run (by launch time; a held tenant's queue is a few ms, an unheld
+    # one's the driver's): the bench reads a tenant's share after the daemon's correction has settled from it
+    per_s = [0] * (int(seconds) + 1)
     while True:
         now = time.time()
         if now >= end:
@@ -177,14 +180,16 @@ def main():
         if p != last and last is not None:
             torch.cuda.synchronize()  # what a part queued counts in its own second, not the next part's
         last = p
-        units[p] += steps[p]()
+        n = steps[p]()
+        units[p] += n
+        per_s[min(int(now - t0), len(per_s) - 1)] += n
     torch.cuda.synchronize()
     t1 = time.time()
     g1, h1 = region_read(), region_read(REGION_THROTTLE_OFF)
     # the switching class spends about seconds/len(names) in each part: its rate per part is units per part
     # over its share of the time
     rate = {p: units[p] / ((t1 - t0) / len(names)) for p in names}
-    out = {"cls": cls, "pid": os.getpid(), "t0": t0, "t1": t1, "rate": rate,
+    out = {"cls": cls, "pid": os.getpid(), "t0": t0, "t1": t1, "rate": rate, "per_s": per_s,
            "shim_gpu_s": None if g0 is None else (g1 - g0) / 1e9,
            "held_s": None if h0 is None else (h1 - h0) / 1e9}
     print(json.dumps(out), flush=True)

@@ -178,7 +178,13 @@ class LivePass:
                 continue
             deltas.append((t, t.charged_ns - prev[1], (now - prev[0]) * 1e9))
         busy = [(t, d, iv) for t, d, iv in deltas if d >= BUSY_MIN * iv]
-        rates = {(t.limits, t.device): d / iv for t, d, iv in deltas}
+        # each container's rate of raw charges: what it charged over the factor its file said during the pass
+        # (written by the previous pass; 0: none, the shim's own charges). A new factor moves every charge,
+        # and the steadiness below must see the containers' work, not the factor's own step (an unheld
+        # container's charges grow with the factor: after a step of 1.5 the next pass was never steady, and
+        # the H200's dynamic-shape pairs took a pass longer to settle: 1.0, 1.5, 1.5, 1.61)
+        rates = {(t.limits, t.device): d / iv / ((self._share.get((t.limits, t.device)) or 1000) / 1000)
+                 for t, d, iv in deltas}
         prev_rates, g.rates = g.rates, rates
         ours = {p for t in tenants for p in t.pids}
         strangers = reading.busy_pids is None or bool(reading.busy_pids - ours)
@@ -191,7 +197,7 @@ class LivePass:
         mix = frozenset((t.limits, t.device) for t, _, _ in busy)
         if mix != g.mix:  # another mix: the factor learned for the last one says nothing about this one
             g.mix, g.factor = mix, 1.0
-        # Steady: every busy container charged within STEADY of its share in the previous pass. A container
+        # Steady: every busy container's raw charges within STEADY of its rate in the previous pass. A container
         # that starts or stops (or pauses) charges at launch what the GPU runs later, often in the next pass:
         # such a pass compares charges and busy time of different work (measured on the H200: the pass after
         # a tenant stopped saw 24 % charged against 99 % busy).
