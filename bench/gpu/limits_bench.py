@@ -267,8 +267,11 @@ def together(specs, secs):
     are measured over the same window; returns their results. File-mode tenants run in their own mount
     namespace, and the daemon's live pass runs every LIVE_PASS_S while any of them does."""
     ps, outs, errs, readies = [], [], [], []
-    for c, e in specs:
-        argv = [*WORKER, c, str(secs), "-"]
+    # a spec may carry a third item, a delay (s): that tenant starts so much later and all end together
+    delays = [sp[2] if len(sp) > 2 else 0 for sp in specs]
+    specs = [sp[:2] for sp in specs]
+    for (c, e), d in zip(specs, delays):
+        argv = [*WORKER, c, str(secs + max(delays) - d), "-"]
         if "HAMID_BENCH_LIMITS_DIR" in e:
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                     'mount --bind "$0" ' + LIMITS_DIR + ' && exec "$@"', e["HAMID_BENCH_LIMITS_DIR"], *argv]
@@ -292,8 +295,8 @@ def together(specs, secs):
             raise RuntimeError(f"{c} never got ready (rc={p.poll()}): {''.join(er)[-2000:]}")
         pids.append(int(ready[0].split()[1]))
     start = time.time_ns() + int(0.3e9)
-    for p in ps:
-        p.stdin.write(f"{start}\n")
+    for p, d in zip(ps, delays):
+        p.stdin.write(f"{start + int(d * 1e9)}\n")
         p.stdin.flush()
     filed_t = [{"env": e, "pid": pid} for (c, e), pid in zip(specs, pids) if "HAMID_BENCH_LIMITS_DIR" in e]
     stop = threading.Event()
@@ -508,6 +511,35 @@ def sharing(name, specs, secs, policy="force", mode="env"):
 
 
 @step
+def staggered(name, specs, secs, delay):
+    """A tenant joins one that is running (as containers arrive on a node, never all at once): the first spec
+    starts alone, the second ``delay`` s later, both in the daemon's files under policy ``default`` (the first
+    runs unlimited until the second is busy). Read from the second's second SETTLE_S on: steady throughput
+    share against each alone, work shares, each within 5 points of its limit."""
+    ensure_unl(tuple(c for c, _ in specs), 8)
+    n0 = len(PASSES)
+    res = together([(specs[0][0], filed(limit=specs[0][1], policy="default")),
+                    (specs[1][0], filed(limit=specs[1][1], policy="default"), delay)], secs)
+    offs = [int(delay), 0]
+    steady = [100 * statistics.mean(r["per_s"][o + SETTLE_S:o + int(secs)]) / UNL_STEADY[c]
+              for r, (c, _), o in zip(res, specs, offs)]
+    before = 100 * statistics.mean(res[0]["per_s"][1:int(delay)]) / UNL_STEADY[specs[0][0]] if delay >= 2 else None
+    work = [t / sum(steady) * res[1]["dev_share"] for t in steady] if res[1]["dev_share"] is not None else None
+    want = [min(lim, UNL.get(c, 100)) for c, lim in specs]
+    ok = work is not None and all(abs(t - w) <= 5 for t, w in zip(work, want))
+    R.setdefault("staggered", {})[name] = {"runs": res, "want": want, "delay": delay, "steady": steady,
+                                           "work": work, "alone_before": before, "pass": ok,
+                                           "passes": PASSES[n0:]}
+    ROWS.append(f"| staggered {name} (default, file; the second joins after {delay:g} s) | "
+                f"{'/'.join(str(lim) for _, lim in specs)} | first alone before: {fmt(before)} | "
+                f"tput-share {' / '.join(fmt(t) for t in steady)}; work share "
+                f"{' / '.join(fmt(t) for t in work) if work else '-'} | "
+                f"{' / '.join(fmt(r['shim_share']) for r in res)} | {fmt(res[1]['dev_share'])} | - | "
+                f"{'pass' if ok else 'FAIL'} |")
+    log(ROWS[-1])
+
+
+@step
 def metrics(classes, lim, secs):
     """Point 5: the daemon's /metrics (Scraper) against NVML, each class alone in file mode at lim %:
     hami_container_device_utilization_ratio against the process's NVML share (smUtil; alone, NVML can tell),
@@ -707,6 +739,9 @@ def main():
     run = {"singles": lambda: singles(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs),
            "pairs": pairs, "pairs-env": lambda: pairs(["env"]), "policy": policy, "policy-shared": policy_shared, "priority": lambda: priority(a.secs, a.policy),
            "overhead": lambda: overhead(a.work),
+           "staggered": lambda: [staggered(n, sp, a.share_secs, 5) for n, sp in
+                                 (("gemm+dyn", [("gemm", 30), ("dyn", 70)]), ("dyn+gemm", [("dyn", 30), ("gemm", 70)]),
+                                  ("dyn+dyn", [("dyn", 30), ("dyn", 70)]))],
            "metrics": lambda: metrics(a.metrics_classes.split(","), int(a.limits.split(",")[0]), a.secs),
            "repeat": lambda: repeat(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs, a.rounds,
                                     variants)}
