@@ -194,27 +194,21 @@ def _reader(stream, lines: list, ready: threading.Event):
 def live_pass(tenants):
     """One pass of the daemon's live pass over the file-mode tenants (all on GPU 0)."""
     from hamid.shimlimits.live import GpuReading, Tenant
-    from hamid.shimregion import RegionError, read_region
+    from limits_work import region_gpu_time
     ts = []
     for t in tenants:
         e = t["env"]
         lim = int(e["HAMID_BENCH_LIMIT"])
-        try:  # the daemon's own reader, as NodeCore.priority_pass reads each container's region
-            du = read_region(e["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).device(0)
-        except (RegionError, OSError):
-            du = None
         ts.append(Tenant(limits=str(Path(e["HAMID_BENCH_LIMITS_DIR"]) / "hamid.limits"), device=0,
                          priority=int(e["HAMID_BENCH_PRIORITY"]), pids=(t["pid"],),
-                         charged_ns=None if du is None else du.gpu_time_ns,
-                         calibrated_ns=0 if du is None else du.calibrated_ns,
+                         charged_ns=region_gpu_time(e["CUDA_DEVICE_MEMORY_SHARED_CACHE"]),
                          charged=lim > 0 and e["HAMID_BENCH_POLICY"] != "disable"))
     b = BUSY.busy().get(NV.uuid)
     reading = GpuReading(b.busy_pct, b.busy_pids) if b else GpuReading(None)
     n = LIVE.run(time.monotonic(), {NV.uuid: (reading, ts)})
     PASSES.append({"t": time.time(), "busy": None if b is None else b.busy_pct,
                    "busy_pids": None if b is None else sorted(b.busy_pids),
-                   "charged": [t.charged_ns for t in ts], "calibrated": [t.calibrated_ns for t in ts],
-                   "factor": LIVE.factor(NV.uuid),
+                   "charged": [t.charged_ns for t in ts], "factor": LIVE.factor(NV.uuid),
                    "shared": LIVE.shared(NV.uuid), "written": n})
 
 

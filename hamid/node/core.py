@@ -547,8 +547,7 @@ class NodeCore:
                                and lim.sm_policy != "disable")
                     on_gpu.setdefault(d.uuid, []).append(Tenant(
                         limits=str(limits), device=i, priority=prio, pids=pids,
-                        charged_ns=None if du is None else du.gpu_time_ns, charged=charged,
-                        calibrated_ns=0 if du is None else du.calibrated_ns))
+                        charged_ns=None if du is None else du.gpu_time_ns, charged=charged))
         try:
             readings = self.backend.busy()
         except Exception as e:  # no reading: no sharing correction this pass (the hold lists still go)

@@ -25,17 +25,13 @@ daemon sees what no shim sees: every container's charged GPU time (its region)
 and NVML's device-wide busy time, which time slicing makes the sum of the
 containers' true GPU time. While two or more containers are busy on a GPU, all
 of them limited and no process of anyone else busy, the pass moves the GPU's
-factor f so that the sum of the charges matches the busy time: busy =
-trusted + f * others (one step, within STEP_MAX, see LEARN_RATE). Trusted are
-the charges of calibrated containers (most of their pass's charges came from
-processes whose shim learned k_all alone: region calibrated_ns, ABI 3): they
-are their GPU time already, their files say 1000, and a factor on top
-corrected them twice (H200, 2026-11-26: a dynamic-shape tenant calibrated at
-30 % beside an uncalibrated one got 24 % of the work). f goes into every
-other container's file on that GPU. The same f for all of those: one
-equation (the sum) per pass cannot tell whose charge is off, and a factor
-per container would be a guess; the limit-bound containers then keep their
-ratio to each other and their sum is the GPU's true busy time. A pass learns only while the mix is
+factor f so that the sum of the charges matches the busy time: f <- f *
+(busy / sum of charges) (the charges already carry f; one step, within
+STEP_MAX, see LEARN_RATE), and writes f into every
+container's file on that GPU. The same f for all: one equation (the sum) per
+pass cannot tell whose charge is off, and a factor per container would be a
+guess; the limit-bound containers then keep their ratio to each other and
+their sum is the GPU's true busy time. A pass learns only while the mix is
 steady (the same busy containers as in the previous pass, each charging
 within STEADY of its previous share): a container that starts or stops has
 charged at launch what the GPU runs in the next pass. A new mix starts again
@@ -86,7 +82,6 @@ class Tenant:
     pids: tuple[int, ...] = ()  # NVML pids of its processes using this GPU
     charged_ns: int | None = None  # its region's gpu_time_ns on this device (cumulative); None: no region yet
     charged: bool = True  # its shim charges its kernels here (a compute limit, policy not disable)
-    calibrated_ns: int = 0  # of charged_ns, what its calibrated processes charged (region ABI 3; cumulative)
 
 
 @dataclass(frozen=True)
@@ -97,21 +92,16 @@ class GpuReading:
     busy_pids: frozenset[int] | None = None  # pids with busy samples (process utilization); None: unknown
 
 
-def next_factor(f: float, charged_ns: Sequence[float], interval_ns: float, busy_pct: float,
-                trusted_ns: float = 0.0) -> float:
-    """The factor after one shared pass: ``f`` moved (in log, LEARN_RATE of the way) towards making the sum of
-    ``charged_ns`` (each already charged with ``f``) plus ``trusted_ns`` (the calibrated containers' charges,
-    which the factor does not touch) equal ``busy_pct`` of ``interval_ns``, each step within STEP_MAX, the
-    result within the file's share range (its floor when the trusted charges alone fill the busy time)."""
+def next_factor(f: float, charged_ns: Sequence[int], interval_ns: float, busy_pct: float) -> float:
+    """The factor after one shared pass: ``f`` moved halfway (in log) towards making the sum of
+    ``charged_ns`` (each already charged with ``f``) equal ``busy_pct`` of ``interval_ns``, each step within
+    STEP_MAX, the result within the file's share range."""
     total = sum(charged_ns)
     if total <= 0 or interval_ns <= 0:
         raise HamidError(f"next_factor: charges {list(charged_ns)} over {interval_ns} ns: nothing to compare")
-    rest = busy_pct / 100.0 * interval_ns - trusted_ns
-    lo, hi = share_range()
-    if rest <= 0:
-        return max(lo / 1000.0, f / STEP_MAX)
-    ratio = rest / total
+    ratio = busy_pct / 100.0 * interval_ns / total
     step = min(STEP_MAX, max(1.0 / STEP_MAX, ratio ** LEARN_RATE))
+    lo, hi = share_range()
     return min(hi / 1000.0, max(lo / 1000.0, f * step))
 
 
@@ -128,8 +118,7 @@ class LivePass:
     """The pass's memory between runs: each GPU's factor, each file's last charge reading and what was written."""
 
     _gpus: dict[str, _Gpu] = field(default_factory=dict)
-    # (file, dev) -> (t, charged, calibrated) at the previous pass
-    _last: dict[tuple[str, int], tuple[float, int, int]] = field(default_factory=dict)
+    _last: dict[tuple[str, int], tuple[float, int]] = field(default_factory=dict)  # (file, dev) -> (t, charged)
     _hold: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     _share: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -147,16 +136,15 @@ class LivePass:
         written = 0
         seen: set[tuple[str, int]] = set()
         for uuid, (reading, tenants) in gpus.items():
-            share, trusted = self._share_for(uuid, now, reading, tenants)
+            share = self._share_for(uuid, now, reading, tenants)
             for t in tenants:
                 key = (t.limits, t.device)
                 seen.add(key)
-                mine = 1000 if share and key in trusted else share
                 hold = sorted({p for o in tenants if o.priority < t.priority for p in o.pids})[:max_hold()]
                 if self._hold.get(key) != hold:
                     written += self._write(key, write_hold_pids, hold, self._hold)
-                if self._share.get(key) != mine:
-                    written += self._write(key, write_share, mine, self._share)
+                if self._share.get(key) != share:
+                    written += self._write(key, write_share, share, self._share)
         for key in [k for k in self._last if k not in seen]:  # containers gone are forgotten
             self._last.pop(key, None)
             self._hold.pop(key, None)
@@ -173,15 +161,10 @@ class LivePass:
         memo[key] = value
         return 1
 
-    def _share_for(self, uuid: str, now: float, reading: GpuReading,
-                   tenants: Sequence[Tenant]) -> tuple[int, frozenset]:
-        """This pass's share_milli for the GPU's uncalibrated containers (0: none) and the containers whose
-        charges it trusts (calibrated: their files say 1000 while the GPU is shared); learns the GPU's factor
-        when it can."""
+    def _share_for(self, uuid: str, now: float, reading: GpuReading, tenants: Sequence[Tenant]) -> int:
+        """This pass's share_milli for the GPU's containers (0: none); learns the GPU's factor when it can."""
         g = self._gpus.setdefault(uuid, _Gpu())
-        # (tenant, raw charges, of them calibrated, interval ns): raw = charged over the factor its file said
-        # during the pass (written by the previous pass; 0: none, the shim's own charges)
-        deltas: list[tuple[Tenant, float, float, float]] = []
+        deltas: list[tuple[Tenant, int, float]] = []
         known = True
         for t in tenants:
             key = (t.limits, t.device)
@@ -189,35 +172,28 @@ class LivePass:
             if t.charged_ns is None:
                 known = False
                 continue
-            self._last[key] = (now, t.charged_ns, t.calibrated_ns)
+            self._last[key] = (now, t.charged_ns)
             if prev is None or now <= prev[0] or t.charged_ns < prev[1]:
                 known = False  # a new container, or a new region: no interval to compare yet
                 continue
-            f_eff = (self._share.get(key) or 1000) / 1000
-            d = t.charged_ns - prev[1]
-            dc = min(d, max(0, t.calibrated_ns - prev[2]))
-            deltas.append((t, d / f_eff, dc / f_eff, (now - prev[0]) * 1e9))
-        busy = [(t, d, iv) for t, d, _, iv in deltas if d >= BUSY_MIN * iv]
-        # Each container's rate of raw charges. A new factor moves every charge, and the steadiness below must
-        # see the containers' work, not the factor's own step (an unheld container's charges grow with the
-        # factor: after a step of 1.5 the next pass was never steady, and the H200's dynamic-shape pairs took
-        # a pass longer to settle: 1.0, 1.5, 1.5, 1.61)
-        rates = {(t.limits, t.device): d / iv for t, d, _, iv in deltas}
-        # Calibrated: most of what it charged in the pass came from processes that learned, alone, how their
-        # charges compare with NVML's busy time (the shim's k_all, region calibrated_ns). Their charges are
-        # their GPU time; the factor is for the others' (measured on the H200, 2026-11-26: a dynamic-shape
-        # tenant calibrated alone at 30 % beside an uncalibrated one at 70 % was corrected twice, by its own
-        # k_all 1.32 and by the GPU's factor 1.51, and held to 24 % of the work).
-        trusted = frozenset((t.limits, t.device) for t, d, dc, _ in deltas if d > 0 and dc >= 0.5 * d)
+            deltas.append((t, t.charged_ns - prev[1], (now - prev[0]) * 1e9))
+        busy = [(t, d, iv) for t, d, iv in deltas if d >= BUSY_MIN * iv]
+        # each container's rate of raw charges: what it charged over the factor its file said during the pass
+        # (written by the previous pass; 0: none, the shim's own charges). A new factor moves every charge,
+        # and the steadiness below must see the containers' work, not the factor's own step (an unheld
+        # container's charges grow with the factor: after a step of 1.5 the next pass was never steady, and
+        # the H200's dynamic-shape pairs took a pass longer to settle: 1.0, 1.5, 1.5, 1.61)
+        rates = {(t.limits, t.device): d / iv / ((self._share.get((t.limits, t.device)) or 1000) / 1000)
+                 for t, d, iv in deltas}
         prev_rates, g.rates = g.rates, rates
         ours = {p for t in tenants for p in t.pids}
         strangers = reading.busy_pids is None or bool(reading.busy_pids - ours)
         g.shared = False
         if len(busy) < 2:
-            return 0, frozenset()
+            return 0
         if (not known or strangers or reading.busy_pct is None or reading.busy_pct < BUSY_PCT_MIN
                 or not all(t.charged for t, _, _ in busy)):
-            return 0, frozenset()
+            return 0
         mix = frozenset((t.limits, t.device) for t, _, _ in busy)
         if mix != g.mix:  # another mix: the factor learned for the last one says nothing about this one
             g.mix, g.factor = mix, 1.0
@@ -228,15 +204,12 @@ class LivePass:
         steady = all(k in prev_rates and prev_rates[k] > 0 and 1 / STEADY <= r / prev_rates[k] <= STEADY
                      for k, r in rates.items() if k in mix)
         g.shared = True
-        interval = max(iv for _, _, _, iv in deltas)
-        # over one interval: the others' raw charges as they stand at the current factor, and the trusted ones'
-        # (their files say 1000: charged as measured)
-        others = [d * interval / iv * g.factor for t, d, _, iv in deltas if (t.limits, t.device) not in trusted]
-        sure = sum(d * interval / iv for t, d, _, iv in deltas if (t.limits, t.device) in trusted)
-        if steady and sum(others) >= BUSY_MIN * interval:
+        if steady:
+            interval = max(iv for _, _, iv in deltas)
             was = g.factor
-            g.factor = next_factor(g.factor, others, interval, reading.busy_pct, sure)
+            g.factor = next_factor(g.factor, [d * interval / iv for _, d, iv in deltas], interval,
+                                   reading.busy_pct)
             log.debug("sharing correction", gpu=uuid, busy_pct=round(reading.busy_pct, 1), busy=len(busy),
-                      charged_pct=round(100 * sum(d / iv for _, d, _, iv in deltas), 1),
-                      trusted_pct=round(100 * sure / interval, 1), factor=f"{was:.3f}->{g.factor:.3f}")
-        return round(g.factor * 1000), trusted
+                      charged_pct=round(100 * sum(d / iv for _, d, iv in deltas), 1),
+                      factor=f"{was:.3f}->{g.factor:.3f}")
+        return round(g.factor * 1000)

@@ -98,7 +98,6 @@ class DeviceUsage:
     launches: int
     last_kernel_realtime_ns: int
     schedule_ns: int  # the limiter's schedule (CLOCK_MONOTONIC): with time slots, where queued work ends
-    calibrated_ns: int = 0  # ABI 3: of gpu_time_ns, what processes calibrated against NVML alone charged
 
 
 @dataclass(frozen=True)
@@ -235,7 +234,6 @@ def read_region_fd(fd: int, path: str) -> RegionSnapshot:
                     launches=int(d.launches),
                     last_kernel_realtime_ns=int(d.last_kernel_realtime_ns),
                     schedule_ns=int(d.tat_ns),
-                    calibrated_ns=int(d.calibrated_ns) if r.abi_version >= 3 else 0,
                 )
             )
         procs = []

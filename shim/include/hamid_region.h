@@ -15,7 +15,6 @@
  * struct_size is at least its own sizeof. A field added in ABI n reads as 0
  * in a file an older shim wrote, and 0 always means "not set".
  * ABI 2 (shim 0.2): hamid_proc.nvml_pid, hamid_device.ctx_lock_storage.
- * ABI 3: hamid_device.calibrated_ns.
  *
  * Concurrency: every field that the shim changes is changed under the
  * region's robust, process-shared mutex (lock_storage) or with atomic
@@ -29,7 +28,7 @@
 
 /* HAMID_CDEF_BEGIN */
 #define HAMID_REGION_MAGIC 0x48414d4944524731
-#define HAMID_REGION_ABI_VERSION 3
+#define HAMID_REGION_ABI_VERSION 2
 #define HAMID_MAX_DEVICES 16
 #define HAMID_MAX_PROCS 1024
 #define HAMID_UUID_LEN 96
@@ -53,9 +52,7 @@ struct hamid_device {
     char uuid[96];              /* "GPU-..." as NVML prints it */
     uint64_t ctx_lock_storage[8]; /* ABI 2: robust, process-shared mutex, held while a process of the
                                      container creates its first context on this device */
-    uint64_t calibrated_ns;     /* ABI 3: the part of gpu_time_ns charged by processes whose charges were
-                                   calibrated against NVML's busy time while alone (atomic) */
-    uint64_t reserved[31];
+    uint64_t reserved[32];
 };
 
 /* Per process. 512 bytes. A slot never moves while its process lives. */

@@ -146,9 +146,6 @@ static int32_t g_contended[HAMID_MAX_DEVICES];   /* 1: limit now (policy default
 static int32_t g_mon_ord[HAMID_MAX_DEVICES];     /* CUDA ordinal + 1 of a limited launch on the device; 0 none */
 static uint32_t g_k_gap[HAMID_MAX_DEVICES];      /* 1/1000 */
 static uint32_t g_k_all[HAMID_MAX_DEVICES];      /* 1/1000 */
-/* 1: k_all was learned here at least once (a feedback window alone): this process's charges are its NVML busy
-   time, and the region counts them in calibrated_ns, so that the daemon's sharing correction leaves them be */
-static int32_t g_calibrated[HAMID_MAX_DEVICES];
 static uint64_t g_sum_lo[HAMID_MAX_DEVICES];     /* charged: kernels */
 static uint64_t g_sum_gap[HAMID_MAX_DEVICES];    /* charged: gaps, before k_gap */
 static pthread_once_t g_mon_once = PTHREAD_ONCE_INIT;
@@ -506,7 +503,6 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
     struct hamid_device *d = &g_region->devices[rdev];
     if (g_cfg.sm_nslots[rdev]) {
         __atomic_fetch_add(&d->gpu_time_ns, cost, __ATOMIC_RELAXED);
-        if (A_LD(&g_calibrated[rdev])) __atomic_fetch_add(&d->calibrated_ns, cost, __ATOMIC_RELAXED);
         slot_admit(d, rdev, cost, may_wait, st, (int64_t)now, provisional);
         return;
     }
@@ -525,7 +521,6 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
         nt = base + w;
     } while (!__atomic_compare_exchange_n(&d->tat_ns, &old, nt, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     __atomic_fetch_add(&d->gpu_time_ns, cost, __ATOMIC_RELAXED);
-    if (A_LD(&g_calibrated[rdev])) __atomic_fetch_add(&d->calibrated_ns, cost, __ATOMIC_RELAXED);
     if (!may_wait && g_cfg.sm_policy == HAMID_POLICY_DEFAULT && !A_LD(&g_contended[rdev])) {
         /* policy default, nobody sharing: the schedule keeps no debt for when somebody comes */
         int64_t cap = (int64_t)now + g_cfg.sm_ahead_ns;
@@ -1112,7 +1107,6 @@ static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
                limit in a 5 s run (final-shared), halfway within 2-5 (run4, final-singles) */
             uint32_t wasa = A_LD(&g_k_all[rdev]), nowa = (uint32_t)(((double)wasa + ka) / 2.0);
             A_ST(&g_k_all[rdev], nowa);
-            A_ST(&g_calibrated[rdev], 1);
             LOG_INFO("feedback dev %d: NVML busy %.1f of %.1f ms (%d samples), charged %.1f + %.1f ms gap, "
                      "k_gap %u -> %u, k_all %u -> %u", rdev, busy / 1e6, win / 1e6, m->dev_n, lo / 1e6, gap / 1e6,
                      was, now_k, wasa, nowa);

@@ -253,14 +253,12 @@ static struct hamid_region *map_file(const char *path)
                 r->abi_version);
         munmap(p, sizeof *r);
         r = NULL;
-    } else if (r->abi_version < HAMID_REGION_ABI_VERSION) {
+    } else if (r->abi_version < 2) {
         /* Written by an older shim (still running, perhaps): the fields it
-           never touches are carved out of zeroed reserve (0: none, as ABI 3's
-           calibrated_ns reads for an older shim's charges); the context lock
+           never touches are carved out of zeroed reserve; the context lock
            only needs initialising, under the flock that every opener takes. */
-        if (r->abi_version < 2)
-            for (int d = 0; d < HAMID_MAX_DEVICES; d++) init_robust(r->devices[d].ctx_lock_storage);
-        __atomic_store_n(&r->abi_version, (uint32_t)HAMID_REGION_ABI_VERSION, __ATOMIC_RELEASE);
+        for (int d = 0; d < HAMID_MAX_DEVICES; d++) init_robust(r->devices[d].ctx_lock_storage);
+        __atomic_store_n(&r->abi_version, 2u, __ATOMIC_RELEASE);
     }
 unlock:
     flock(fd, LOCK_UN);

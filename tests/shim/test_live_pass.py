@@ -175,36 +175,3 @@ def test_a_container_the_gpu_serves_below_its_limit_does_not_slow_the_learning(f
     assert seen[2] == pytest.approx(STEP_MAX)
     assert seen[3] == pytest.approx(1 / bias, rel=0.03)
     assert seen[4] == pytest.approx(1 / bias, rel=0.03)
-
-
-def test_a_calibrated_container_is_not_corrected_twice(files):
-    """A 30 % container whose shim calibrated its charges against NVML alone (region calibrated_ns: its
-    charges are its GPU time) beside a 70 % one that never ran alone (charges 0.6 of its GPU time, held to its
-    limit too). The factor is for the uncalibrated one only: the calibrated one's file says 1000 and it gets
-    its 30 %, the other its 70 %. One factor for both held the calibrated one to 30/f (on the H200, 2026-11-26:
-    24 % of the work at f 1.51)."""
-    paths = files(2)
-    live, charged, cal = LivePass(), [0, 0], [0, 0]
-    biases = [1.0, 0.6]  # raw charge / true GPU time
-    for t in range(1, 9):
-        f = [share_of(p) / 1000 or 1.0 for p in paths]
-        true = [0.30 / (f[0] * biases[0]), 0.70 / (f[1] * biases[1])]
-        scale = min(1.0, 1.0 / sum(true))  # the GPU has 100 %: both held to their limits within it
-        for i, lim in enumerate((0.30, 0.70)):
-            charged[i] += int(lim * scale * 1e9)
-        cal[0] = charged[0]  # every charge of the first is calibrated
-        live.run(float(t), {GPU: (GpuReading(min(100.0, 100 * sum(true) * scale), frozenset({1, 2})),
-                                  [Tenant(str(paths[0]), 0, 1, (1,), charged[0], calibrated_ns=cal[0]),
-                                   Tenant(str(paths[1]), 0, 1, (2,), charged[1], calibrated_ns=cal[1])])})
-    assert share_of(paths[0]) == 1000
-    assert share_of(paths[1]) == pytest.approx(1000 / 0.6, rel=0.03)
-    f = [share_of(p) / 1000 for p in paths]
-    true = [0.30 / (f[0] * biases[0]), 0.70 / (f[1] * biases[1])]
-    assert true == pytest.approx([0.30, 0.70], rel=0.03)
-
-
-def test_trusted_charges_that_fill_the_gpu_lower_the_factor_to_its_floor_step_by_step():
-    """The calibrated containers' charges alone at or over the busy time: the others are over-charged; the
-    factor steps down (within STEP_MAX), never below the file's floor."""
-    assert next_factor(1.0, [0.3e9], 1e9, 90.0, trusted_ns=0.95e9) == pytest.approx(1 / STEP_MAX)
-    assert next_factor(1.0, [0.3e9], 1e9, 90.0, trusted_ns=0.6e9) == pytest.approx(1.0)

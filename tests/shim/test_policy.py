@@ -188,9 +188,7 @@ def test_charges_follow_the_devices_measured_busy_time(shim, bare, tmp_path, dev
     """Kernel times that read half what the GPU really spent (events misled: clocks, shapes measured rarely)
     are corrected by NVML's device utilization samples while the process runs alone: at a 30 % limit the GPU
     is busy 30 % of the time, not 60. Where NVML has no device samples the feedback is off and says so: the
-    charge is the measured times alone (60 %). The region says which charges were calibrated so (for the
-    daemon's sharing correction, which leaves those alone): those after the first window learned, none
-    without device samples."""
+    charge is the measured times alone (60 %)."""
     util = tmp_path / "nvml_util"
     util.write_text("")  # per-process samples: nobody else busy
     env = dict(CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force", FAKE_EVENT_SCALE="0.5",
@@ -199,15 +197,11 @@ def test_charges_follow_the_devices_measured_busy_time(shim, bare, tmp_path, dev
         env["FAKE_NVML_NO_SAMPLES"] = "1"
     r = shim.run("direct", "init", f"run:3.0:{KERNEL_US}:k", f"run:2.0:{KERNEL_US}:k", HAMID_SHIM_LOG_LEVEL="3", **env)
     s = share(r.find("run")[-1], bare)
-    d = read_region(shim.region).device(0)
     if device_samples:
         assert abs(s - 0.30) <= 0.06, (s, r.stderr[-3000:])
-        # learned from the second window on (about 2 s into 5): the charges after it are calibrated
-        assert 0.3 * d.gpu_time_ns <= d.calibrated_ns < d.gpu_time_ns, (d.calibrated_ns, d.gpu_time_ns)
     else:
         assert abs(s - 0.60) <= 0.08, (s, r.stderr[-3000:])
         assert "no device utilization samples" in r.stderr
-        assert d.calibrated_ns == 0 and d.gpu_time_ns > 0
 
 
 def test_a_warm_up_with_idle_periods_does_not_inflate_the_charge(shim, bare, tmp_path):
