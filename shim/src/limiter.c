@@ -146,7 +146,6 @@ static int32_t g_contended[HAMID_MAX_DEVICES];   /* 1: limit now (policy default
 static int32_t g_mon_ord[HAMID_MAX_DEVICES];     /* CUDA ordinal + 1 of a limited launch on the device; 0 none */
 static uint32_t g_k_gap[HAMID_MAX_DEVICES];      /* 1/1000 */
 static uint32_t g_k_all[HAMID_MAX_DEVICES];      /* 1/1000 */
-static int32_t g_calibrated[HAMID_MAX_DEVICES];  /* 1: k_all was learned here (a feedback window alone) */
 static uint64_t g_sum_lo[HAMID_MAX_DEVICES];     /* charged: kernels */
 static uint64_t g_sum_gap[HAMID_MAX_DEVICES];    /* charged: gaps, before k_gap */
 static pthread_once_t g_mon_once = PTHREAD_ONCE_INIT;
@@ -160,18 +159,12 @@ static uint64_t g_cum_done[HAMID_MAX_DEVICES]; /* of those, up to the newest sam
 #define A_ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 
 /* A charge after the corrections: the measured-busy feedback's k_all (learned alone) and the daemon's sharing
-   correction (learned while several containers time-share the GPU; none = 1000). Both correct one thing,
-   measured kernel times that fall short of the GPU time (launch gaps, shapes measured rarely), one learned
-   alone, one while shared: a process that learned k_all is charged the larger of the two, never their
-   product (H200, 2026-11-26: a dynamic-shape tenant that calibrated alone at 30 % (k_all 1.32), then shared
-   the GPU with one that never ran alone (factor 1.51), was charged 2.0x and got 24 % of the work). A
-   factor under 1 (the mix's charges exceed its busy time) still lowers every charge. */
+   correction (learned while several containers time-share the GPU; none = 1000). */
 static inline uint64_t corrected(int rdev, uint64_t c)
 {
-    uint32_t sh = A_LD(&g_share[rdev]), k = A_LD(&g_k_all[rdev]);
-    if (!sh) return c * k / 1000;
-    if (A_LD(&g_calibrated[rdev]) && sh >= 1000) return c * (k > sh ? k : sh) / 1000;
-    return c * k / 1000 * sh / 1000;
+    uint32_t sh = A_LD(&g_share[rdev]);
+    c = c * A_LD(&g_k_all[rdev]) / 1000;
+    return sh ? c * sh / 1000 : c;
 }
 
 static void limiter_init_once(void)
@@ -1114,7 +1107,6 @@ static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
                limit in a 5 s run (final-shared), halfway within 2-5 (run4, final-singles) */
             uint32_t wasa = A_LD(&g_k_all[rdev]), nowa = (uint32_t)(((double)wasa + ka) / 2.0);
             A_ST(&g_k_all[rdev], nowa);
-            A_ST(&g_calibrated[rdev], 1);
             LOG_INFO("feedback dev %d: NVML busy %.1f of %.1f ms (%d samples), charged %.1f + %.1f ms gap, "
                      "k_gap %u -> %u, k_all %u -> %u", rdev, busy / 1e6, win / 1e6, m->dev_n, lo / 1e6, gap / 1e6,
                      was, now_k, wasa, nowa);

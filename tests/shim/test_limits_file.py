@@ -410,41 +410,6 @@ def test_the_daemons_sharing_correction_scales_the_charge(built, shim, limits, t
     assert abs(got - expect) <= 0.06, (share, got, err[-2000:])
 
 
-@pytest.mark.parametrize("share", [1500, 3000], ids=["under-its-own", "over-its-own"])
-def test_a_calibrated_process_takes_the_larger_correction_not_their_product(built, shim, limits, tmp_path, share):
-    """A process whose kernel times read half the GPU time learns k_all alone (halfway a window: about 1.8
-    after 3 s) and is held near its 50 % limit; the daemon then writes a sharing correction. The charge takes
-    the larger of the two, never their product: at a 50 % limit with events reading half, it runs 1/m of the
-    GPU for m = max(k_all, share) (1/(k_all x share) held a dynamic-shape tenant calibrated at 30 % to 24 % of
-    the work on the H200)."""
-    import threading
-    from hamid.shimlimits import write_share
-    limits(mem=0, sm=50, sm_policy="force")
-    util = tmp_path / "nvml_util"
-    util.write_text("")  # NVML answers, nobody busy: the feedback learns and the monitor reads the live part
-    e = bare_env(built, shim)
-    e.update(FAKE_NVML_UTIL=str(util), FAKE_EVENT_SCALE="0.5", HAMID_SHIM_LOG_LEVEL="3")
-    bare_out, _, _ = run([str(built.shimtest), "direct", "init", "run:1.0:400:k"],
-                         {k: v for k, v in e.items() if k != "LD_PRELOAD"})
-    p = subprocess.Popen([str(built.shimtest), "direct", "init", "run:3.0:400:k", "sleep:1500", "run:1.5:400:k"],
-                         env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    t = threading.Timer(3.6, write_share, args=(built.limits_path, 0, share))
-    t.start()
-    try:
-        out, err = p.communicate(timeout=60)
-    finally:
-        t.cancel()
-    learned = [int(ln.rsplit("-> ", 1)[1]) for ln in err.splitlines() if "k_all" in ln and "->" in ln]
-    assert learned and learned[-1] > 1300, err[-2000:]  # it did calibrate alone
-    k = learned[-1] / 1000
-    rate = [ln.split() for ln in out.splitlines() if ln.startswith("run ")]
-    bare_n, bare_ns = (int(x) for x in [ln for ln in bare_out if ln.startswith("run ")][0].split()[1:3])
-    n, ns = (int(x) for x in rate[-1][1:3])
-    got = (n / ns) / (bare_n / bare_ns)
-    expect, product = 1 / max(k, share / 1000), 1 / (k * share / 1000)
-    assert abs(got - expect) <= 0.06 and abs(got - product) > 0.06, (share, k, got, expect, err[-2000:])
-
-
 def test_a_share_out_of_range_is_refused_by_writer_and_shim(built, shim, limits):
     from hamid.errors import HamidError
     from hamid.shimlimits import write_share
