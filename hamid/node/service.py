@@ -279,6 +279,10 @@ class NodeDoor:
 
     list = reservations  # what a ledger reader calls it (hamid.metrics.exporter.LedgerReader)
 
+    def in_state(self, state: str, kind: str | None = None) -> list[Reservation]:
+        """The reservations in ``state`` (of ``kind``), oldest first: only those rows read."""
+        return self._core.ledger.in_state(state, kind)
+
     def gpus(self):
         return self._core.backend.gpus()
 
