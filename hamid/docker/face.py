@@ -1,7 +1,7 @@
 """The Docker face: container creates, release markers drained as they appear; runc liveness.
 
 Creates: ``DIR/docker.sock`` (mode 0600, root only) answers ``POST /v1/create``
-from the compiled ``hamid-runtime`` (contrib/docker/hamid-runtime.c) for
+from the compiled ``hamid-runtime-admit`` (contrib/docker/hamid-runtime-admit.c) for
 a container asking for GPUs: ``{"bundle", "id", "runc_root", "hook",
 "deadline"}``. The daemon itself reads and edits the bundle's ``config.json``
 (:func:`hamid.docker.bundle.prepare_bundle`), so a container start costs no
