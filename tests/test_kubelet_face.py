@@ -41,3 +41,21 @@ def test_preferred_allocation_reads_only_the_waiting_pods(tmp_path, monkeypatch)
         assert decoded == ["pod:wait"]  # the running pods' rows are not read
     finally:
         d.close()
+
+
+def test_a_pod_read_from_the_api_server_is_its_json_as_the_watch_holds_it(tmp_path, api_server, kubeconfig):
+    """A pod the node's watch does not hold yet is read from the API server: as the server sent it
+    (creationTimestamp as its RFC 3339 string, the same dict the watch holds), None when there is
+    none."""
+    from hamid.kube.client import api_client
+    from hamid.kubelet.pods import PodDirectory
+
+    api = api_client(kubeconfig)
+    pods = PodDirectory("node-a", str(tmp_path), "nvidia.com/gpu", api)
+    api_server.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}})
+    made = api_server.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
+                              "spec": {"nodeName": "node-a", "containers": [{"name": "main", "image": "x"}]}})
+    got = pods.get_pod("ns", "p")
+    assert got == api_server.get("Pod", "ns", "p") == made
+    assert isinstance(got["metadata"]["creationTimestamp"], str) and got["metadata"]["creationTimestamp"].endswith("Z")
+    assert pods.get_pod("ns", "nope") is None

@@ -36,10 +36,9 @@ class PodLookupError(HamidError):
 def body_json(resp) -> Any:
     """The JSON body of a Kubernetes client call made with ``_preload_content=False`` (a urllib3
     response; the client has already raised ``ApiException`` for a status that is not 2xx), its
-    connection given back to the pool. Such calls skip the client's model objects: it imports a
-    model's module on first use (more than a hundred for a Pod or a Node: measured 40-90 ms of
-    imports and generation-2 collections holding the interpreter in the daemon's first seconds,
-    under the first PreStartContainer calls), and hamid only ever turned them back into dicts."""
+    connection given back to the pool. Such a call does not turn the answer into the client's model
+    objects (a Pod is dozens of them, their modules imported on first use), which hamid only ever
+    turned back into the dict the API server sent: the pod as the node's pod watch holds it."""
     try:
         data = resp.data
     finally:
