@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import collections
 import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -69,7 +70,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--busy", type=int, default=0, metavar="N", help="other processes kept spinning meanwhile")
+    ap.add_argument("--trace", metavar="FILE", help="stage timestamps of the daemon and of each PreStartContainer "
+                    "into FILE (bench/stagetrace; read it with bench/stagetrace/report.py FILE)")
     args = ap.parse_args()
+    if args.trace:  # the daemon inherits the environment: bench/stagetrace/sitecustomize.py times it
+        os.environ["HAMID_STAGETRACE"] = os.path.abspath(args.trace)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "bench" / "stagetrace"),
+                                                                 os.environ.get("PYTHONPATH")]))
     spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)]
     for p in spinners:
         p.start()
@@ -86,9 +93,8 @@ def _spin() -> None:
 
 
 def _run(args) -> int:
-    import os
-
     load = os.getloadavg()[0]
+    trace = open(args.trace, "a", buffering=1) if args.trace else None  # line by line, beside the daemon's
     with tempfile.TemporaryDirectory(prefix="hamid-alloc-") as tmp, ApiServer(bookmark_interval=1.0) as api:
         # regionTmpfs off: the temporary directory is removed at the end, with no mounts left in it
         env = NodeEnv(Path(tmp), api, split=args.rounds + 10, extra_config="regionTmpfs: false\n",
@@ -122,6 +128,8 @@ def _run(args) -> int:
                     t = time.perf_counter()
                     stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids))
                     prestart.append(time.perf_counter() - t)
+                    if trace is not None:
+                        trace.write(f"BENCH {t:.6f} {t + prestart[-1]:.6f} main {i}\n")
                     live.append(pod)
                     if len(live) > MAX_PODS - 10:  # as kubelet keeps a node: the oldest pod ends
                         env.delete(live.popleft())
