@@ -157,8 +157,9 @@ def _front(tmp_path: Path) -> tuple[Path, Path]:
     return bindir / "hamid-runtime", record
 
 
-@pytest.mark.parametrize("verb", [["state", "cid"], ["start", "cid"], ["kill", "cid", "9"], ["delete", "--force", "cid"],
-                                  ["features"], ["--version"], ["ps", "--format", "json", "cid"]])
+@pytest.mark.parametrize("verb", [["state", "cid"], ["start", "cid"], ["kill", "cid", "9"],
+                                  ["delete", "--force", "cid"], ["features"], ["--version"],
+                                  ["ps", "--format", "json", "cid"]])
 def test_the_front_execs_runc_for_every_verb_but_create_with_argv_unchanged_and_nothing_else(tmp_path, fake_runc, verb):
     """Docker runs the runtime a dozen times or more per container: every verb but create, run and the
     hook goes to runc with exactly runc's arguments (ours dropped), and nothing else happens: no call

@@ -28,7 +28,8 @@ def main() -> int:
             parts = line.split(None, 4)
             if len(parts) < 4:
                 continue
-            events.append((parts[0], float(parts[1]), float(parts[2]), parts[3], parts[4].strip() if len(parts) > 4 else ""))
+            extra = parts[4].strip() if len(parts) > 4 else ""
+            events.append((parts[0], float(parts[1]), float(parts[2]), parts[3], extra))
     bench = [e for e in events if e[0] == "BENCH"]
     other = [e for e in events if e[0] not in ("BENCH", "IMPORT")]
     ms = lambda e: (e[2] - e[1]) * 1000  # noqa: E731
