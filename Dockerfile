@@ -6,7 +6,8 @@
 #
 # Two stages on one base: `build` compiles the shim (gcc and make only, see
 # shim/Makefile) and installs the package with its dependencies into a venv at
-# /opt/hamid, with the Docker runtime hamid-runtime (C) beside hamid-runtime-py;
+# /opt/hamid, with the Docker runtime hamid-runtime and hamid-runtime-admit (C,
+# built by the Makefile's rules) beside hamid-runtime-py;
 # the final stage gets that venv and the shim, nothing else.
 #
 # Build arguments:
@@ -58,7 +59,8 @@ RUN set -eu; \
     ln -s "libvgpu.so.$v" /out/usr/lib/hamid/libvgpu.so; \
     python3 -m venv /opt/hamid; \
     /opt/hamid/bin/pip install /src; \
-    cc -O2 -Wall -Wextra -Werror -o /opt/hamid/bin/hamid-runtime /src/contrib/docker/hamid-runtime.c; \
+    make -C /src CC=cc RUNTIME=/opt/hamid/bin/hamid-runtime ADMIT=/opt/hamid/bin/hamid-runtime-admit STAMP= \
+        /opt/hamid/bin/hamid-runtime /opt/hamid/bin/hamid-runtime-admit; \
     /opt/hamid/bin/hamid version; \
     mv /opt/hamid /out/opt/hamid
 

@@ -21,7 +21,12 @@ own ``List`` is Go and sub-millisecond, and the stand-in building every pod's
 message per call (3.9 / 6.9 ms p50 / p99 at 100 pods) was its cost, not the
 daemon's, inside what is timed here.
 
-Prints p50 and p99 of each and of each minus the empty round trip. Targets:
+``--busy N`` keeps N other processes spinning meanwhile (a loaded node: on a
+2-core machine, ``--busy 2`` is load 2 or more before the bench's own).
+
+Prints p50 and p99 of each and of each minus the empty round trip, and the
+slowest PreStartContainer rounds (their order in the run: a daemon still
+starting up shows as the first rounds). Targets:
 ``Allocate`` at most 5 ms p99 above the empty round trip, ``PreStartContainer``
 at most 10 ms p99 above it (issue 25).
 """
@@ -30,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -62,7 +69,32 @@ def pct(xs: list[float], p: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--busy", type=int, default=0, metavar="N", help="other processes kept spinning meanwhile")
+    ap.add_argument("--trace", metavar="FILE", help="stage timestamps of the daemon and of each PreStartContainer "
+                    "into FILE (bench/stagetrace; read it with bench/stagetrace/report.py FILE)")
     args = ap.parse_args()
+    if args.trace:  # the daemon inherits the environment: bench/stagetrace/sitecustomize.py times it
+        os.environ["HAMID_STAGETRACE"] = os.path.abspath(args.trace)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "bench" / "stagetrace"),
+                                                                 os.environ.get("PYTHONPATH")]))
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)]
+    for p in spinners:
+        p.start()
+    try:
+        return _run(args)
+    finally:
+        for p in spinners:
+            p.terminate()
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _run(args) -> int:
+    load = os.getloadavg()[0]
+    trace = open(args.trace, "a", buffering=1) if args.trace else None  # line by line, beside the daemon's
     with tempfile.TemporaryDirectory(prefix="hamid-alloc-") as tmp, ApiServer(bookmark_interval=1.0) as api:
         # regionTmpfs off: the temporary directory is removed at the end, with no mounts left in it
         env = NodeEnv(Path(tmp), api, split=args.rounds + 10, extra_config="regionTmpfs: false\n",
@@ -96,6 +128,8 @@ def main() -> int:
                     t = time.perf_counter()
                     stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids))
                     prestart.append(time.perf_counter() - t)
+                    if trace is not None:
+                        trace.write(f"BENCH {t:.6f} {t + prestart[-1]:.6f} main {i}\n")
                     live.append(pod)
                     if len(live) > MAX_PODS - 10:  # as kubelet keeps a node: the oldest pod ends
                         env.delete(live.popleft())
@@ -103,7 +137,9 @@ def main() -> int:
             env.stop()
     ms = 1000.0
     base50, base99 = pct(empty, 50), pct(empty, 99)
-    print(f"rounds: {args.rounds}; one gRPC channel to the plugin over its unix socket")
+    print(f"rounds: {args.rounds}; one gRPC channel to the plugin over its unix socket"
+          f"{f'; {args.busy} other process(es) spinning' if args.busy else ''}; load before the run "
+          f"{load:.2f}")
     print(f"empty round trip (GetDevicePluginOptions)  p50 {base50 * ms:6.2f} ms  p99 {base99 * ms:6.2f} ms")
     for name, xs in (("Allocate", alloc), ("PreStartContainer", prestart)):
         p50, p99 = pct(xs, 50), pct(xs, 99)
@@ -115,6 +151,8 @@ def main() -> int:
     print(f"PreStartContainer p99 above the empty round trip: {above:.2f} ms "
           f"(target <= 10 ms: {'met' if above <= 10 else 'NOT met'})")
     print(f"mean Allocate / mean empty: {statistics.mean(alloc) / statistics.mean(empty):.2f}")
+    slow = sorted(range(len(prestart)), key=lambda i: -prestart[i])[:5]
+    print("slowest PreStartContainer rounds: " + ", ".join(f"#{i} {prestart[i] * ms:.1f} ms" for i in slow))
     return 0
 
 

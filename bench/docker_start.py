@@ -14,7 +14,11 @@ rounds, each round running, in a shuffled order, the same container with:
 - ``--runtime=runc-named``: runc itself registered as another runtime in
   daemon.json, as ``hami`` is: what dockerd and containerd add for any runtime
   that is not the default, which no launcher can save; the pass-through's own
-  cost is its difference to this one.
+  cost is its difference to this one;
+- with ``--compare DIR``: the same limited and pass-through containers through
+  another build of the runtime (``DIR/hamid-runtime`` and its helpers beside
+  it, e.g. the previous commit's), registered as ``hami-compare`` on the same
+  state directory and daemon: the two builds measured in the same rounds.
 
 Each round's hami times are paired with the same round's runc time, so both
 see the same machine load. Prints, for each hami variant, the median of the
@@ -27,6 +31,7 @@ another process keeping one core busy (``--busy``, on by default). Needs root.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -49,14 +54,17 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=25, help="rounds (each runs every variant once)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-busy", action="store_true", help="do not keep a core busy meanwhile")
+    ap.add_argument("--compare", type=Path, metavar="DIR",
+                    help="also run the containers through DIR/hamid-runtime (another build), same rounds")
     args = ap.parse_args()
+    if args.compare is not None and not os.access(args.compare / "hamid-runtime", os.X_OK):
+        raise SystemExit(f"--compare {args.compare}: no executable hamid-runtime there")
     busy = None
     if not args.no_busy:  # the machine a runtime meets: something else computing
         import multiprocessing
 
         busy = multiprocessing.Process(target=_spin, daemon=True)
         busy.start()
-    import os
     import shutil
     import tempfile
 
@@ -69,6 +77,9 @@ def main() -> int:
     env.daemon_json = {"runtimes": {
         "hami": {"path": str(env.bin_dir / "hamid-runtime"), "runtimeArgs": ["--state-dir", str(env.state)]},
         "runc-named": {"path": runc}}}
+    if args.compare is not None:
+        env.daemon_json["runtimes"]["hami-compare"] = {"path": str(args.compare.resolve() / "hamid-runtime"),
+                                                       "runtimeArgs": ["--state-dir", str(env.state)]}
     env.make_nodes(2)
     env.start_hamid()
     env.start_docker()
@@ -78,6 +89,12 @@ def main() -> int:
         "pass-through": ["run", "--rm", "--runtime=hami", dh.IMAGE, "true"],
         "runc-named": ["run", "--rm", "--runtime=runc-named", dh.IMAGE, "true"],
     }
+    targets = dict(TARGETS)
+    if args.compare is not None:
+        variants["limited (compare)"] = ["run", "--rm", "--runtime=hami-compare", "-e",
+                                         "HAMI_VGPU_SPEC=mem=1g,cores=10", dh.IMAGE, "true"]
+        variants["pass-through (compare)"] = ["run", "--rm", "--runtime=hami-compare", dh.IMAGE, "true"]
+        targets.update({f"{k} (compare)": v for k, v in TARGETS.items()})
     rnd = random.Random(args.seed)
     try:
         for argv in variants.values():  # warm-up
@@ -100,16 +117,16 @@ def main() -> int:
     print(f"rounds: {args.runs}, each running every variant once in a shuffled order"
           f"{'' if args.no_busy else ', one core kept busy by another process'}")
     for k in variants:
-        print(f"{k:13} median {med[k]:7.1f} ms   min {min(times[k]) * 1000:7.1f} ms   "
+        print(f"{k:22} median {med[k]:7.1f} ms   min {min(times[k]) * 1000:7.1f} ms   "
               f"max {max(times[k]) * 1000:7.1f} ms")
     ok = True
-    for k, target in TARGETS.items():
+    for k, target in targets.items():
         diffs = [(h - r) * 1000 for h, r in zip(times[k], times["runc"])]
         added = statistics.median(diffs)
         share = added / med["runc"]
         met = share <= target
         ok &= met
-        print(f"{k:13} added over runc: median {added:+6.1f} ms (paired, same round) = {share:+.1%} of runc's "
+        print(f"{k:22} added over runc: median {added:+6.1f} ms (paired, same round) = {share:+.1%} of runc's "
               f"time; ratio of medians {med[k] / med['runc']:.3f}; target <= {target:.0%}: {'met' if met else 'NOT met'}")
     diffs = [(h - r) * 1000 for h, r in zip(times["pass-through"], times["runc-named"])]
     named = statistics.median([(h - r) * 1000 for h, r in zip(times["runc-named"], times["runc"])])
@@ -117,6 +134,10 @@ def main() -> int:
           f"(dockerd's and containerd's, for any runtime not the default)")
     print(f"pass-through over runc under another name (the launcher's own): median {statistics.median(diffs):+6.1f} ms"
           f" = {statistics.median(diffs) / med['runc-named']:+.1%}")
+    if args.compare is not None:
+        diffs = [(h - r) * 1000 for h, r in zip(times["pass-through (compare)"], times["runc-named"])]
+        print(f"the same through {args.compare}: median {statistics.median(diffs):+6.1f} ms"
+              f" = {statistics.median(diffs) / med['runc-named']:+.1%}")
     print(f"reservations left after the runs: {len(leftover)}")
     return 0
 

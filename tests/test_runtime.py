@@ -19,6 +19,7 @@ from nodeharness import make_node
 
 BIN = Path(sys.executable).parent
 LAUNCHER = BIN / "hamid-runtime"
+ADMIT = BIN / "hamid-runtime-admit"
 
 
 def test_argv_our_options_first_then_runc():
@@ -126,6 +127,7 @@ def test_launcher_decides_pass_through_without_starting_python(tmp_path, fake_ru
     bindir = tmp_path / "bin"
     bindir.mkdir()
     shutil.copy2(LAUNCHER, bindir / "hamid-runtime")  # the C runtime, as make builds it
+    shutil.copy2(ADMIT, bindir / "hamid-runtime-admit")
     (bindir / "hamid-runtime-py").write_text(f"#!/bin/sh\ntouch {tmp_path}/python-started\n")
     (bindir / "hamid-runtime-py").chmod(0o755)
     bundle = tmp_path / "bundle"
@@ -141,6 +143,93 @@ def test_launcher_decides_pass_through_without_starting_python(tmp_path, fake_ru
 
 
 CLIENT = LAUNCHER
+
+
+def _front(tmp_path: Path) -> tuple[Path, Path]:
+    """The front door alone in a bin directory of its own, beside a stand-in hamid-runtime-admit
+    that records its arguments; (the front, the record)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shutil.copy2(LAUNCHER, bindir / "hamid-runtime")
+    record = tmp_path / "admit.args"
+    (bindir / "hamid-runtime-admit").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > {record}\n")
+    (bindir / "hamid-runtime-admit").chmod(0o755)
+    return bindir / "hamid-runtime", record
+
+
+@pytest.mark.parametrize("verb", [["state", "cid"], ["start", "cid"], ["kill", "cid", "9"],
+                                  ["delete", "--force", "cid"], ["features"], ["--version"],
+                                  ["ps", "--format", "json", "cid"]])
+def test_the_front_execs_runc_for_every_verb_but_create_with_argv_unchanged_and_nothing_else(tmp_path, fake_runc, verb):
+    """Docker runs the runtime a dozen times or more per container: every verb but create, run and the
+    hook goes to runc with exactly runc's arguments (ours dropped), and nothing else happens: no call
+    on the daemon's socket, no other program (hamid-runtime-admit) started, no C library loaded."""
+    import socket
+
+    front, record = _front(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a daemon's Docker face: it must hear nothing
+    sock.bind(str(state / "docker.sock"))
+    sock.listen(8)
+    sock.setblocking(False)
+    try:
+        runc_args = ["--root", "/run/docker/runtime-runc/moby", "--log", "/l.json", "--log-format", "json",
+                     "--systemd-cgroup", *verb]
+        r = subprocess.run([str(front), "--state-dir", str(state), "--runc", str(fake_runc), *runc_args],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / "runc.args").read_text().splitlines() == runc_args
+        assert not record.exists()
+        with pytest.raises(BlockingIOError):
+            sock.accept()
+    finally:
+        sock.close()
+    # runc on PATH (daemon.json with no --runc), reached through a link to the front (make install's)
+    (tmp_path / "pathdir").mkdir()
+    shutil.copy2(fake_runc, tmp_path / "pathdir" / "runc")
+    os.symlink(front, tmp_path / "link")
+    r = subprocess.run([str(tmp_path / "link"), "--", "--root", "/r", *verb], capture_output=True, text=True,
+                       env={"PATH": f"/nonexistent::{tmp_path / 'pathdir'}"})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "runc.args").read_text().splitlines() == ["--root", "/r", *verb]
+    assert not record.exists()
+    data = front.read_bytes()
+    assert data[:4] == b"\x7fELF" and b"ld-linux" not in data and b"libc.so" not in data  # no loader, no libc
+
+
+@pytest.mark.parametrize("args", [
+    ["--state-dir", "/s", "--runc", "/x/runc", "--root", "/r", "create", "--bundle", "/b", "cid"],
+    ["--runc=/x/runc", "--log", "/l", "--log-format=json", "run", "-b", "/b", "cid"],
+    ["--state-dir=/s", "--", "hook", "poststop", "cid"],
+    ["--root", "/r", "--log-format", "json", "create", "--bundle", "/b", "cid"],  # runc from PATH: not needed
+])
+def test_the_front_hands_create_run_and_the_hook_to_admit_with_argv_unchanged(tmp_path, args):
+    front, record = _front(tmp_path)
+    os.symlink(front, tmp_path / "link")  # hamid-runtime-admit is found beside the front's real path
+    r = subprocess.run([str(tmp_path / "link"), *args], capture_output=True, text=True, env={"PATH": "/nonexistent"})
+    assert r.returncode == 0, r.stderr
+    assert record.read_text().splitlines() == [str(tmp_path / "bin" / "hamid-runtime-admit"), *args]
+
+
+def test_the_front_leaves_a_runc_it_cannot_start_to_admit_which_says_why(tmp_path):
+    """No runc on PATH, or a --runc that cannot be executed: the real hamid-runtime-admit gets the call
+    and reports it on stderr and in runc's --log file, which is what `docker run` shows."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shutil.copy2(LAUNCHER, bindir / "hamid-runtime")
+    shutil.copy2(ADMIT, bindir / "hamid-runtime-admit")
+    log = tmp_path / "log.json"
+    r = subprocess.run([str(bindir / "hamid-runtime"), "--log", str(log), "--log-format", "json", "state", "cid"],
+                       capture_output=True, text=True, env={"PATH": str(tmp_path / "none")})
+    assert r.returncode == 1 and "runc not found; pass --runc PATH" in r.stderr
+    assert "runc not found" in json.loads(log.read_text().splitlines()[-1])["msg"]
+    r = subprocess.run([str(bindir / "hamid-runtime"), "--runc", str(tmp_path / "no-runc"), "state", "cid"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and f"cannot exec runc ({tmp_path / 'no-runc'})" in r.stderr
+    (bindir / "hamid-runtime-admit").unlink()  # a broken install: one line that names what is missing
+    r = subprocess.run([str(bindir / "hamid-runtime"), "create", "cid"], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr == f"hamid-runtime: cannot run {bindir / 'hamid-runtime-admit'}\n"
 
 
 def test_the_release_marker_is_private_and_never_written_through_a_link(tmp_path):

@@ -1,7 +1,7 @@
 """The Docker face: container creates, release markers drained as they appear; runc liveness.
 
 Creates: ``DIR/docker.sock`` (mode 0600, root only) answers ``POST /v1/create``
-from the compiled ``hamid-runtime`` (contrib/docker/hamid-runtime.c) for
+from the compiled ``hamid-runtime-admit`` (contrib/docker/hamid-runtime-admit.c) for
 a container asking for GPUs: ``{"bundle", "id", "runc_root", "hook",
 "deadline"}``. The daemon itself reads and edits the bundle's ``config.json``
 (:func:`hamid.docker.bundle.prepare_bundle`), so a container start costs no
@@ -135,11 +135,11 @@ class DockerFace:
         process (a started container's ``exec.fifo`` is gone,
         :func:`docker_started`), looked at every second at most as often as
         markers are polled: a state shown a second late costs nothing, a
-        ledger read per 0.2 s would."""
+        ledger read per 0.2 s would. Only those rows are read (a node's pods are not)."""
         while True:
             await trio.sleep(max(self.poll_interval, 1.0))
-            for r in await self.node.reservations():
-                if r.kind == "docker" and r.state == "allocated" and docker_started(r):
+            for r in await self.node.in_state("allocated", kind="docker"):
+                if docker_started(r):
                     try:
                         await self.node.set_state(r.owner, "running")
                     except HamidError as e:  # released meanwhile: nothing to follow

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import quote
 
 import grpc
 import trio
 
 from ..dirwatch import DirWatch
 from ..kube.informer import Informer
+from ..kube.rest import AsyncKube, KubeApiError
 from ..logs import get_logger
 from ..node.service import NodeService, Reservation
 from ..request.model import Defaults
@@ -53,6 +55,7 @@ from .pods import TERMINAL, PodDirectory
 log = get_logger("kubelet")
 
 PLUGIN_SOCKET = "hamid-nvidia.sock"
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"  # how kubectl patches a Node
 
 
 class KubeletFace:
@@ -105,9 +108,7 @@ class KubeletFace:
         view = self.door.view()
         free = {g.uuid: g.mem_total - g.mem_used for g in view.gpus}
         candidates: list[tuple[Reservation, tuple[str, ...]]] = []
-        for r in self.door.reservations():
-            if r.kind != "pod" or r.state != "reserved":
-                continue
+        for r in self.door.in_state("reserved", kind="pod"):  # a few, not every reservation of the node
             keyed = r.details.container_slots
             for c in r.decision.containers:
                 if c.name not in keyed and len(c.devices) == size - len(must):
@@ -358,25 +359,25 @@ class KubeletFace:
                 n.cores: str(sum(g.cores_total for g in gpus)),
                 n.priority: str(sum(g.slots_total for g in gpus))}
 
-    def _patch_node(self) -> None:
-        from kubernetes import client
-
-        res = self.node_resources()
-        client.CoreV1Api(self.pods.api).patch_node_status(
-            self.pods.node, {"status": {"capacity": res, "allocatable": res}}, _request_timeout=10)
-
-    async def _advertise(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _advertise(self, kube: AsyncKube, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The node resources into the node's status: a patch on the event loop through ``kube`` (no
+        worker thread, none of the official client's models: its first call built validators and
+        imported over a hundred model modules, 40-90 ms of the interpreter in the daemon's first
+        seconds, under kubelet's first PreStartContainer calls)."""
         task_status.started()
         delay = 1.0
+        path = f"/api/v1/nodes/{quote(self.pods.node, safe='')}/status"
         while True:
+            res = await self.node.run_blocking(self.node_resources)
             try:
-                await trio.to_thread.run_sync(self._patch_node)
-            except Exception as e:  # the API server down, or RBAC: keep trying, slower
+                await kube.request("PATCH", path, {"status": {"capacity": res, "allocatable": res}},
+                                   content_type=STRATEGIC_MERGE)
+            except KubeApiError as e:  # the API server down, or RBAC: keep trying, slower
                 log.warning("cannot advertise the node's GPU resources; trying again", error=str(e))
                 await trio.sleep(delay)
                 delay = min(delay * 2, 60.0)
                 continue
-            log.info("node resources advertised", resources=self.node_resources())
+            log.info("node resources advertised", resources=res)
             return
 
     # --- HAMi's node annotations (hamid/kubelet/register.py) ------------------------------------
@@ -388,23 +389,18 @@ class KubeletFace:
         infos = {g.uuid: g for g in self.door.gpus()}
         return {REGISTER: register_annotation(view.gpus, infos), HANDSHAKE: handshake_value()}
 
-    def _patch_annotations(self) -> dict[str, str]:
-        from kubernetes import client
-
-        ann = self.hami_annotations()
-        client.CoreV1Api(self.pods.api).patch_node(self.pods.node, {"metadata": {"annotations": ann}},
-                                                   _request_timeout=10)
-        return ann
-
-    async def _register_with_hami(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Keep HAMi's register and handshake annotations on this node, every REFRESH_S."""
+    async def _register_with_hami(self, kube: AsyncKube, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Keep HAMi's register and handshake annotations on this node, every REFRESH_S (a patch on
+        the event loop, as :meth:`_advertise`)."""
         from .register import REFRESH_S, REGISTER
 
         task_status.started()
         last = None
+        path = f"/api/v1/nodes/{quote(self.pods.node, safe='')}"
         while True:
             try:
-                ann = await trio.to_thread.run_sync(self._patch_annotations)
+                ann = await self.node.run_blocking(self.hami_annotations)
+                await kube.request("PATCH", path, {"metadata": {"annotations": ann}}, content_type=STRATEGIC_MERGE)
                 if ann[REGISTER] != last:
                     log.info("HAMi node annotations written", gpus=ann[REGISTER].count('"id"'))
                     last = ann[REGISTER]
@@ -456,16 +452,22 @@ class KubeletFace:
             self.pods.close()
 
     async def _run(self, task_status) -> None:
-        async with trio.open_nursery() as nursery:
-            if self.pods.api is not None:
-                await nursery.start(self._tell_mps_failures)
-            await nursery.start(self._watch_health)
-            await nursery.start(self._keep_registered)
-            if self.pods.api is not None:
-                await nursery.start(self._follow_pods)
-                await nursery.start(self._advertise)
-                await nursery.start(self._register_with_hami)
-            task_status.started()
+        kube = AsyncKube.of(self.pods.api) if self.pods.api is not None else None
+        try:
+            async with trio.open_nursery() as nursery:
+                if kube is not None:
+                    await nursery.start(self._tell_mps_failures)
+                await nursery.start(self._watch_health)
+                await nursery.start(self._keep_registered)
+                if kube is not None:
+                    await nursery.start(self._follow_pods)
+                    await nursery.start(self._advertise, kube)
+                    await nursery.start(self._register_with_hami, kube)
+                task_status.started()
+        finally:
+            if kube is not None:
+                with trio.CancelScope(shield=True):
+                    await kube.aclose()
 
 
 __all__ = ["KubeletFace", "AdmissionError", "PLUGIN_SOCKET"]

@@ -10,6 +10,7 @@ carries only device IDs, to exactly one pod by UID: never a guess.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from typing import Any
@@ -30,6 +31,22 @@ TERMINAL = ("Succeeded", "Failed")
 
 class PodLookupError(HamidError):
     """A pod could not be found or read; the message says where it failed."""
+
+
+def body_json(resp) -> Any:
+    """The JSON body of a Kubernetes client call made with ``_preload_content=False`` (a urllib3
+    response; the client has already raised ``ApiException`` for a status that is not 2xx), its
+    connection given back to the pool. Such a call does not turn the answer into the client's model
+    objects (a Pod is dozens of them, their modules imported on first use), which hamid only ever
+    turned back into the dict the API server sent: the pod as the node's pod watch holds it."""
+    try:
+        data = resp.data
+    finally:
+        resp.release_conn()
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise PodLookupError(f"the API server's answer is not JSON: {e}") from None
 
 
 class PodDirectory:
@@ -118,12 +135,13 @@ class PodDirectory:
         return client.CoreV1Api(self.api)
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The pod as a plain dict, or None if the API server has none of that name."""
+        """The pod as a plain dict (the API server's JSON as it came, as the pod watch holds it), or
+        None if the API server has none of that name."""
         from kubernetes.client.exceptions import ApiException
 
         core = self._core()
         try:
-            pod = core.read_namespaced_pod(name, namespace, _request_timeout=10)
+            pod = body_json(core.read_namespaced_pod(name, namespace, _request_timeout=10, _preload_content=False))
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -132,7 +150,10 @@ class PodDirectory:
         except Exception as e:  # connection errors come in several types
             raise PodLookupError(f"the API server could not be reached to read pod {namespace}/{name}: {e}") \
                 from None
-        return self.api.sanitize_for_serialization(pod)
+        if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
+            raise PodLookupError(f"the API server answered the read of pod {namespace}/{name} with something "
+                                 "that is not a Pod")
+        return pod
 
     def event(self, pod: dict[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
         """A core/v1 Event on the pod (best effort: a failure is logged, not raised)."""

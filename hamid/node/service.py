@@ -211,6 +211,10 @@ class NodeService:
     async def get(self, key: str) -> Reservation | None:
         return await self._run(self.core.ledger.get, key)
 
+    async def in_state(self, state: str, kind: str | None = None) -> list[Reservation]:
+        """The reservations in ``state`` (of ``kind``), oldest first: only those rows read."""
+        return await self._run(self.core.ledger.in_state, state, kind)
+
 
 class NodeDoor:
     """The node service's verbs for a face's blocking work: called in one of the
@@ -278,6 +282,10 @@ class NodeDoor:
         return self._core.ledger.list()
 
     list = reservations  # what a ledger reader calls it (hamid.metrics.exporter.LedgerReader)
+
+    def in_state(self, state: str, kind: str | None = None) -> list[Reservation]:
+        """The reservations in ``state`` (of ``kind``), oldest first: only those rows read."""
+        return self._core.ledger.in_state(state, kind)
 
     def gpus(self):
         return self._core.backend.gpus()

@@ -78,9 +78,10 @@ def test_install_lays_out_links_and_helpers(installed):
         link = prefix / "bin" / name
         assert link.is_symlink() and os.access(link, os.X_OK), link
     home = prefix / "lib" / "hamid"
-    for name in ("hamid-runtime", "hamid-runtime-py"):
+    for name in ("hamid-runtime", "hamid-runtime-admit", "hamid-runtime-py"):
         assert os.access(home / "bin" / name, os.X_OK), name
-    assert (home / "bin" / "hamid-runtime").read_bytes()[:4] == b"\x7fELF"  # the C runtime: no shell, no Python
+    for name in ("hamid-runtime", "hamid-runtime-admit"):  # the C runtime: no shell, no Python
+        assert (home / "bin" / name).read_bytes()[:4] == b"\x7fELF", name
     assert (home / "shim" / "libvgpu.so").resolve().name.startswith("libvgpu.so.")
 
 

@@ -233,6 +233,8 @@ out["run_help"] = [r.returncode, r.stdout + r.stderr]
 out["link"] = os.readlink("/usr/lib/hamid/libvgpu.so")
 rt = shutil.which("hamid-runtime")
 out["runtime"] = [rt, open(rt, "rb").read(4).hex() if rt else "", shutil.which("hamid-runtime-py")]
+ad = shutil.which("hamid-runtime-admit")
+out["admit"] = [ad, open(ad, "rb").read(4).hex() if ad else ""]
 out["front_help"] = subprocess.run(["hamid", "front", "--help"], capture_output=True, text=True).returncode
 from hamid.config.load import load_config
 from hamid.daemon.service import install_shim_for
@@ -304,6 +306,7 @@ def test_every_part_of_the_daemon_imports_and_run_takes_the_charts_options(probe
     # the Docker runtime beside the daemon (the C program, then hamid-runtime-py), and the chart's front
     rt, magic, py = out["runtime"]
     assert rt == "/opt/hamid/bin/hamid-runtime" and magic == "7f454c46" and py == "/opt/hamid/bin/hamid-runtime-py"
+    assert out["admit"] == ["/opt/hamid/bin/hamid-runtime-admit", "7f454c46"]  # what the front hands create to
     assert out["front_help"] == 0
 
 

@@ -81,13 +81,29 @@ def _annotations(env: NodeEnv, timeout: float = 20.0) -> dict:
     raise AssertionError(f"no register annotation: {env.log.read_text()[-2000:]}")
 
 
+def _advertised(env: NodeEnv, timeout: float = 20.0) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = env.api.get("Node", None, env.node)["status"]
+        if "nvidia.com/gpucores" in status.get("allocatable", {}):
+            assert status["capacity"]["nvidia.com/gpumem"] == status["allocatable"]["nvidia.com/gpumem"]
+            return status["allocatable"]
+        time.sleep(0.1)
+    raise AssertionError(f"no node resources advertised: {env.log.read_text()[-2000:]}")
+
+
 def test_shared_gpus_are_registered_as_hami_does(tmp_path, api_server):
     env = NodeEnv(tmp_path / "n", api_server, simulate="H100-80GB-HBM3:1,T4:1", split=4,
                   extra_config="deviceMemoryScaling: 1.5\n").start()
     try:
         ann = _annotations(env)
+        status = _advertised(env)
     finally:
         env.stop()
+    # the node-level resources kube-scheduler and kubelet count (two GPUs, 4 tenants each)
+    assert (status["nvidia.com/gpucores"], status["nvidia.com/gpumem-percentage"], status["nvidia.com/priority"]) \
+        == ("200", "200", "8")
+    assert int(status["nvidia.com/gpumem"]) == int((81559 + 15360) * 1.5)
     h100, t4 = decode_register(ann["hami.io/node-nvidia-register"])
     assert h100["id"].startswith("GPU-") and h100["index"] == 0 and t4["index"] == 1
     assert (h100["type"], t4["type"]) == ("NVIDIA H100 80GB HBM3", "NVIDIA-Tesla T4")  # NVIDIA- unless it starts so
