@@ -8,3 +8,9 @@ for a person" from a bug.
 
 class HamidError(Exception):
     """An error with a message meant for the person who caused it."""
+
+
+class Unreachable(HamidError):
+    """The other side did not answer (refused connection, timed out, cut off): nothing said about it,
+    only that it could not be asked. A face that must react to that without knowing which face's client
+    raised it (the extender, after a peer commit) catches this."""

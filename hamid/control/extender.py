@@ -52,7 +52,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..errors import HamidError
+from ..errors import HamidError, Unreachable
 from ..kube.events import announce_clamp
 from ..logs import get_logger
 from ..node.identity import Owner
@@ -71,6 +71,14 @@ log = get_logger("extender")
 
 MAX_BODY = 8 * 1024 * 1024  # a NodeList of thousands of nodes when not node-cache capable
 FORWARDED = "x-hamid-forwarded"
+# A node whose daemon could not be reached by this leader's last commit is left out of filter
+# for this long. kube-scheduler retries a failed bind with the same scores, so it picks the same node again,
+# and a daemon killed outright stays "alive" in gossip until its suspicion runs out (about 8-12 s, README's
+# gossip rows): without this the pod waited for gossip, or longer on a loaded machine (the chart test's
+# failover: 60 s of binds to the killed leader's node). Short enough that a daemon that was only restarting
+# is tried again soon. A refusal (the node's daemon does not yet see this leader) leaves the node in: it
+# says nothing about the node, and leaving every node out would hold the pod for the whole time.
+COMMIT_FAILED_S = 10.0
 FILTERED_TTL_S = 600.0  # kube-scheduler binds within seconds of filtering; a pod filtered longer ago is re-filtered
 # Node verdicts a call may compute on the event loop (20-30 us each); more go to a worker thread. Below it
 # the hop costs more than the work: ~0.1 ms with an idle core, several ms when the cores are busy.
@@ -124,6 +132,7 @@ class Extender:
         self.verdicts = Verdicts()  # per request shape, each node's filter verdict, updated as nodes change
         self._filtered: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()  # pod uid -> nodes passed
         self._filtered_names = 0  # node names across self._filtered's lists
+        self._commit_failed: dict[str, tuple[float, str]] = {}  # node -> (monotonic s, why): commit_failed
 
     def _quota(self, pod: dict) -> NamespaceQuota | None:
         """The pod's namespace GPU quota (None: none to check); :class:`QuotaUnknown` when it cannot be
@@ -167,6 +176,17 @@ class Extender:
                 ok, over = self.verdicts.within(request, snap, ok, quota.check_usage)
                 failed.update(over)
         uid = (pod.get("metadata") or {}).get("uid")
+        if request is not None and self._commit_failed:
+            now = time.monotonic()
+            for node, (t, why) in list(self._commit_failed.items()):
+                if now - t >= COMMIT_FAILED_S:
+                    del self._commit_failed[node]
+            if any(n in self._commit_failed for n in ok):
+                for n in [n for n in ok if n in self._commit_failed]:
+                    t, why = self._commit_failed[n]
+                    failed[n] = (f"hamid: the daemon on {n} could not be reached for the last placement {now - t:.0f} s ago "
+                                 f"({why}); left out for {COMMIT_FAILED_S - (now - t):.0f} s more")
+                ok = [n for n in ok if n not in self._commit_failed]
         if request is not None and isinstance(uid, str) and uid:
             self._remember(uid, ok)
         out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": {}, "Error": ""}
@@ -200,6 +220,11 @@ class Extender:
                 score = round(10 * (used if binpack else 1 - used))
             out.append({"Host": name, "Score": score})
         return out
+
+    def commit_failed(self, node: str, why: str) -> None:
+        """``node``'s daemon could not be reached for a commit: filter leaves it out for COMMIT_FAILED_S."""
+        self._commit_failed[node] = (time.monotonic(), why[:200])
+        log.info("node left out of placements for a while", node=node, seconds=COMMIT_FAILED_S, why=why[:200])
 
     def _remember(self, uid: str, nodes: list[str]) -> None:
         # the list itself (a reference, O(1) per filter); bind, once per pod, searches it
@@ -274,6 +299,8 @@ class Extender:
         except HamidError as e:
             if book is not None:
                 book.unbook(uid)
+            if isinstance(e, Unreachable):  # the node's daemon, not this leader's standing ("not the leader")
+                self.commit_failed(node, str(e))
             return {"Error": f"hamid: node {node} refused the placement: {e}"}
         try:  # the allocation the node holds (an earlier call's, when there is one) is what the pod records
             await trio.to_thread.run_sync(self._record_and_bind, ns, name, uid, node, done.decision)

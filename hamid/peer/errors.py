@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..errors import HamidError
+from ..errors import HamidError, Unreachable
 
 
 class PeerError(HamidError):
@@ -29,7 +29,7 @@ class PeerUnauthenticated(PeerError):
     server is not a key holder, or someone else answered)."""
 
 
-class PeerUnreachable(PeerError):
+class PeerUnreachable(PeerError, Unreachable):
     """No answer: connection refused, timed out, cut mid-answer.
     ``maybe_applied`` is True when the request may have reached the peer
     (commit and release are idempotent: retrying is safe)."""

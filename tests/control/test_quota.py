@@ -269,3 +269,32 @@ def test_an_informer_thread_ends_with_its_run(api_server, kubeconfig):
         assert not inf.watching
 
     trio.run(main)
+
+
+def test_a_node_whose_daemon_failed_a_commit_is_left_out_of_filter_for_a_while(monkeypatch):
+    """kube-scheduler retries a failed bind with the same scores, so it would pick the node whose daemon
+    could not be reached again and again until gossip calls it dead (the chart test's failover: 60 s of binds
+    to the killed leader's node). The extender leaves such a node out of filter, saying why, for
+    COMMIT_FAILED_S; then it is tried again."""
+    import hamid.control.extender as extender
+    from hamid.control.extender import Extender
+    from hamid.control.placer import ClusterView
+    from hamid.request.model import Defaults
+
+    ext = Extender(None, None, ClusterView(read=dict, to_view=lambda d: None), defaults=Defaults(),
+                   node_policy="binpack", is_leader=lambda: True, leader_url=lambda: None, quotas=None)
+    monkeypatch.setattr(ext.verdicts, "split", lambda request, snap, names: (list(names), {}))
+    gpu = {"metadata": {"name": "p", "namespace": "team-a", "uid": "u1"},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    nodes = ["node-0", "node-1"]
+    assert ext.filter({"Pod": gpu, "NodeNames": nodes})["NodeNames"] == nodes
+    ext.commit_failed("node-0", "cannot reach peer 10.0.0.2:7948: all attempts failed")
+    out = ext.filter({"Pod": gpu, "NodeNames": nodes})
+    assert out["NodeNames"] == ["node-1"]
+    assert "could not be reached for the last placement" in out["FailedNodes"]["node-0"]
+    assert "cannot reach peer 10.0.0.2:7948" in out["FailedNodes"]["node-0"]
+    assert not ext._filtered_onto("u1", "node-0")  # bind checks what filter passed
+    plain = {"metadata": {"name": "q", "namespace": "team-a"}, "spec": {"containers": [{"name": "c"}]}}
+    assert ext.filter({"Pod": plain, "NodeNames": nodes})["NodeNames"] == nodes  # no GPU: not ours to judge
+    monkeypatch.setattr(extender, "COMMIT_FAILED_S", 0.0)
+    assert ext.filter({"Pod": gpu, "NodeNames": nodes})["NodeNames"] == nodes

@@ -309,7 +309,18 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
                 print(f"{mode}: {new} took over from {holder} in {time.time() - t0:.1f} s")
                 ok = kubectl(kc, "apply", "-f", "-", stdin=POD_YAML.format(name="after", mem=2000, cores=10))
                 assert ok.returncode == 0, ok.stderr
-                node = sched.wait_bound("default", "after", timeout=60)
+                try:
+                    node = sched.wait_bound("default", "after", timeout=60)
+                except TimeoutError:  # what the surviving daemons said, for whoever reads the failure
+                    for p in pods:
+                        obj = api.get("Pod", NS, p["metadata"]["name"])
+                        print(f"--- {p['metadata']['name']} on {p['spec']['nodeName']}: labels "
+                              f"{obj['metadata'].get('labels')}, conditions {obj.get('status', {}).get('conditions')}")
+                        print("\n".join(runner.logs(p).splitlines()[-60:]))
+                    raise
+                killed = next(p for p in pods if p["metadata"]["name"] == holder)["spec"]["nodeName"]
+                print(f"{mode}: 'after' bound to {node} {time.time() - t0:.1f} s after the kill of {killed}'s daemon")
+                assert node != killed, "placed on the node whose daemon was killed"
                 after = api.get("Pod", "default", "after")
                 assert after["metadata"]["annotations"]["hami.io/vgpu-node"] == node
                 got = kubelets[node].admit(after)
