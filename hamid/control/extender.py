@@ -178,15 +178,12 @@ class Extender:
         uid = (pod.get("metadata") or {}).get("uid")
         if request is not None and self._commit_failed:
             now = time.monotonic()
-            for node, (t, why) in list(self._commit_failed.items()):
-                if now - t >= COMMIT_FAILED_S:
-                    del self._commit_failed[node]
-            if any(n in self._commit_failed for n in ok):
-                for n in [n for n in ok if n in self._commit_failed]:
-                    t, why = self._commit_failed[n]
-                    failed[n] = (f"hamid: the daemon on {n} could not be reached for the last placement {now - t:.0f} s ago "
-                                 f"({why}); left out for {COMMIT_FAILED_S - (now - t):.0f} s more")
-                ok = [n for n in ok if n not in self._commit_failed]
+            self._commit_failed = {n: v for n, v in self._commit_failed.items() if now - v[0] < COMMIT_FAILED_S}
+            for n in [n for n in ok if n in self._commit_failed]:
+                t, why = self._commit_failed[n]
+                failed[n] = (f"hamid: the daemon on {n} could not be reached for the last placement {now - t:.0f} s ago "
+                             f"({why}); left out for {COMMIT_FAILED_S - (now - t):.0f} s more")
+            ok = [n for n in ok if n not in self._commit_failed]
         if request is not None and isinstance(uid, str) and uid:
             self._remember(uid, ok)
         out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": {}, "Error": ""}

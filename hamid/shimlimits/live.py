@@ -93,7 +93,7 @@ class GpuReading:
 
 
 def next_factor(f: float, charged_ns: Sequence[int], interval_ns: float, busy_pct: float) -> float:
-    """The factor after one shared pass: ``f`` moved halfway (in log) towards making the sum of
+    """The factor after one shared pass: ``f`` moved (in log, LEARN_RATE of the way) towards making the sum of
     ``charged_ns`` (each already charged with ``f``) equal ``busy_pct`` of ``interval_ns``, each step within
     STEP_MAX, the result within the file's share range."""
     total = sum(charged_ns)
