@@ -383,11 +383,11 @@ def test_the_pod_watch_lists_again_after_410_gone(node, api_server):
     pod = _gpu_pod(node, "after-gone", 3000)
     assert node.kubelet.admit(pod).admitted
     node.kubelet.start_container(pod, "main")
+    log = node.log.read_text()  # before the watch ends: once the block ends it may resume, meet 410 and list at once
     with api_server.hold_watches():  # the daemon's watch ends; it cannot resume until the block ends
         other = _gpu_pod(node, "bump", 100)
         node.delete(pod)
         api_server.compact()  # its last resourceVersion is now too old: resuming gives 410 Gone
-    log = node.log.read_text()
     deadline = time.time() + 10
     while any(r["name"] == "default/after-gone" for r in node.reservations()) and time.time() < deadline:
         time.sleep(0.05)
