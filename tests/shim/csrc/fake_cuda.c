@@ -453,7 +453,13 @@ static CUresult run_work(CUstream s, uint64_t us)
     if (ahead > 0) { struct timespec ts = {ahead / 1000000000, ahead % 1000000000}; nanosleep(&ts, NULL); }
     return CUDA_SUCCESS;
 }
-API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa, void **ex) { return run_work(s, (uint64_t)(uintptr_t)f); }
+/* A kernel's work in us: the function's value, or, when its first argument is given, that argument (a
+   uint32 of us): a persistent kernel, one grid whatever the size of its work (cuBLAS's nvjet GEMMs on Hopper). */
+static uint64_t kernel_us(CUfunction f, void **pa)
+{
+    return pa && pa[0] ? *(const uint32_t *)pa[0] : (uint64_t)(uintptr_t)f;
+}
+API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa, void **ex) { return run_work(s, kernel_us(f, pa)); }
 API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa, void **ex) { return run_work(s, (uint64_t)(uintptr_t)f); }
 API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **pa, void **ex) { return run_work(c->hStream, (uint64_t)(uintptr_t)f); }
 API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **pa, void **ex) { return run_work(c->hStream, (uint64_t)(uintptr_t)f); }
@@ -478,6 +484,14 @@ API CUresult cuEventRecord(CUevent e, CUstream s)
     if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && ((struct fstream *)s)->record_block_ms)
         usleep(((struct fstream *)s)->record_block_ms * 1000u);
+    /* FAKE_RECORD_US: recording an event costs the CPU that long before the GPU sees it (as a launch does: the
+       driver rings the doorbell at the call's end; a real record takes 1-2 us, more with the driver busy) */
+    const char *rv = getenv("FAKE_RECORD_US");
+    if (rv && *rv) {
+        int64_t until = fake_now() + atoll(rv) * 1000;
+        while (fake_now() < until) {
+        }
+    }
     int64_t now = fake_now(), b = busy_until(phys(t_cur));
     ((struct fevent *)e)->ts = b > now ? b : now;
     return CUDA_SUCCESS;

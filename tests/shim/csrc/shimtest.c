@@ -451,6 +451,22 @@ int main(int argc, char **argv)
             }
             api.cuCtxSynchronize();
             printf("pace %ld\n", n);
+        } else if (!strcmp(c, "persist")) {
+            /* persist:<secs>:<us_lo>:<us_hi>: one kernel shape (function 77, one grid) whose work, passed as its
+               argument, runs through 16 sizes from us_lo to us_hi in a scrambled order (a persistent GEMM of
+               dynamic-shape inference); prints "persist <launches> <ns> <work_us>" */
+            int64_t t0 = now_ns(), end = t0 + (int64_t)(atof(tok[1]) * 1e9);
+            uint64_t lo = strtoull(tok[2], 0, 10), hi = strtoull(tok[3], 0, 10), work = 0;
+            long k = 0;
+            for (int64_t t = t0; t < end; k++) {
+                uint32_t us = (uint32_t)(lo + (hi - lo) * (uint64_t)((k * 7) % 16) / 15);
+                void *args[] = {&us};
+                api.cuLaunchKernel((CUfunction)(uintptr_t)77, 64, 1, 1, 128, 1, 1, 0, NULL, args, NULL);
+                work += us;
+                t = now_ns();
+            }
+            api.cuCtxSynchronize();
+            printf("persist %ld %lld %llu\n", k, (long long)(now_ns() - t0), (unsigned long long)work);
         } else if (!strcmp(c, "collide")) {
             /* collide:<shapes>:<us>:<secs>: that many shapes of one kernel (grid sizes) whose keys share their
                low 12 bits, launched in turn; prints like run */
