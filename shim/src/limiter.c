@@ -1294,10 +1294,17 @@ static int pre_launch(struct lctx *L, uint64_t key, uint64_t fn, CUstream s, int
  * completes as soon as it is recorded, the kernel arrives microseconds later
  * (a 6 % overcharge of an 85 us kernel on the H100), and a micro-second
  * kernel may be done before e1 even arrives (the issue-22 measurement: 2.2x
- * overcharged launch-bound work). When e0 is already complete once the
- * launch has returned, the host time from e0's record to e1's is the part of
- * the sample that may be latency, not kernel: record_sample keeps it apart
- * (the gap), and the monitor's feedback learns how much of it to charge.
+ * overcharged launch-bound work). When e0 was already complete (asked once
+ * e1 is recorded), the host time from e0's record to the launch's return is
+ * the part of the sample that may be latency, not kernel: record_sample keeps
+ * it apart (the gap), and the monitor's feedback learns how much of it to
+ * charge. Not up to e1's record, as before: the driver has the kernel when
+ * the launch returns, and it runs while e1 is being recorded (on the H100,
+ * 2026-11-26, that rule charged training 0.78 and dynamic shapes 0.58 of
+ * their CUPTI kernel time before any feedback, and a container that never
+ * runs alone gets none; to the launch's return: 0.89 and 0.66; with the
+ * mean estimate below too, 1.05 and 0.97 on the H200). e1 is recorded
+ * first, then e0 asked: the kernel's end is what e1 must catch.
  * The closing event is recorded with no lock held (a full driver queue may
  * block it); only the push onto the list takes g_pool_mu.
  */
