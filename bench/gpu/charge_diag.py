@@ -83,7 +83,8 @@ def child(cls: str, secs: float) -> dict:
     g1 = lw.region_read()
     time.sleep(1.2)  # NVML's sample covering the window's end
     stop.set()
-    trace = tempfile.mktemp(suffix=".json")
+    fd, trace = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
     prof.export_chrome_trace(trace)
     ev = json.load(open(trace)).get("traceEvents", [])
     os.unlink(trace)
