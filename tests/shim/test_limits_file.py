@@ -266,13 +266,18 @@ def test_a_busy_higher_priority_process_holds_the_launches_back(built, shim, lim
     if listed:
         write_hold_pids(built.limits_path, 0, [4242])
     util = tmp_path / "nvml_util"
-    util.write_text("4242 80\n")  # the high-priority neighbour is busy
+    util.write_text("4242 0\n")  # idle while the process starts (its first launches start the monitor)
     e = bare_env(built, shim)
     e["FAKE_NVML_UTIL"] = str(util)
     p = subprocess.Popen([str(built.shimtest), "direct", "init", "launch:2:400:k", "wait", "run:0.5:400:k"], env=e,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    while p.stdout.readline().strip() != "ready":
-        pass
+    # the neighbour busy only once the process is ready: busy from the start, a monitor that polled before
+    # the second of those launches held it, "ready" never came and the test waited for ever (a loaded CI run)
+    lines = []
+    while (ln := p.stdout.readline()) and ln.strip() != "ready":
+        lines.append(ln)
+    assert ln, (lines, p.stderr.read())
+    util.write_text("4242 80\n")  # the high-priority neighbour is busy
     time.sleep(0.3)  # the monitor has seen the neighbour busy
     p.stdin.write("go\n")
     p.stdin.flush()
