@@ -18,7 +18,7 @@ Checks (issue 22 "What must hold"):
               limit alone keeps >= 90 % of its alone throughput. staggered: one tenant joins another
               that has run alone for 5 s
   3 priority: high-priority inference beside low-priority training keeps
-              >= 90 % of its alone throughput
+              >= 90 % of its alone throughput (priority-rounds: the median of --rounds interleaved pairs)
   4 overhead: bench/gpu/shim_bench.py's matmul ratio, launch cost, alloc rate
   5 metrics:  the daemon's /metrics collectors (container utilization ratio, host utilization) against
               NVML, within 5 points (file-mode tenants; sharing rows show them too)
@@ -633,6 +633,25 @@ def priority(secs, policy):
 
 
 @step
+def priority_rounds(secs, policy, rounds):
+    """The priority case over ``rounds`` interleaved rounds (the high tenant alone, then beside the low one):
+    the inference tenant's own alone rate moves 1.02-1.21 M tokens/s between seconds on the H200, so one
+    pair read 0.87 and the next call 1.00 (2026-11-26). Pass: the median ratio >= 0.9."""
+    ratios = []
+    for _ in range(rounds):
+        (alone,) = together([("dyn", filed(priority=0, policy=policy))], secs)
+        hi, lo = together([("dyn", filed(priority=0, policy=policy)), ("train", filed(priority=1, policy=policy))],
+                          secs)
+        ratios.append(tput(hi, alone))
+    med = statistics.median(ratios)
+    R["priority_rounds"] = {"ratios": ratios, "median": med, "pass": med >= 0.9}
+    ROWS.append(f"| priority, {rounds} interleaved rounds: dyn (high) beside train (low), policy {policy} | - | - | "
+                f"- | - | - | {' '.join(f'{r:.2f}' for r in ratios)} (median {med:.2f}) | "
+                f"{'pass' if med >= 0.9 else 'FAIL'} |")
+    log(ROWS[-1])
+
+
+@step
 def overhead(work):
     sys.path.insert(0, str(ROOT / "bench" / "gpu"))
     import shim_bench as sb
@@ -673,7 +692,7 @@ def main():
     ap.add_argument("--tag", default="run")
     ap.add_argument("--share-modes", default="env,file")
     ap.add_argument("--pin", action="store_true", help="pin each tenant to its own CPUs (see PIN)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of the repeat case")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the repeat and priority-rounds cases")
     ap.add_argument("--variant", action="append", default=[],
                     help="repeat case: NAME:K=V[,K=V] a limited run with extra env beside the plain one")
     # tenants sharing the GPU run longer: the daemon's correction learns once a second from the second pass
@@ -745,6 +764,7 @@ def main():
     run = {"singles": lambda: singles(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs),
            "pairs": pairs, "pairs-env": lambda: pairs(["env"]), "policy": policy, "policy-shared": policy_shared, "priority": lambda: priority(a.secs, a.policy),
            "overhead": lambda: overhead(a.work),
+           "priority-rounds": lambda: priority_rounds(a.secs, a.policy, a.rounds),
            "staggered": lambda: [staggered(n, sp, a.share_secs, 5) for n, sp in
                                  (("gemm+dyn", [("gemm", 30), ("dyn", 70)]), ("dyn+gemm", [("dyn", 30), ("gemm", 70)]),
                                   ("dyn+dyn", [("dyn", 30), ("dyn", 70)]))],
