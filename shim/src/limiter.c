@@ -666,26 +666,12 @@ static void record_sample(const struct sample *p, uint64_t m, uint64_t gap, uint
             uint64_t v = A_LD(&e->win[i]);
             if (v < mn) mn = v;
         }
-#ifdef EST_MIN_ANCHORED
-        est = A_LD(&e->est_ns);
-        if (got == WINDOW) {
-            uint64_t sum = 0, cnt = 0;
-            for (uint32_t i = 0; i < WINDOW; i++) {
-                uint64_t v = A_LD(&e->win[i]);
-                if (v * 4 <= mn * 5) { sum += v; cnt++; }
-            }
-            est = sum / cnt;
-        } else if (!est || mn < est) {
-            est = mn;
-        }
-#else
         uint64_t keep = mn + (mn / 4 > INFLATED_NS ? mn / 4 : INFLATED_NS), sum = 0, cnt = 0;
         for (uint32_t i = 0; i < got; i++) {
             uint64_t v = A_LD(&e->win[i]);
             if (v <= keep) { sum += v; cnt++; }
         }
         est = sum / cnt;
-#endif
         uint64_t was = A_LD(&e->est_ns);
         if (was && (est * 4 > was * 5 || est * 5 < was * 4)) __atomic_fetch_add(&g_est_epoch, 1, __ATOMIC_RELAXED);
         if (est != was)
@@ -1311,19 +1297,11 @@ static int pre_launch(struct lctx *L, uint64_t key, uint64_t fn, CUstream s, int
 static void post_launch(struct lctx *L, CUresult r)
 {
     if (!L->sampling) return;
-#ifndef GAP_AFTER_RECORD
     uint64_t t_ret = mono_ns();
     int pushed = 0;
     L->s.idle_ns = 0;
     if (r == CUDA_SUCCESS && g_cu.cuEventRecord(L->s.e1, L->es) == CUDA_SUCCESS) {
         if (g_cu.cuEventQuery(L->s.e0) == CUDA_SUCCESS) L->s.idle_ns = t_ret - L->t_e0;
-#else /* the rule before, for the GPU bench's comparison */
-    int idle = r == CUDA_SUCCESS && g_cu.cuEventQuery(L->s.e0) == CUDA_SUCCESS;
-    int pushed = 0;
-    L->s.idle_ns = 0;
-    if (r == CUDA_SUCCESS && g_cu.cuEventRecord(L->s.e1, L->es) == CUDA_SUCCESS) {
-        if (idle) L->s.idle_ns = mono_ns() - L->t_e0;
-#endif
         pthread_mutex_lock(&g_pool_mu);
         if (g_npend < MAX_PENDING) {
             g_pend[g_npend] = L->s;

@@ -460,11 +460,11 @@ static uint64_t kernel_us(CUfunction f, void **pa)
     return pa && pa[0] ? *(const uint32_t *)pa[0] : (uint64_t)(uintptr_t)f;
 }
 API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa, void **ex) { return run_work(s, kernel_us(f, pa)); }
-API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa, void **ex) { return run_work(s, (uint64_t)(uintptr_t)f); }
-API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **pa, void **ex) { return run_work(c->hStream, (uint64_t)(uintptr_t)f); }
-API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **pa, void **ex) { return run_work(c->hStream, (uint64_t)(uintptr_t)f); }
-API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa) { return run_work(s, (uint64_t)(uintptr_t)f); }
-API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa) { return run_work(s, (uint64_t)(uintptr_t)f); }
+API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa, void **ex) { return run_work(s, kernel_us(f, pa)); }
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **pa, void **ex) { return run_work(c->hStream, kernel_us(f, pa)); }
+API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **pa, void **ex) { return run_work(c->hStream, kernel_us(f, pa)); }
+API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa) { return run_work(s, kernel_us(f, pa)); }
+API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **pa) { return run_work(s, kernel_us(f, pa)); }
 API CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return run_work(s, (uint64_t)(uintptr_t)g); }
 API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return run_work(s, (uint64_t)(uintptr_t)g); }
 static void wait_idle(void)
