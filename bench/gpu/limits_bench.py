@@ -166,7 +166,7 @@ def env(limit=None, policy="force", priority=None, preload=True, region=None, ex
         if priority is not None:
             e["CUDA_TASK_PRIORITY"] = str(priority)
         e.update(EXTRA)
-        e.update(extra or {})
+    e.update(extra or {})
     return e
 
 
@@ -652,6 +652,32 @@ def priority_rounds(secs, policy, rounds):
 
 
 @step
+def priority_diag(secs, policy, rounds):
+    """What slows a high-priority tenant beside a held low-priority one: over ``rounds`` interleaved rounds,
+    dyn (the daemon's, priority 0) alone, beside an idle CUDA context (no shim), beside an idle context that
+    polls NVML as the shim's monitor does, and beside saturating training held as priority 1 (the priority
+    case). Each row: the high tenant's throughput against its alone run of the same round, and its per-second
+    rates (a decline within the run shows there)."""
+    out = R.setdefault("priority_diag", {})
+    nb = {"idle": lambda: ("idle", env(preload=False)),
+          "idle+nvml": lambda: ("idle", env(preload=False, extra={"HAMID_BENCH_IDLE_NVML": "1"})),
+          "train-low": lambda: ("train", filed(priority=1, policy=policy))}
+    for _ in range(rounds):
+        (alone,) = together([("dyn", filed(priority=0, policy=policy))], secs)
+        out.setdefault("alone", []).append(alone["per_s"])
+        for name, mk in nb.items():
+            hi, _lo = together([("dyn", filed(priority=0, policy=policy)), mk()], secs)
+            out.setdefault(name, []).append({"ratio": tput(hi, alone), "per_s": hi["per_s"],
+                                             "nvml": hi["nvml_share"], "dev": hi["dev_share"]})
+    for name in nb:
+        rs = [x["ratio"] for x in out[name]]
+        ROWS.append(f"| priority diag: dyn (high) beside {name} | - | - | "
+                    f"{' '.join(fmt(x['nvml']) for x in out[name])} | - | {' '.join(fmt(x['dev']) for x in out[name])} | "
+                    f"{' '.join(f'{r:.2f}' for r in rs)} (median {statistics.median(rs):.2f}) | - |")
+        log(ROWS[-1])
+
+
+@step
 def overhead(work):
     sys.path.insert(0, str(ROOT / "bench" / "gpu"))
     import shim_bench as sb
@@ -765,6 +791,7 @@ def main():
            "pairs": pairs, "pairs-env": lambda: pairs(["env"]), "policy": policy, "policy-shared": policy_shared, "priority": lambda: priority(a.secs, a.policy),
            "overhead": lambda: overhead(a.work),
            "priority-rounds": lambda: priority_rounds(a.secs, a.policy, a.rounds),
+           "priority-diag": lambda: priority_diag(a.secs, a.policy, a.rounds),
            "staggered": lambda: [staggered(n, sp, a.share_secs, 5) for n, sp in
                                  (("gemm+dyn", [("gemm", 30), ("dyn", 70)]), ("dyn+gemm", [("dyn", 30), ("gemm", 70)]),
                                   ("dyn+dyn", [("dyn", 30), ("dyn", 70)]))],

@@ -23,6 +23,9 @@ Classes (each its own kind of GPU work, none tuned to the limiter):
   graph    a CUDA graph (an MLP block, captured once) replayed
   switch   a different class every second (gemm, small, dyn, train, in turn)
   cycle_*  gemm2/small2/...: the same with another seed (unseen variants)
+  idle     a CUDA context and no work (a neighbour that is held, or gone quiet); with
+           HAMID_BENCH_IDLE_NVML=1 it polls NVML every 100 ms as the shim's monitor does
+           (process utilization, device samples): what such polling costs a tenant beside it
 """
 
 import json
@@ -116,6 +119,31 @@ def make(cls, seed=7):
             loss.backward()
             opt.step()
             return n  # samples
+        return step
+    if cls == "idle":
+        torch.zeros(1, device=dev)
+        polls = []
+        if os.environ.get("HAMID_BENCH_IDLE_NVML") == "1":
+            import pynvml
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            seen = [0, 0]
+
+            def poll():
+                for i, f in ((0, lambda t: pynvml.nvmlDeviceGetProcessUtilization(h, t)),
+                             (1, lambda t: pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, t))):
+                    try:
+                        f(seen[i])
+                    except pynvml.NVMLError:
+                        pass
+                    seen[i] = time.time_ns() // 1000
+            polls.append(poll)
+
+        def step():
+            for f in polls:
+                f()
+            time.sleep(0.1)
+            return 0
         return step
     if cls == "graph":
         d = 4096
