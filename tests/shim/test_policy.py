@@ -148,16 +148,18 @@ def test_samples_of_a_process_gone_before_this_one_began_are_not_a_neighbour(shi
 
 @pytest.mark.parametrize("queue_ms", ["20", "1000"])  # the driver's queue holds about a second of GEMMs
 def test_a_light_stretch_leaves_a_bounded_burst(shim, bare, queue_ms):
-    """The burst credit (250 ms of GPU time), earned while the process keeps launching under its limit: after
-    1.5 s at a tenth of the GPU, a process at a 30 % limit runs a burst of 0.2 s of kernels unheld, and a
-    long run afterwards gets the limit plus only what is left of the credit (spent, never more): 2 s at 30 %
-    with 50 ms left reads 32.5 %."""
+    """The burst credit (up to 500 ms of GPU time), earned while the process keeps launching under its limit:
+    after 1.5 s at a tenth of the GPU (300 ms earned at a 30 % limit), a process runs a burst of 0.2 s of
+    kernels unheld, and a long run afterwards gets the limit plus only what is left of the credit (spent,
+    never more): 2 s at 30 % with at most 300 - 140 ms left reads at most 38 % (36.7 seen with a short
+    driver queue, 32.2 with a deep one, whose burst queued more); with the burst not taken off the credit it
+    would read 45."""
     r = shim.run("direct", "init", f"run:0.4:{KERNEL_US}:k", f"pace:1.5:{KERNEL_US}:3600",
                  f"run:0.2:{KERNEL_US}:k", f"run:2.0:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="30",
                  GPU_CORE_UTILIZATION_POLICY="force", FAKE_QUEUE_MS=queue_ms)
     runs = r.find("run")
     assert share(runs[1], bare) > 0.8, (runs, r.stderr[-2000:])
-    assert abs(share(runs[2], bare) - 0.325) <= 0.05, runs
+    assert 0.28 <= share(runs[2], bare) <= 0.30 + 0.16 / 2 + 0.03, runs
 
 
 def test_a_pause_leaves_only_the_idle_credit(shim, bare):
@@ -172,13 +174,13 @@ def test_a_pause_leaves_only_the_idle_credit(shim, bare):
 
 
 def test_the_credit_never_exceeds_its_bound(shim, bare):
-    """However long the light stretch, the credit is 250 ms of GPU time: a 3 s run after 3 s at a tenth of
-    the GPU, at a 30 % limit, reads at most 30 + 25/3 points (the bound that keeps any 5 s window within 5
-    points of the limit)."""
-    r = shim.run("direct", "init", f"run:0.4:{KERNEL_US}:k", f"pace:3.0:{KERNEL_US}:3600",
+    """However long the light stretch, the credit is 500 ms of GPU time: a 3 s run after 4 s at a tenth of
+    the GPU (800 ms of unused share) at a 30 % limit reads at most 30 + 50/3 points (46.7; the whole 800 ms
+    would read 56.7): any window of 10 s or more within 5 points of the limit."""
+    r = shim.run("direct", "init", f"run:0.4:{KERNEL_US}:k", f"pace:4.0:{KERNEL_US}:3600",
                  f"run:3.0:{KERNEL_US}:k", CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
     s = share(r.find("run")[-1], bare)
-    assert 0.34 <= s <= 0.30 + 0.25 / 3 + 0.03, (s, r.stderr[-2000:])
+    assert 0.40 <= s <= 0.30 + 0.50 / 3 + 0.03, (s, r.stderr[-2000:])
 
 
 # ---- the measured-busy feedback (k_all): the device's busy time, not the process's own samples ----

@@ -585,9 +585,9 @@ def test_a_launchs_own_cpu_time_is_not_charged_as_gpu_time(shim, limit):
     share = rate(type(r)(r.rc, r.lines[-1:], r.stderr)) / bare
     # 0.07: the two rates are measured in separate processes on a shared CPU (0.654 seen at 60 under
     # load); the defect this catches is 0.21 / 0.43. Above the limit, also the burst credit: a launcher
-    # the loaded CPU stalls is light for a moment and earns up to 250 ms of GPU time (limiter.c
-    # CREDIT_NS), which 1.5 s may spend (0.403 at 30 seen in a fresh-clone CI run)
-    assert limit / 100 - 0.07 <= share <= limit / 100 + 0.07 + 0.25 / 1.5, share
+    # the loaded CPU stalls is light for a moment and earns up to 500 ms of GPU time (limiter.c
+    # CREDIT_NS), which 1.5 s may spend (0.403 at 30 seen in a fresh-clone CI run with 250 ms)
+    assert limit / 100 - 0.07 <= share <= limit / 100 + 0.07 + 0.5 / 1.5, share
 
 
 @pytest.mark.timing
@@ -603,7 +603,7 @@ def test_a_kernel_running_while_its_closing_event_is_recorded_is_charged(shim, l
                  FAKE_LAUNCH_US="40", FAKE_RECORD_US="60", HAMID_SHIM_NO_MONITOR="1")
     share = rate(type(r)(r.rc, r.lines[-1:], r.stderr)) / bare
     # the tolerance and the credit as in test_a_launchs_own_cpu_time_is_not_charged_as_gpu_time
-    assert limit / 100 - 0.07 <= share <= limit / 100 + 0.07 + 0.25 / 1.5, share
+    assert limit / 100 - 0.07 <= share <= limit / 100 + 0.07 + 0.5 / 1.5, share
 
 
 @pytest.mark.timing
