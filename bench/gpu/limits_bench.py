@@ -578,6 +578,9 @@ def repeat(classes, limits, secs, rounds, variants):
                     (lr,) = together([(c, env(limit=lim, extra=extra))], secs)
                     rows[name].append(tput(lr, unl))
                     shares[name].append((unl["nvml_share"], lr["nvml_share"], lr["shim_share"], lr.get("held_s")))
+                out[f"{c}@{lim}"] = {"ratios": rows, "shares": shares}
+                for f in SAVE:  # each round kept if the call runs out of time
+                    f()
             out[f"{c}@{lim}"] = {"ratios": rows, "shares": shares}
             for name, rs in rows.items():
                 ROWS.append(f"| repeat {c} ({name}) | {lim} | {' '.join(fmt(x[0]) for x in shares[name])} | "
@@ -645,6 +648,9 @@ def priority_rounds(secs, policy, rounds):
                           secs)
         ratios.append(tput(hi, alone))
         runs.append({"alone": alone, "high": hi, "low": lo, "passes": PASSES[n0:]})
+        R["priority_rounds"] = {"ratios": ratios, "runs": runs}
+        for f in SAVE:  # each round kept if the call runs out of time
+            f()
     med = statistics.median(ratios)
     R["priority_rounds"] = {"ratios": ratios, "median": med, "pass": med >= 0.9, "runs": runs}
     ROWS.append(f"| priority, {rounds} interleaved rounds: dyn (high) beside train (low), policy {policy} | - | - | "
@@ -671,6 +677,8 @@ def priority_diag(secs, policy, rounds):
             hi, _lo = together([("dyn", filed(priority=0, policy=policy)), mk()], secs)
             out.setdefault(name, []).append({"ratio": tput(hi, alone), "per_s": hi["per_s"],
                                              "nvml": hi["nvml_share"], "dev": hi["dev_share"]})
+            for f in SAVE:
+                f()
     for name in nb:
         rs = [x["ratio"] for x in out[name]]
         ROWS.append(f"| priority diag: dyn (high) beside {name} | - | - | "
