@@ -362,9 +362,36 @@ def ensure_unl(classes, secs):
     """Each class's unlimited share and throughput alone, measured in this call unless singles did."""
     for c in classes:
         if c not in UNL_RATE:
-            (unl,) = together([(c, env())], secs)
+            unl = reference(c, secs)
             UNL[c], UNL_RATE[c] = unl["nvml_share"], unl["rate"][c]
             steady_ref(c, unl, secs)
+
+
+def reference(c, secs):
+    """The class's unlimited run alone, what its limited runs are read against; a disturbed one (see uneven)
+    is measured again and the faster of the two kept."""
+    (unl,) = together([(c, env())], secs)
+    if uneven(unl, secs):
+        (again,) = together([(c, env())], secs)
+        R.setdefault("unl_remeasured", []).append({"cls": c, "first": unl["per_s"], "again": again["per_s"]})
+        unl = max(unl, again, key=lambda r: r["rate"][c])
+    return unl
+
+
+UNEVEN = 0.85
+
+
+def uneven(unl, secs):
+    """Whether an unlimited run's whole seconds after the first vary by more than 1 - UNEVEN: a steady workload
+    alone does not, and a launch-bound one (dyn) at times loses a third of its rate for seconds on the device
+    machine with nothing beside it (H200, 2026-11-26: 1.28 M, 0.91, 0.80, 0.79, 1.07 M tokens/s, NVML 74 %
+    busy, where every other reference that day read 1.23-1.25 M and 92-99 %): read against such a reference,
+    a tenant seems to run at 0.95 of its alone rate while it runs at 0.65. Slowdowns only lower a rate, so
+    keeping the faster of two runs makes every ratio against it stricter, never looser."""
+    if unl.get("cls") == "switch":  # its parts count different units: uneven by design
+        return False
+    ps = [x for x in (unl.get("per_s") or [])[1:int(secs)] if x]
+    return len(ps) >= 3 and min(ps) < UNEVEN * max(ps)
 
 
 def steady_ref(c, unl, secs):
@@ -407,7 +434,7 @@ def singles(classes, limits, secs):
     out = R.setdefault("singles", {})
     for c in classes:
         s = secs * 2 if c == "switch" else secs
-        (unl,) = together([(c, env())], s)
+        unl = reference(c, s)
         if unl["nvml_share"] is not None:
             UNL[c] = unl["nvml_share"]
         UNL_RATE[c] = unl["rate"].get(c)
