@@ -23,6 +23,11 @@ Classes (each its own kind of GPU work, none tuned to the limiter):
   graph    a CUDA graph (an MLP block, captured once) replayed
   switch   a different class every second (gemm, small, dyn, train, in turn)
   cycle_*  gemm2/small2/...: the same with another seed (unseen variants)
+  decode   autoregressive decoding with a KV cache (8 layers, d 1024): one token per sequence
+           per step, the cache growing from 1 to 256 positions, then a new batch of 1..16
+           sequences: tiny launch-bound kernels whose attention shape changes every step
+  conv     convolutional inference (5 conv layers, 3x3, 64..256 channels, fp16) on a batch of
+           8, 16, 32 or 64 images of 96 or 128 pixels drawn anew each step (cuDNN picks per shape)
   idle     a CUDA context and no work (a neighbour that is held, or gone quiet); with
            HAMID_BENCH_IDLE_NVML=1 it polls NVML every 100 ms as the shim's monitor does
            (process utilization, device samples): what such polling costs a tenant beside it
@@ -119,6 +124,49 @@ def make(cls, seed=7):
             loss.backward()
             opt.step()
             return n  # samples
+        return step
+    if cls == "decode":
+        d, layers, heads, maxlen = 1024, 8, 16, 256
+        mods = torch.nn.ModuleList([torch.nn.ModuleList([torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d),
+                                                         torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)])
+                                    for _ in range(layers)]).to(dev, torch.float16)
+        kc = torch.zeros(layers, 16, heads, maxlen, d // heads, device=dev, dtype=torch.float16)
+        vc = torch.zeros_like(kc)
+        st = {"b": 1, "p": maxlen}
+
+        @torch.no_grad()
+        def step():
+            if st["p"] >= maxlen:
+                st["b"], st["p"] = rng.randint(1, 16), 0
+            b, p = st["b"], st["p"]
+            h = torch.randn(b, 1, d, device=dev, dtype=torch.float16)
+            for i, (qkv, o, f1, f2) in enumerate(mods):
+                q, k, v = qkv(h).view(b, 1, 3, heads, d // heads).unbind(2)
+                kc[i, :b, :, p] = k[:, 0]
+                vc[i, :b, :, p] = v[:, 0]
+                att = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), kc[i, :b, :, :p + 1],
+                                                                       vc[i, :b, :, :p + 1])
+                h = h + o(att.transpose(1, 2).reshape(b, 1, d))
+                h = h + f2(torch.nn.functional.gelu(f1(h)))
+            st["p"] = p + 1
+            return b  # tokens
+        return step
+    if cls == "conv":
+        chans = [3, 64, 128, 128, 256, 256]
+        net = torch.nn.Sequential(*[m for i in range(5) for m in (
+            torch.nn.Conv2d(chans[i], chans[i + 1], 3, stride=2 if i % 2 else 1, padding=1), torch.nn.ReLU())],
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(256, 1000)).to(dev, torch.float16)
+        inputs = {(b, px): torch.randn(b, 3, px, px, device=dev, dtype=torch.float16)
+                  for b in (8, 16, 32, 64) for px in (96, 128)}
+        keys = list(inputs)
+
+        @torch.no_grad()
+        def step():
+            b, px = rng.choice(keys)
+            net(inputs[(b, px)])
+            return b  # images
+        for k in keys:
+            net(inputs[k])
         return step
     if cls == "idle":
         torch.zeros(1, device=dev)
