@@ -135,7 +135,7 @@ def make(cls, seed=7):
                                     for _ in range(layers)]).to(dev, torch.float16)
         kc = torch.zeros(layers, 16, heads, maxlen, d // heads, device=dev, dtype=torch.float16)
         vc = torch.zeros_like(kc)
-        pos = torch.arange(maxlen, device=dev)
+        pos = torch.arange(maxlen, device=dev).view(1, 1, 1, maxlen)
         st = {"b": 1, "p": maxlen}
 
         @torch.no_grad()
