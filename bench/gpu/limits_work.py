@@ -26,9 +26,9 @@ Classes (each its own kind of GPU work, none tuned to the limiter):
   decode   autoregressive decoding with a static KV cache (8 layers, d 1024, 256 positions, the
            unwritten ones masked, as a server that captures or compiles its decode step keeps
            them): one token per sequence per step, then a new batch of 1..16 sequences every 256
-           steps: tiny launch-bound kernels. (A cache sliced to the written length changes the
-           attention's shape every step, and the CPU then spends ~40 ms a step planning for each
-           new shape: 25 steps/s with the GPU 1 % busy on the H200, not a test of a GPU limit.)
+           steps: tiny launch-bound kernels; its rate is in steps. (With the cache sliced to the
+           written length, the attention's shape changing every step, it ran 25 steps/s with the
+           GPU 1 % busy on the H200: CPU-bound elsewhere, not a test of a GPU limit.)
   conv     convolutional inference (5 conv layers, 3x3, 64..256 channels, fp16) on a batch of
            8, 16, 32 or 64 images of 96 or 128 pixels drawn anew each step (cuDNN picks per shape)
   idle     a CUDA context and no work (a neighbour that is held, or gone quiet); with
@@ -154,7 +154,8 @@ def make(cls, seed=7):
                 h = h + o(att.transpose(1, 2).reshape(b, 1, d))
                 h = h + f2(torch.nn.functional.gelu(f1(h)))
             st["p"] = p + 1
-            return b  # tokens
+            return 1  # steps: launch-bound, a step takes about as long for 1 sequence as for 16, and tokens/s
+            # would follow the batch sizes a run happens to draw (0.8-4.4 k tokens/s second to second, H200)
         return step
     if cls == "conv":
         chans = [3, 64, 128, 128, 256, 256]
