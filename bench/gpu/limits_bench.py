@@ -30,6 +30,9 @@ Checks (issue 22 "What must hold"):
   HAMID_BENCH_SHIM=path/libvgpu.so: another build of the shim (e.g. other constants) in the same call.
   repeat: each class's unlimited and limited runs interleaved over --rounds rounds, the median reported
   (a single pair of launch-bound runs moves 10-20 % between processes).
+  priority-diag: the high-priority tenant beside an idle context, one polling NVML, and the held trainer.
+  --pin: each tenant on its own CPUs, the bench's own threads on the rest. An unlimited reference whose
+  seconds vary by more than 15 % is measured again and the faster kept (see uneven).
 
 Tenants that share the GPU start on one clock once all of them have warmed up
 (limits_work.py's READY handshake). A tenant in "file" mode takes its limits
@@ -85,6 +88,13 @@ LIVE = None  # the daemon's live pass (LivePass), one for the whole run as in th
 BUSY = None  # the daemon's NVML reading (NvmlBackend)
 PASSES: list = []  # what each pass saw and wrote
 SAVE: list = []  # main's save(), for cases that save as they go
+
+
+def save_now():
+    """Writes what is measured so far (a long case calls it after each round: kept if the call runs out of
+    time)."""
+    for f in SAVE:
+        f()
 
 
 def log(*a):
@@ -451,8 +461,7 @@ def singles(classes, limits, secs):
             ROWS.append(f"| {c} | {lim} | {fmt(us)} | {fmt(ls)} | {fmt(lr['shim_share'])} | {fmt(lr['dev_share'])} | "
                         f"{ratio:.2f} | {'pass' if ok_hi and ok_lo and ok_tp else 'FAIL'} |")
             log(ROWS[-1])
-            for f in SAVE:  # a long case: what is measured is kept if the call runs out of time
-                f()
+            save_now()
 
 
 # classes whose throughput is proportional to their GPU time (each keeps the GPU >= 97 % busy alone: H200,
@@ -607,9 +616,7 @@ def repeat(classes, limits, secs, rounds, variants):
                     rows[name].append(tput(lr, unl))
                     shares[name].append((unl["nvml_share"], lr["nvml_share"], lr["shim_share"], lr.get("held_s")))
                 out[f"{c}@{lim}"] = {"ratios": rows, "shares": shares}
-                for f in SAVE:  # each round kept if the call runs out of time
-                    f()
-            out[f"{c}@{lim}"] = {"ratios": rows, "shares": shares}
+                save_now()
             for name, rs in rows.items():
                 ROWS.append(f"| repeat {c} ({name}) | {lim} | {' '.join(fmt(x[0]) for x in shares[name])} | "
                             f"{' '.join(fmt(x[1]) for x in shares[name])} | {' '.join(fmt(x[2]) for x in shares[name])} | - | "
@@ -677,8 +684,7 @@ def priority_rounds(secs, policy, rounds):
         ratios.append(tput(hi, alone))
         runs.append({"alone": alone, "high": hi, "low": lo, "passes": PASSES[n0:]})
         R["priority_rounds"] = {"ratios": ratios, "runs": runs}
-        for f in SAVE:  # each round kept if the call runs out of time
-            f()
+        save_now()
     med = statistics.median(ratios)
     R["priority_rounds"] = {"ratios": ratios, "median": med, "pass": med >= 0.9, "runs": runs}
     ROWS.append(f"| priority, {rounds} interleaved rounds: dyn (high) beside train (low), policy {policy} | - | - | "
@@ -705,8 +711,7 @@ def priority_diag(secs, policy, rounds):
             hi, _lo = together([("dyn", filed(priority=0, policy=policy)), mk()], secs)
             out.setdefault(name, []).append({"ratio": tput(hi, alone), "per_s": hi["per_s"],
                                              "nvml": hi["nvml_share"], "dev": hi["dev_share"]})
-            for f in SAVE:
-                f()
+            save_now()
     for name in nb:
         rs = [x["ratio"] for x in out[name]]
         ROWS.append(f"| priority diag: dyn (high) beside {name} | - | - | "
