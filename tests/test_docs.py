@@ -33,3 +33,41 @@ def test_the_readme_points_at_the_design_in_this_repository():
     for folder in ("devices", "ledger", "placement", "node", "localapi", "docker", "peer", "gossip", "metrics",
                    "shimregion", "shimlimits", "shiminstall", "runtime"):
         assert f"hamid/{folder}/" in design, folder
+
+
+RESULTS = ROOT / "bench" / "gpu" / "results"
+
+
+def _tracked_text_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    keep = (".py", ".md", ".c", ".h", ".sh", ".cu", ".yaml", ".toml")
+    return [ROOT / p for p in out.split() if p.endswith(keep) or "/standins/" in p]
+
+
+def test_every_pointer_into_the_gpu_results_names_a_file_that_exists():
+    # Results are indexed by topic (bench/gpu/results/<topic>/README.md); a pointer at a deleted run would send
+    # a reader to nothing.
+    missing = []
+    for path in _tracked_text_files():
+        if not path.is_file() or RESULTS in path.parents:
+            continue
+        for ref in re.findall(r"bench/gpu/results/[A-Za-z0-9_./*-]*[A-Za-z0-9_/]", path.read_text(errors="replace")):
+            if "*" in ref or not (ROOT / ref).exists():
+                missing.append(f"{path.relative_to(ROOT)}: {ref}")
+    assert not missing, missing
+
+
+def test_each_results_topic_has_a_readme_that_names_its_runs():
+    # Each topic's README names its current reference runs; a summary committed without it is a loose notebook.
+    topics = [d for d in RESULTS.iterdir() if d.is_dir()]
+    assert topics, "no results topics"
+    assert (RESULTS / "README.md").is_file()
+    for topic in topics:
+        readme = topic / "README.md"
+        assert readme.is_file(), f"{topic.name}/ has no README.md"
+        text = readme.read_text()
+        assert topic.name in (RESULTS / "README.md").read_text(), f"the index does not list {topic.name}/"
+        for run in topic.glob("*.md"):
+            if run.name != "README.md":
+                assert run.name in text, f"{topic.name}/README.md does not name {run.name}"
+    assert not [p.name for p in RESULTS.iterdir() if p.is_file() and p.name != "README.md"], "runs outside a topic"

@@ -290,7 +290,7 @@ class NodeCore:
             if rc.get("name") == container and rc.get("gpu"):
                 prio = rc["gpu"].get("priority")
                 asked = rc["gpu"].get("core_policy")
-        # No time slots in the file: measured on an H200 (bench/gpu/results/h200-2026-11-26-limits.md, issue 22)
+        # No time slots in the file: measured on an H200 (bench/gpu/results/limits/README.md, issue 22)
         # slots are not work-conserving (a launch-bound tenant got 3 % of a 30 % share); the shim's rate limiter
         # holds each container to its share (the ledger's cores), with the policy below.
         is_mps = any(d.mps for d in c.devices)

@@ -64,7 +64,7 @@ FAULT_MARKS = ("encountered a fatal gpu error",)
 takes a fatal GPU fault: ``Client {PID: 910, Context: 1} encountered a fatal GPU error.``, then
 ``Server is handling a fatal GPU error.`` and the clients it tears down (measured on an H200, MPS
 13.0, for an illegal address and for a client SIGKILLed mid-kernel:
-bench/gpu/results/h200-2026-11-26-mps-round2.md)."""
+bench/gpu/results/mps/README.md)."""
 MAX_ANSWER = 64 * 1024  # bytes of a command's answer kept; more is refused (a daemon never says that much)
 
 

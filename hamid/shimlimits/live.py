@@ -62,7 +62,7 @@ STEP_MAX = 1.5
 # How far (in log) a pass moves f towards the sum matching the busy time: all the way, within STEP_MAX. Halfway
 # (the rate before) was for charges that ran ahead of the GPU; since the shims' schedules follow a GPU that
 # falls behind them (limiter.c catch_up), a pass's charges are what the GPU ran, and on the H200 (2026-11-26,
-# bench/gpu/results/h200-2026-11-26-limits-round4-*) the full step held GEMM+GEMM and GEMM+inference at
+# bench/gpu/results/limits/README.md) the full step held GEMM+GEMM and GEMM+inference at
 # 30/70 within 5 points where halfway left the 70 % tenant 5-6 points short at the end of a 10 s run.
 LEARN_RATE = 1.0
 # NVML's busy share this low says nothing about how the charges compare (idle GPU, rounding): no pass learns.

@@ -73,7 +73,7 @@
  * 51 with 50 ms, 57.75 with 250 ms, 60 (the limit: the whole of what the light second left) from 340 ms on.
  * Measured on the H200, 2026-11-26: 54.2 with 50 ms and 58.4 with 250 ms in one call; then 250 ms read
  * 62.3, 52.8, 57.5 in three rounds (one under 55) and, in one later call, 56.8 / 59.6 / 59.2 against
- * 61.0 / 60.4 / 59.3 with 500 ms (bench/gpu/results/s8). 500 ms spends a whole light second at limits up
+ * 61.0 / 60.4 / 59.3 with 500 ms (bench/gpu/results/limits/README.md). 500 ms spends a whole light second at limits up
  * to 50 % and most of it above. The price is the bound: over a whole run that starts after a pause it is
  * still the limit (+ IDLE_CREDIT_NS), but a window that starts right after a light stretch may read up to
  * CREDIT_NS/W over: 10 points over 5 s, 5 over 10 s, 2 over 25 s. Steady work earns no credit at all.
