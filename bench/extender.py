@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The extender's ``filter`` latency at 1,000, 5,000 and 15,000 nodes of 8 GPUs, beside a baseline.
 
-The extender's HTTP app (:mod:`hamid.control.extender`) is served by
+The extender's HTTP app (:mod:`hamid.scheduling.extender`) is served by
 hypercorn on loopback as the daemon serves it, over the leader's cluster view
-(:class:`hamid.control.placer.ClusterView`) fed by a real gossip
+(:class:`hamid.scheduling.placer.ClusterView`) fed by a real gossip
 ``Membership`` holding N members and their capacity documents (built as
 bench/placement.py builds the nodes: H100/A100 mixes, some in MIG mode, each
 pre-loaded to a random 0-70 % use, turned into gossip documents and back by
@@ -48,8 +48,8 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402
 from starlette.routing import Mount, Route  # noqa: E402
 
-from hamid.control.extender import Extender  # noqa: E402
-from hamid.control.placer import ClusterView  # noqa: E402
+from hamid.scheduling.extender import Extender  # noqa: E402
+from hamid.scheduling.placer import ClusterView  # noqa: E402
 from hamid.request.model import Defaults  # noqa: E402
 from hamid.serving import serve_asgi  # noqa: E402
 

@@ -2,7 +2,7 @@
 """Pods placed per second by the leader in gate mode, through the API-server stand-in.
 
 Starts the API-server stand-in and N nodes (a kubelet stand-in and a real
-``hamid run`` each, gossip, peer API, the control face), creates P gated GPU
+``hamid run`` each, gossip, peer API, the scheduling face), creates P gated GPU
 pods (directly, not through the webhook, so only the placement is timed):
 each placement is a choice on the gossiped view, a commit on the chosen
 node's ledger through the peer API, and one pod update.

@@ -96,7 +96,7 @@ _DEFS = (
     MetricDef("hami_mig_device_info", "MIG runtime identity for a container allocation",
               CTR + ("mig_uuid", "profile", "gpu_instance_id", "compute_instance_id"),
               "MigInfo", LEGACY_CTR + ("instanceid",)),
-    # scheduler side, namespace GPU quotas (the leader's: hamid/control/quota.py); quota_name is the
+    # scheduler side, namespace GPU quotas (the leader's: hamid/scheduling/quota.py); quota_name is the
     # resource (nvidia.com/gpumem), not the ResourceQuota's name; limit is the limit as written, 0 when none
     MetricDef("hami_resource_quota_used", "resourcequota usage for a certain device",
               ("namespace", "quota_name", "limit"), "QuotaUsed", ("quotanamespace", "quotaName", "limit")),

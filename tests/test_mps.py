@@ -417,7 +417,7 @@ def test_a_node_without_the_mps_programs_refuses_mps_at_placement_and_says_what_
 
 
 def test_kube_scheduler_hears_that_a_node_lacks_the_mps_programs(tmp_path):
-    from hamid.control.nodefit import summarize
+    from hamid.scheduling.fitsummary import summarize
 
     d = make_node(tmp_path / "s", "H100:1", mode="mps", mpsControl="/nonexistent/nvidia-cuda-mps-control")
     try:
@@ -482,7 +482,7 @@ def test_the_daemon_restarts_a_killed_mps_daemon_and_a_restarted_hamid_adopts_it
 
 def test_kube_scheduler_hears_why_an_mps_pod_fits_nowhere(node_of):
     """The extender's and the gate's one-line summary names the mode and the setting to change."""
-    from hamid.control.nodefit import summarize
+    from hamid.scheduling.fitsummary import summarize
 
     plain = node_of(simulate="H100:1")
     busy = node_of(operatingMode="any", simulate="H100:1")

@@ -100,7 +100,7 @@ def doc_problem(doc: Any) -> str | None:
     pk = doc.get("pk")  # the node's peer identity (hamid/nodekey.py), when it serves the peer API
     if pk is not None and not valid_public_key(pk):
         return "identity key malformed"
-    ext = doc.get("extender")  # the node's extender URL (hamid/control), when it serves one
+    ext = doc.get("extender")  # the node's extender URL (hamid/scheduling), when it serves one
     if ext is not None and (type(ext) is not str or not ext.startswith(("http://", "https://")) or len(ext) > 256):
         return "extender address malformed"
     try:

@@ -378,7 +378,7 @@ class Config(NodeSettings, ResourceNameSettings):
     kube-scheduler binds it; needs no scheduler configuration, so it works on
     managed clusters (EKS, GKE, AKS). ``extender``: kube-scheduler calls
     hamid's extender (``contrib/kubelet/``). ``none``: this daemon runs no
-    control face (pods then arrive with ``spec.nodeName`` or no reservation
+    scheduling face (pods then arrive with ``spec.nodeName`` or no reservation
     and are admitted by their node)."""
 
     extenderListen: str = "0.0.0.0:9998"
@@ -654,7 +654,7 @@ class Config(NodeSettings, ResourceNameSettings):
     gossip's connect timeout, declares a stuck node unreachable quickly enough
     for the leader to place elsewhere."""
 
-    # --- leader election and gossip seeds in Kubernetes (hamid/control/leader.py, seeds.py) ---
+    # --- leader election and gossip seeds in Kubernetes (hamid/kube/election.py, seeds.py) ---
 
     leaderElectionLeaseDuration: int = Field(15, ge=1, le=3600)
     """Seconds a candidate waits, on its own clock, without seeing the Lease

@@ -129,7 +129,7 @@ def front_faces(config: Config, settings: NodeSettings) -> list:
     """What this process serves, by configuration; a config it cannot serve is refused here."""
     from dataclasses import replace
 
-    from ..control.webhook import WebhookFace
+    from ..webhook.face import WebhookFace
     from ..request.model import Defaults, ResourceNames
 
     c = config

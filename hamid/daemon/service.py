@@ -340,7 +340,7 @@ def build_faces(d: Daemon):
             peer_address = advertised(c.peerListen, c.peerAdvertise)
         seeds = tuple(c.gossipJoin)
         if not seeds and api is not None and (c.gossipSeedsFromPods or c.gossipSeedsService):
-            from ..control.seeds import kubernetes_seeds
+            from ..kube.seeds import kubernetes_seeds
 
             seeds = tuple(kubernetes_seeds(c, api))  # the other DaemonSet pods: no address by hand
             log.info("gossip seeds from Kubernetes", seeds=list(seeds))
@@ -398,7 +398,7 @@ def build_faces(d: Daemon):
 
 def web_face(d: Daemon, gossip, faces: list, keyring=None, identity=None):
     """The web view (``webListen``): this node's service, the gossiped view, and
-    the leader as the control face's elector last saw it (Kubernetes only)."""
+    the leader as the scheduling face's elector last saw it (Kubernetes only)."""
     from ..cluster.report import live_views
     from ..web.face import WebFace
     from ..web.guard import load_token
@@ -484,10 +484,10 @@ class _Task:
 
 
 def control_faces(d: Daemon, api, gossip, keyring=None, identity=None) -> list:
-    """The webhook (every daemon) and the control face (the leader's work, the extender)."""
-    from ..control.face import ControlFace
-    from ..control.leader import LeaderElector
-    from ..control.placer import ClusterView
+    """The webhook (every daemon) and the scheduling face (the leader's work, the extender)."""
+    from ..scheduling.face import SchedulingFace
+    from ..kube.election import LeaderElector
+    from ..scheduling.placer import ClusterView
     from ..cluster.capacity import view_from_doc
     from ..peer.client import PeerClient
 
@@ -506,17 +506,14 @@ def control_faces(d: Daemon, api, gossip, keyring=None, identity=None) -> list:
         return (gossip.membership.live_docs().get(node) or {}).get("extender")
 
     faces: list = []
-    try:
-        from ..control.webhook import WebhookFace
-    except ImportError:  # pragma: no cover - the webhook module ships with the control face
-        WebhookFace = None
-    if WebhookFace is not None and not c.frontDir:  # else `hamid front` serves it, unprivileged
+    from ..webhook.face import WebhookFace
+    if not c.frontDir:  # else `hamid front` serves it, unprivileged
         faces.append(WebhookFace.from_config(c, defaults=request_defaults(d)))
     def serving_files() -> tuple[str, str]:
         """The extender serves the webhook's certificate (the chart's, or the self-made one)."""
         if c.webhookCertFile:
             return c.webhookCertFile, c.webhookKeyFile
-        from ..control.certs import ensure
+        from ..webhook.certs import ensure
 
         files = ensure(os.path.join(c.stateDir, "webhook-tls"), ["localhost", "127.0.0.1", *c.webhookNames])
         return str(files.cert), str(files.key)
@@ -531,7 +528,7 @@ def control_faces(d: Daemon, api, gossip, keyring=None, identity=None) -> list:
     else:
         listen, tls, client_ca = (c.extenderListen, serving_files if c.extenderClientCAFile else None,
                                   c.extenderClientCAFile)
-    faces.append(ControlFace(api=api, peer=peer, cluster=cluster, elector=elector, mode=c.controlMode,
+    faces.append(SchedulingFace(api=api, peer=peer, cluster=cluster, elector=elector, mode=c.controlMode,
                              defaults=request_defaults(d), node_policy=d.settings.nodeSchedulerPolicy,
                              ignored=ignored, extender_listen=listen, extender_of=extender_of,
                              extender_tls=tls, extender_client_ca=client_ca, extender_group=c.frontGroup,

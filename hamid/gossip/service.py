@@ -61,7 +61,7 @@ class GossipService:
         self.keyring = keyring
         self.read_view = read_view
         self.peer_address = peer_address
-        self.extender_address = extender_address  # the control face's extender (hamid/control), when served
+        self.extender_address = extender_address  # the scheduling face's extender (hamid/scheduling), when served
         self.identity_key = identity_key
         self.read_stamp = read_stamp
         self.view_in_thread = view_in_thread

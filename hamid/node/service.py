@@ -1,7 +1,7 @@
 """The node service: the node's authority as one object, for trio code.
 
 Every face (the local API, the Docker face, the peer API, later the device
-plugin and the control face) calls these async methods and nothing below
+plugin and the scheduling face) calls these async methods and nothing below
 them. Each runs :class:`hamid.node.core.NodeCore` in a worker thread of the
 service's own pool (SQLite, NVML and the file system block), so the trio
 loop never waits on the disk and no face can starve another's threads.

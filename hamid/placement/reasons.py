@@ -5,7 +5,7 @@ its ``kind`` (one of :data:`KINDS`), the GPU it is about, what was asked and
 what is free, and whatever detail names the rest. It *is* its sentence (a
 ``str`` subclass), so the CLI, the extender's FailedNodes and Events print it
 as they always did, while the code that aggregates reasons (kube-scheduler's
-"0/N nodes are available" summary in :mod:`hamid.control.nodefit`) reads the
+"0/N nodes are available" summary in :mod:`hamid.scheduling.fitsummary`) reads the
 fields and never the words: rewording a sentence cannot change a summary.
 """
 

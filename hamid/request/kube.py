@@ -178,6 +178,8 @@ def _container(c: Any, where: str, init: bool, ann: dict, defaults: Defaults) ->
 # The count's name in HAMi's first releases (4paradigm's k8s-vgpu-scheduler); HAMi
 # today ignores it, so such a pod waits forever: refused here, saying what to write.
 LEGACY_COUNT = "nvidia.com/vgpu"
+# The scheduling gate the webhook puts on every GPU pod in gate mode, and the gate leader removes once it placed it.
+GATE = "hamid.io/placement"
 CORES_CLAMPED = "hamid.io/gpucores-clamped"  # set by the webhook on a pod whose gpucores it lowered to 100
 
 

@@ -224,7 +224,7 @@ def image(engine, base_tree, base_image, tmp_path_factory) -> str:
 PROBE = """
 import json, os, pathlib, shutil, subprocess, sys
 out = {"uid": os.getuid()}
-import hamid.daemon.service, hamid.kubelet.face, hamid.control.face  # every face's dependencies
+import hamid.daemon.service, hamid.kubelet.face, hamid.scheduling.face  # every face's dependencies
 from hamid.shimlimits.codec import limits_size
 from hamid.shimregion.reader import region_struct_size
 out["limits_size"], out["region_size"] = limits_size(), region_struct_size()

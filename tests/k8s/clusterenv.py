@@ -60,12 +60,12 @@ class ClusterEnv:
         root.mkdir(parents=True, exist_ok=True)
         self.api = api
         self.mode = mode
-        from hamid.control.certs import ensure
+        from hamid.webhook.certs import ensure
 
         # one serving certificate for every daemon, as the chart mounts one Secret into each pod
         self.tls = ensure(root / "tls", ["127.0.0.1", "hamid-webhook.kube-system.svc"])
         # extender mode: kube-scheduler's client certificate from the same CA, as the chart makes it
-        from hamid.control.certs import Issued, issue
+        from hamid.webhook.certs import Issued, issue
 
         ca = Issued((root / "tls" / "ca.key").read_bytes(), (root / "tls" / "ca.pem").read_bytes())
         client = issue(ca, ["system:kube-scheduler"], client=True)

@@ -46,7 +46,7 @@ def test_extender_needs_a_client_certificate_and_refuses_binds_that_are_not_kube
                                                                                             front):
     """Served by the daemon itself, and as the chart runs it: by ``hamid front`` with no
     capabilities, the daemon answering only on its frontDir socket."""
-    from hamid.control.certs import issue, make_ca
+    from hamid.webhook.certs import issue, make_ca
     from scheduler import SchedulerStandIn
 
     env = ClusterEnv(tmp_path / "c", api_server, nodes=2, mode="extender", front=front).start(webhook=False)

@@ -1,5 +1,5 @@
 """The peer API's batch commit (``commit_many``) over real TCP on 127.0.0.1, and the leader's
-side that gathers a node's commits into it (hamid/control/batches.py).
+side that gathers a node's commits into it (hamid/scheduling/batches.py).
 
 What the gate leader relies on: one request commits a burst on one node with a verdict per
 placement (one refused does not refuse the others), the same checks as the single commit
@@ -15,7 +15,7 @@ import trio
 from structlog.testing import capture_logs
 
 from peerharness import LedgerNode, new_keyring, serving
-from hamid.control.batches import NodeBatches
+from hamid.scheduling.batches import NodeBatches
 from hamid.peer import PeerClient, PeerFace, PeerProtocolError, PeerRefused, PeerUnknownMethod
 from hamid.peer import frames
 from hamid.peer import server as peer_server

@@ -26,7 +26,7 @@ import uuid
 import httpx
 import pytest
 
-from hamid.control import certs
+from hamid.webhook import certs
 
 HAMID = [sys.executable, "-m", "hamid.cli.main"]
 

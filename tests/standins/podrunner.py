@@ -995,7 +995,7 @@ def resource_field(pod: dict, container: str, ref: Mapping, node_allocatable: Ma
     from fractions import Fraction
     from math import ceil
 
-    from hamid.control.nodefit import quantity
+    from hamid.request.quantity import quantity
     name = ref.get("containerName") or container
     c = next((c for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == name), None)
     if c is None:

@@ -1249,7 +1249,7 @@ SA_SUBJECT = {"kind": "ServiceAccount", "name": "hamid", "namespace": "kube-syst
 def test_in_cluster_config_over_https_with_a_service_account_token(secure_api, tmp_path):
     from kubernetes.config.incluster_config import InClusterConfigLoader
 
-    from hamid.control.webhook import service_account_user
+    from hamid.webhook.face import service_account_user
 
     secure_api.create({"apiVersion": "v1", "kind": "ServiceAccount",
                        "metadata": {"name": "hamid", "namespace": "kube-system"}})

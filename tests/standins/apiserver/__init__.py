@@ -69,7 +69,7 @@ What it does, as the real server does:
   and system:unauthenticated), labelled ``kubernetes.io/bootstrapping:
   rbac-defaults``.
 * HTTPS (``tls=True``): a CA of its own (ECDSA P-256, made with
-  :mod:`hamid.control.certs`), its PEM in :attr:`ApiServer.ca_pem` (a pod's
+  :mod:`hamid.webhook.certs`), its PEM in :attr:`ApiServer.ca_pem` (a pod's
   ``ca.crt``) and in :meth:`ApiServer.write_kubeconfig`'s
   ``certificate-authority-data``; the serving certificate names
   ``kubernetes``, ``kubernetes.default``, ``kubernetes.default.svc``,

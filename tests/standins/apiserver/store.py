@@ -99,7 +99,7 @@ class ApiServer:
         self._tls_contexts: dict[str, ssl.SSLContext] = {}
         self._tls_lock = threading.Lock()
         if tls:
-            from hamid.control import certs
+            from hamid.webhook import certs
             self._ca = certs.make_ca("hamid apiserver stand-in CA")
             self.ca_pem = self._ca.cert_pem
             names = ["kubernetes", "kubernetes.default", "kubernetes.default.svc",
@@ -177,7 +177,7 @@ class ApiServer:
         import os
         import tempfile
 
-        from hamid.control import certs
+        from hamid.webhook import certs
         if local_ip.startswith("::ffff:"):
             local_ip = local_ip[7:]
         key = "" if local_ip in self._tls_names else local_ip

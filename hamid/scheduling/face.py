@@ -1,6 +1,6 @@
-"""The control face: the cluster half of Kubernetes, on every daemon.
+"""The scheduling face: the cluster half of Kubernetes, on every daemon.
 
-- the Lease election (:mod:`.leader`) among the daemons;
+- the Lease election (:class:`hamid.kube.election.LeaderElector`, handed in) among the daemons;
 - while this daemon leads, in gate mode, the gate controller (:mod:`.gates`):
   the work is cancelled the instant the term ends;
 - in extender mode, the extender's HTTP server (:mod:`.extender`), on every
@@ -33,8 +33,8 @@ log = get_logger("control")
 TRACK_LEADER_S = 0.5  # how often the leader's node is re-read from the elector's last observation (cached: no API call)
 
 
-class ControlFace:
-    name = "control"
+class SchedulingFace:
+    name = "scheduling"
 
     def __init__(self, *, api, peer, cluster: ClusterView, elector, mode: str, defaults: Defaults,
                  node_policy: str, ignored: set[str], extender_listen: str | None = None,

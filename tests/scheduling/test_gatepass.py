@@ -1,4 +1,4 @@
-"""The leader's placement pass (hamid/control/ranking.py, gates.PodsByNode) decides as the one-pod-at-a-time choice did.
+"""The leader's placement pass (hamid/scheduling/ranking.py, gates.PodsByNode) decides as the one-pod-at-a-time choice did.
 
 Gated pods that arrive together are placed in one pass: one snapshot of the
 cluster view, decisions in sequence against it, each booked before the next.
@@ -18,10 +18,10 @@ import random
 import pytest
 
 from hamid.cluster.capacity import doc_from_view, view_from_doc
-from hamid.control.gates import PodsByNode
-from hamid.control.nodefit import kube_filters, node_load
-from hamid.control.placer import ClusterView, choose
-from hamid.control.ranking import RankedView, choose_ranked
+from hamid.scheduling.gates import PodsByNode
+from hamid.scheduling.kubefit import kube_filters, node_load
+from hamid.scheduling.placer import ClusterView, choose
+from hamid.scheduling.ranking import RankedView, choose_ranked
 from hamid.devices.catalog import A100_80, H100_80
 from hamid.devices.simulated import SimulatedBackend
 from hamid.placement.view import NodeView, gpu_view_from_info

@@ -3,31 +3,24 @@
 The leader places a gated pod on a node only if kube-scheduler, which binds
 it afterwards, would also accept that node: otherwise the pod would be
 committed on one node's ledger and stay pending. This module owns that
-judgement and its wording, with no I/O:
-
-- :func:`kube_filters`: kube-scheduler's default filter plugins, in the order
-  its default profile runs them and stopping, as it does, at the first
-  plugin that rejects the node: NodeAffinity's PreFilter (``matchFields``
-  ``metadata.name In`` in every term restricts the candidate nodes; the
-  others are "node(s) didn't satisfy plugin(s) [NodeAffinity]"),
-  NodeUnschedulable, NodeName, TaintToleration, NodeAffinity (nodeSelector
-  and required node affinity), NodePorts, NodeResourcesFit (requests
-  against ``status.allocatable`` minus the requests of the non-terminal
-  pods already there, with ``resourcehelper.PodRequests``' rules: app
-  containers and sidecars summed, each init container plus the sidecars
-  started before it, the larger of the two, pod-level cpu/memory requests,
-  ``spec.overhead``; cpu counted in millicores and everything else in units,
-  each rounded up as ``Quantity.MilliValue()``/``Value()`` do). The GPU
-  resources hamid accounts itself are skipped (``ignored_resources``).
-- :func:`summarize`: kube-scheduler's ``0/N nodes are available: ...``
-  message (each distinct reason counted over the nodes, the ``"<count>
-  <reason>"`` strings sorted bytewise as ``FitError.Error`` sorts them), with
-  the placement engine's per-GPU reasons folded into reasons of the same
-  style ("3 GPU memory (4096 MiB requested, at most 2048 free on any GPU)").
-- :func:`narrow_to_node`: the RFC 6902 JSON Patch that narrows a gated pod's
-  required node affinity to one node, which is all KEP-3838 lets an update
-  of a gated pod do.
-- :func:`quantity`: Kubernetes quantity strings, parsed exactly.
+judgement, with no I/O: :func:`kube_filters`, kube-scheduler's default filter
+plugins, in the order
+its default profile runs them and stopping, as it does, at the first
+plugin that rejects the node: NodeAffinity's PreFilter (``matchFields``
+``metadata.name In`` in every term restricts the candidate nodes; the
+others are "node(s) didn't satisfy plugin(s) [NodeAffinity]"),
+NodeUnschedulable, NodeName, TaintToleration, NodeAffinity (nodeSelector
+and required node affinity), NodePorts, NodeResourcesFit (requests
+against ``status.allocatable`` minus the requests of the non-terminal
+pods already there, with ``resourcehelper.PodRequests``' rules: app
+containers and sidecars summed, each init container plus the sidecars
+started before it, the larger of the two, pod-level cpu/memory requests,
+``spec.overhead``; cpu counted in millicores and everything else in units,
+each rounded up as ``Quantity.MilliValue()``/``Value()`` do). The GPU
+resources hamid accounts itself are skipped (``ignored_resources``).
+Quantities are parsed by :mod:`hamid.request.quantity`; the message for a pod
+no node takes is :mod:`.fitsummary`'s, the patch pinning a pod to its node
+:mod:`.narrow`'s.
 
 Not modelled: the volume plugins, PodTopologySpread, InterPodAffinity and
 DynamicResources (GPU pods that use them are judged by kube-scheduler
@@ -40,12 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
-from ..placement.reasons import Reason
-from ..request.quantity import NANO as _NANO, nanos as _nanos, quantity
-
-__all__ = ["quantity", "pod_requests", "kube_filters", "NodeLoad", "node_load", "summarize", "narrow_to_node", "REASON_UNSCHEDULABLE",
-           "REASON_NODE_NAME", "REASON_AFFINITY", "REASON_AFFINITY_PREFILTER", "REASON_AFFINITY_CONFLICT",
-           "REASON_PORTS", "REASON_TOO_MANY_PODS"]
+from ..request.quantity import NANO as _NANO, nanos as _nanos
 
 # kube-scheduler's own words (its plugins' ErrReason constants)
 REASON_UNSCHEDULABLE = "node(s) were unschedulable"
@@ -55,10 +43,8 @@ REASON_AFFINITY_PREFILTER = "node(s) didn't satisfy plugin(s) [NodeAffinity]"
 REASON_AFFINITY_CONFLICT = "pod affinity terms conflict"  # a PreFilter rejection: said once, not per node
 REASON_PORTS = "node(s) didn't have free ports for the requested pod ports"
 REASON_TOO_MANY_PODS = "Too many pods"
-_PREFILTER_REJECTIONS = frozenset({REASON_AFFINITY_CONFLICT})
+PREFILTER_REJECTIONS = frozenset({REASON_AFFINITY_CONFLICT})
 
-# --------------------------------------------------------------------------------------------------
-# quantities: hamid.request.quantity's parser (one grammar for the webhook, the node and the leader)
 
 def _units(resource: str, nanos: int) -> int:
     """What kube-scheduler counts of a quantity: millicores for cpu, whole units otherwise, rounded up
@@ -423,163 +409,3 @@ def kube_filters(pod: dict, node: dict, pods_on_node: list[dict] | NodeLoad, *,
                                [hp for p in live for hp in _host_ports(p)]):
         return [REASON_PORTS]
     return _resources(pod, node, live, set(ignored_resources))
-
-
-# --------------------------------------------------------------------------------------------------
-# the message
-
-# The placement engine's per-GPU reasons (hamid/placement), folded into one reason per kind and node.
-# Each pattern gives a kind, the requested amount where there is one (the key: a pod's containers may
-# ask different amounts) and the amount free (its largest over the nodes is shown).
-def _gpu_reason(kind: str, req: str | None, free: int | None, what: str | None) -> str:
-    if kind == "mem":
-        return f"GPU memory ({req} MiB requested, at most {max(free, 0)} free on any GPU)"
-    if kind == "cores":
-        return f"GPU cores ({req}% requested, at most {max(free, 0)}% free on any GPU)"
-    return {
-        "nocores": "GPU cores (none left on any GPU)",
-        "slots": "GPU share slots (all in use)",
-        "exclusive": "GPU held exclusively (cores=100)",
-        "idle": "GPU in use (an idle GPU is needed)",
-        "unhealthy": "GPU unhealthy",
-        "cordoned": "GPU cordoned (hami.io/device-cordon)",
-        "filtered": "GPU excluded by filterDevices",
-        "devices": f"GPU not among the requested devices {req}",
-        "usetype": f"GPU type (not use-gputype {req})",
-        "nousetype": f"GPU type (nouse-gputype {req})",
-        "useuuid": "GPU not in use-gpuuuid",
-        "nouseuuid": "GPU in nouse-gpuuuid",
-        "notmig": "GPU mode (MIG requested, GPU not in MIG mode)",
-        "mig": f"GPU mode ({req} requested, GPU in MIG mode)",
-        "serves": f"GPU mode ({req} not served: set operatingMode or deviceModes to {req} or any)",
-        "onemode": f"GPU mode ({req} requested, GPU busy with {what} tenants)",
-        "mpsmissing": "GPU mode (mps: the node lacks NVIDIA's MPS programs, nvidia-cuda-mps-control)",
-        "migcreate": f"GPU MIG ({what} on {req} GPU(s) requested, at most {free} can create it)",
-        "migprofile": f"GPU MIG (no profile {what})",
-        "migsize": f"GPU MIG (no profile holds {req} MiB)",
-        "migplace": "GPU MIG (no free placement)",
-        "count": f"GPU count ({req} requested, at most {free} fit on any node)",
-        "quota": f"GPU quota of the namespace ({what}; the pod adds {req}, at most {free} left)",
-    }[kind]
-
-
-def _node_reasons(reasons: Iterable[str]) -> dict[tuple, int | None]:
-    """One node's reasons as keys (a plain reason, or a GPU kind with its request) and the amount free
-    where the kind has one (the largest on the node). The placement engine's reasons are values
-    (:class:`hamid.placement.reasons.Reason`): their kind and numbers are read, never their words. A
-    plain string is kube-scheduler's own reason or the placer's ("no hamid daemon publishes this
-    node's GPUs"), counted as it is."""
-    out: dict[tuple, int | None] = {}
-    gpu_kinds: set[str] = set()
-    for r in reasons:
-        if not isinstance(r, Reason):
-            out[("plain", r)] = None
-            continue
-        asked = None if r.asked is None else str(r.asked)
-        free = r.free if r.kind in _HAS_FREE else None
-        key = ("gpu", r.kind, asked if r.kind in _HAS_ASKED else None, r.what if r.kind in _HAS_WHAT else None)
-        if key in out and free is not None:
-            free = max(free, out[key])  # type: ignore[arg-type]
-        out[key] = free
-        gpu_kinds.add(r.kind)
-    if gpu_kinds - {"count"}:  # "needs 1 GPU(s), 0 fit" only repeats what the per-GPU reasons say
-        for key in [k for k in out if k[0] == "gpu" and k[1] == "count" and k[2] == "1"]:
-            del out[key]
-    return out
-
-
-# which fields of a kind the summary shows (and so tells reasons apart by)
-_HAS_ASKED = {"mem", "cores", "devices", "usetype", "nousetype", "migcreate", "migsize", "count", "mig", "serves",
-              "onemode", "quota"}
-_HAS_FREE = {"mem", "cores", "migcreate", "count", "quota"}
-_HAS_WHAT = {"migcreate", "migprofile", "onemode", "quota"}
-
-
-def summarize(reasons_by_node: dict[str, list[str]], total: int) -> str:
-    """kube-scheduler's message for a pod no node takes: ``0/5 nodes are available: 2 node(s) had
-    untolerated taint {gpu: no}, 3 GPU memory (4096 MiB requested, at most 2048 free on any GPU).``
-
-    Each distinct reason is counted once per node that gives it; the
-    ``"<count> <reason>"`` parts are sorted as strings (``sort.Strings``, as
-    ``FitError.Error`` does, so "10 ..." sorts before "2 ..."). The placement
-    engine's per-GPU reasons are folded per node into one reason per kind
-    (memory, cores, share slots, ...) whose numbers are the request and the
-    most free on any GPU of the nodes counted. A PreFilter rejection (every
-    node) is said once, without a count, as kube-scheduler says it.
-    """
-    if total == 0:
-        return "0/0 nodes are available: no nodes available to schedule pods."
-    for why in reasons_by_node.values():
-        for r in why:
-            if r in _PREFILTER_REJECTIONS:
-                return f"0/{total} nodes are available: {r}."
-    counts: dict[tuple, int] = {}
-    free: dict[tuple, int | None] = {}
-    for why in reasons_by_node.values():
-        for key, f in _node_reasons(why).items():
-            counts[key] = counts.get(key, 0) + 1
-            if f is not None:
-                free[key] = f if free.get(key) is None else max(f, free[key])  # type: ignore[type-var]
-    parts = []
-    for key, n in counts.items():
-        text = key[1] if key[0] == "plain" else _gpu_reason(key[1], key[2], free.get(key), key[3])
-        parts.append(f"{n} {text}")
-    merged: dict[str, int] = {}
-    for p in parts:  # two keys may read the same (e.g. one kind from two containers' prefixes)
-        n, _, text = p.partition(" ")
-        merged[text] = merged.get(text, 0) + int(n)
-    out = sorted(f"{n} {text}" for text, n in merged.items())
-    msg = f"0/{total} nodes are available:"
-    return f"{msg} {', '.join(out)}." if out else msg
-
-
-# --------------------------------------------------------------------------------------------------
-# narrowing
-
-_REQUIRED = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
-
-
-def narrow_to_node(pod: dict, node_name: str) -> list[dict]:
-    """The RFC 6902 JSON Patch operations that narrow ``pod``'s required node affinity to ``node_name``.
-
-    ``metadata.name In [node_name]`` is appended to the ``matchFields`` of
-    every existing required term (terms are ORed, a term's requirements
-    ANDed: each term keeps all it required, and now also names the node);
-    where the pod has no required terms, one term holding only that field is
-    set. That is exactly what KEP-3838 lets an update do while the pod is
-    gated (the number of terms kept, existing requirements kept as a prefix,
-    new ones appended; a nil affinity or one with no terms may be set), and
-    after the update kube-scheduler's NodeAffinity PreFilter considers that
-    node alone. The operations address the pod as it is now: send them with
-    a ``test`` of ``/metadata/resourceVersion`` (or apply them locally and
-    update with the resourceVersion) so a pod changed meanwhile is not
-    patched blindly. ``nodeSelector`` is left as it is.
-    """
-    if not isinstance(node_name, str) or not node_name:
-        raise ValueError(f"node name {node_name!r}: a non-empty string is accepted")
-    pin = {"key": "metadata.name", "operator": "In", "values": [node_name]}
-    fresh = {"nodeSelectorTerms": [{"matchFields": [pin]}]}
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        raise ValueError("pod has no spec: a Pod object with spec is accepted")
-    aff = spec.get("affinity")
-    if not aff:
-        return [{"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": fresh}}}]
-    na = aff.get("nodeAffinity")
-    if not na:
-        return [{"op": "add", "path": "/spec/affinity/nodeAffinity",
-                 "value": {"requiredDuringSchedulingIgnoredDuringExecution": fresh}}]
-    req = na.get("requiredDuringSchedulingIgnoredDuringExecution")
-    if not req:
-        return [{"op": "add", "path": _REQUIRED, "value": fresh}]
-    terms = req.get("nodeSelectorTerms") or []
-    if not terms:
-        return [{"op": "add", "path": f"{_REQUIRED}/nodeSelectorTerms", "value": fresh["nodeSelectorTerms"]}]
-    ops = []
-    for i, t in enumerate(terms):
-        if t.get("matchFields"):
-            ops.append({"op": "add", "path": f"{_REQUIRED}/nodeSelectorTerms/{i}/matchFields/-", "value": pin})
-        else:
-            ops.append({"op": "add", "path": f"{_REQUIRED}/nodeSelectorTerms/{i}/matchFields", "value": [pin]})
-    return ops

@@ -73,9 +73,9 @@ def choose_ranked(request: Request, pod: dict, snap: Snapshot, ranked: RankedVie
     """The first node in placement order whose GPUs take ``request`` and that kube-scheduler, the
     node's peer address and ``quota`` accept; None when there is none (then :func:`.placer.choose`
     says why, node by node). ``load_of(node, pod)``: the pods on ``node`` as
-    :func:`~.nodefit.kube_filters` takes them (a list, or their :class:`~.nodefit.NodeLoad`)."""
+    :func:`~.kubefit.kube_filters` takes them (a list, or their :class:`~.kubefit.NodeLoad`)."""
     if kube_filters is None:
-        from .nodefit import kube_filters
+        from .kubefit import kube_filters
     skip = set(exclude)
     for d in ranked.ranked(snap, request.node_policy or node_policy, nodes).fits(request):
         name = d.node

@@ -1,4 +1,4 @@
-"""The mutating admission webhook (hamid/control/webhook.py) over real HTTPS.
+"""The mutating admission webhook (hamid/webhook/face.py) over real HTTPS.
 
 Every review goes through the WebhookFace's hypercorn server with TLS, called
 by httpx verifying the test CA; patches are applied with the ``jsonpatch``
@@ -20,9 +20,9 @@ import jsonpatch
 import pytest
 import trio
 
-from hamid.control import certs
-from hamid.control.gates import GATE
-from hamid.control.webhook import (ALLOCATION_ANNOTATIONS, Webhook, WebhookFace, service_account_user)
+from hamid.webhook import certs
+from hamid.request.kube import GATE
+from hamid.webhook.face import (ALLOCATION_ANNOTATIONS, Webhook, WebhookFace, service_account_user)
 from hamid.request import parse_pod
 from hamid.request.model import Defaults, ResourceNames
 from hamid.serving import TLSError, serve_asgi
@@ -341,7 +341,7 @@ async def test_bad_reviews_are_400(serve, monkeypatch):
     r = await s.client.post(s.url, content=b"{not json")
     assert r.status_code == 400 and "not JSON" in r.text
 
-    import hamid.control.webhook as wh
+    import hamid.webhook.face as wh
 
     monkeypatch.setattr(wh, "MAX_BODY", 1000)  # small, so that the whole body is sent before the answer
     r = await s.client.post(s.url, content=b"x" * 1001)
@@ -447,7 +447,7 @@ def test_from_config_and_service_account(tmp_path, monkeypatch):
     tok.write_bytes(b"garbage")
     with pytest.raises(Exception, match="not a JWT"):
         service_account_user(str(tok))
-    import hamid.control.webhook as wh
+    import hamid.webhook.face as wh
 
     monkeypatch.setattr(wh, "SA_TOKEN", str(tmp_path / "none"))
     monkeypatch.setattr(wh.service_account_user, "__defaults__", (str(tmp_path / "none"),))

@@ -71,8 +71,8 @@ from ..request.kube import CORES_CLAMPED, LEGACY_COUNT, clamp_message, cores_cla
 from ..request.kube import (ANN_GPU_POLICY, ANN_MODE, ANN_NODE_POLICY, ANN_NOUSE_TYPE, ANN_NOUSE_UUID, ANN_NUMA_BIND,
                             ANN_SCORING_WEIGHTS, ANN_USE_TYPE, ANN_USE_UUID, parse_device_cordon)
 from ..request.model import Defaults
-from . import annotations
-from .gates import GATE
+from ..placement import hamiannotations as annotations
+from ..request.kube import GATE
 
 log = get_logger("webhook")
 

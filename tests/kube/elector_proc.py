@@ -8,7 +8,7 @@ import sys
 
 import trio
 
-from hamid.control.leader import LeaderElector
+from hamid.kube.election import LeaderElector
 from hamid.kube.client import api_client
 from hamid.logs import configure
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from hamid.control.leader import LEADER_LABEL, ElectionConfigError, LeaderElector, NotLeading
+from hamid.kube.election import LEADER_LABEL, ElectionConfigError, LeaderElector, NotLeading
 from hamid.kube.client import api_client
 from tcpproxy import TcpProxy
 

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from hamid.config.schema import Config
-from hamid.control.seeds import SeedError, gossip_port, kubernetes_seeds, service_seeds
+from hamid.kube.seeds import SeedError, gossip_port, kubernetes_seeds, service_seeds
 from hamid.kube.client import api_client
 
 NS = "hamid-system"
@@ -109,7 +109,7 @@ def test_leader_election_defaults_are_client_gos_and_the_timing_rule_is_enforced
 
 
 def test_elector_from_config_identity_and_namespace(api_server, kubeconfig):
-    from hamid.control.leader import LeaderElector
+    from hamid.kube.election import LeaderElector
 
     api = api_client(kubeconfig)
     cfg = Config()

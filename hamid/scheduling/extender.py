@@ -61,7 +61,7 @@ from ..placement.engine import fit_node
 from ..request import parse_pod
 from ..request.model import Defaults, Request
 from ..serving import BodyTooLarge, read_body
-from . import annotations
+from ..placement import hamiannotations as annotations
 from .commit import commit, undo
 from .placer import ClusterView, Snapshot
 from .quota import NamespaceQuota, QuotaBook, QuotaUnknown

@@ -17,9 +17,9 @@ import trio
 
 from hamid.cluster.capacity import doc_from_view, view_from_doc
 from hamid.cluster.changes import ChangeLog
-from hamid.control.extender import Extender
-from hamid.control.gcfreeze import Freezer
-from hamid.control.placer import ClusterView
+from hamid.scheduling.extender import Extender
+from hamid.scheduling.gcfreeze import Freezer
+from hamid.scheduling.placer import ClusterView
 from hamid.devices.catalog import A100_80, H100_80
 from hamid.devices.simulated import SimulatedBackend
 from hamid.gossip.membership import Membership
@@ -145,7 +145,7 @@ async def test_a_commit_in_flight_stays_in_the_view_until_a_document_read_after_
     to GPUs that are already taken and refused."""
     import types
 
-    import hamid.control.placer as placer
+    import hamid.scheduling.placer as placer
 
     clock = [1_000_000.0]
     monkeypatch.setattr(placer, "time", types.SimpleNamespace(time=lambda: clock[0]))
@@ -258,7 +258,7 @@ async def test_filter_holds_a_namespace_quota_with_cached_decisions_and_sees_the
     """With a quota, each fitting node's decision is checked against it; what a node's decision gives
     is kept like its verdict (decided once per node until the node changes), but the quota itself is
     asked afresh on every call: a namespace that used more since is refused on the next filter."""
-    from hamid.control.quota import Limit, NamespaceQuota, Usage
+    from hamid.scheduling.quota import Limit, NamespaceQuota, Usage
     from hamid.request.model import ResourceNames
 
     g = _gossip(6)
@@ -310,7 +310,7 @@ async def test_what_filter_remembers_for_bind_is_bounded_by_node_names_and_keeps
     nodes held one list per pod: 7.5 GiB at the 65,536-pod bound. The names held across pods are bounded
     too; the most recent pods keep theirs (kube-scheduler binds within seconds of filtering), the oldest
     are forgotten and their bind refused (the pod is filtered again)."""
-    import hamid.control.extender as ext_mod
+    import hamid.scheduling.extender as ext_mod
 
     ext = _extender(ClusterView(_gossip(), view_from_doc))
     nodes = [f"node-{i}" for i in range(N)]

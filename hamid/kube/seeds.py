@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from ..errors import HamidError
 from ..logs import get_logger
 from ..netaddr import AddressError, format_address, parse_address
-from .leader import ApiError, KubeRest, daemon_namespace
+from .election import ApiError, KubeRest, daemon_namespace
 
 log = get_logger("seeds")
 

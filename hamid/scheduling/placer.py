@@ -10,7 +10,7 @@ while the commit is in flight), or after ``OVERLAY_MAX_S``; a stale view costs a
 never a double booking (the node's ledger re-checks every commit).
 
 A node is a candidate only if kube-scheduler would also take the pod there
-(:func:`hamid.control.nodefit.kube_filters`: taints, affinity, resources...,
+(:func:`hamid.scheduling.kubefit.kube_filters`: taints, affinity, resources...,
 GPU resources left to hamid) and a hamid daemon publishes its GPUs.
 """
 
@@ -230,10 +230,10 @@ def choose(request: Request, pod: dict, members: Mapping[str, Member], nodes: di
            pods_by_node: dict[str, list[dict]], *, node_policy: str, ignored: set[str],
            exclude: Iterable[str] = (), kube_filters: Callable | None = None, quota=None) -> Choice:
     """The node and GPUs for ``pod``, or why not on each node. ``quota``: the pod's namespace GPU quota
-    (:class:`hamid.control.quota.NamespaceQuota`), None where the namespace has none: a node whose
+    (:class:`hamid.scheduling.quota.NamespaceQuota`), None where the namespace has none: a node whose
     decision would take the namespace past it is left out with the reason."""
     if kube_filters is None:
-        from .nodefit import kube_filters
+        from .kubefit import kube_filters
     reasons: dict[str, list[str]] = {}
     views = []
     skip = set(exclude)

@@ -1,4 +1,4 @@
-"""kube-scheduler's default filters as pure functions (hamid/control/nodefit.py).
+"""kube-scheduler's default filters as pure functions (hamid/scheduling/kubefit.py, fitsummary.py, narrow.py).
 
 Each filter and each reason has its own cases; quantities are checked against
 apimachinery's grammar and rounding; the message is checked for
@@ -18,9 +18,12 @@ import httpx
 import jsonpatch
 import pytest
 
-from hamid.control.nodefit import (REASON_AFFINITY, REASON_AFFINITY_CONFLICT, REASON_AFFINITY_PREFILTER,
-                                   REASON_NODE_NAME, REASON_PORTS, REASON_TOO_MANY_PODS, REASON_UNSCHEDULABLE,
-                                   kube_filters, narrow_to_node, pod_requests, quantity, summarize)
+from hamid.request.quantity import quantity
+from hamid.scheduling.fitsummary import summarize
+from hamid.scheduling.kubefit import (REASON_AFFINITY, REASON_AFFINITY_CONFLICT, REASON_AFFINITY_PREFILTER,
+                                      REASON_NODE_NAME, REASON_PORTS, REASON_TOO_MANY_PODS, REASON_UNSCHEDULABLE,
+                                      kube_filters, pod_requests)
+from hamid.scheduling.narrow import narrow_to_node
 from hamid.placement import NodeView, place
 from hamid.placement.result import NoFit
 from hamid.placement.view import MODE_SHIM, GpuView

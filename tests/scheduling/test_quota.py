@@ -1,4 +1,4 @@
-"""Namespace GPU quotas (hamid/control/quota.py) read through real informers from the API-server
+"""Namespace GPU quotas (hamid/scheduling/quota.py) read through real informers from the API-server
 stand-in: what a namespace holds, which placement its ResourceQuota refuses and why, what a deleted
 pod frees, placements in flight, and HAMi's quota series."""
 
@@ -9,8 +9,8 @@ import time
 import pytest
 import trio
 
-from hamid.control.annotations import allocation
-from hamid.control.quota import QuotaBook, QuotaUnknown, decision_usage, Usage
+from hamid.placement.hamiannotations import allocation
+from hamid.scheduling.quota import QuotaBook, QuotaUnknown, decision_usage, Usage
 from hamid.kube.client import api_client
 from hamid.kube.informer import Informer
 from hamid.placement import ContainerAssignment, Decision, DeviceAssignment
@@ -217,8 +217,8 @@ def test_the_standin_serves_resource_quotas_with_list_watch_and_validation(api_s
 def test_an_extender_that_does_not_lead_refuses_gpu_pods_rather_than_skip_the_quota():
     """Only the leader counts quotas: a daemon answering kube-scheduler itself (no leader answered) says
     so in the filter's Error, and kube-scheduler tries again; a pod asking no GPU passes as before."""
-    from hamid.control.extender import Extender
-    from hamid.control.placer import ClusterView
+    from hamid.scheduling.extender import Extender
+    from hamid.scheduling.placer import ClusterView
     from hamid.request.model import Defaults
 
     ext = Extender(None, None, ClusterView(read=dict, to_view=lambda d: None), defaults=Defaults(),
@@ -235,7 +235,7 @@ def test_an_extender_that_does_not_lead_refuses_gpu_pods_rather_than_skip_the_qu
 def test_bookings_expire_even_where_no_quota_is_checked():
     """A placement whose pod never shows it (deleted at once) is forgotten after BOOKING_TTL_S, also in a
     namespace nobody checks: the leader's memory does not grow with every pod it ever placed."""
-    from hamid.control.quota import BOOKING_TTL_S
+    from hamid.scheduling.quota import BOOKING_TTL_S
 
     now = [0.0]
     book = QuotaBook(None, Informer(None, "/api/v1/pods", name="pods"), names=ResourceNames(),
@@ -276,9 +276,9 @@ def test_a_node_whose_daemon_failed_a_commit_is_left_out_of_filter_for_a_while(m
     could not be reached again and again until gossip calls it dead (the chart test's failover: 60 s of binds
     to the killed leader's node). The extender leaves such a node out of filter, saying why, for
     COMMIT_FAILED_S; then it is tried again."""
-    import hamid.control.extender as extender
-    from hamid.control.extender import Extender
-    from hamid.control.placer import ClusterView
+    import hamid.scheduling.extender as extender
+    from hamid.scheduling.extender import Extender
+    from hamid.scheduling.placer import ClusterView
     from hamid.request.model import Defaults
 
     ext = Extender(None, None, ClusterView(read=dict, to_view=lambda d: None), defaults=Defaults(),

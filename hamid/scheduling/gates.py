@@ -36,20 +36,19 @@ from ..placement import Decision
 from ..request import parse_pod
 from ..request.model import Defaults
 from ..kube.events import announce_clamp, pod_event
-from . import annotations
+from ..placement import hamiannotations as annotations
 from .batches import NodeBatches
 from .commit import commit, undo
 from ..kube.informer import Informer, key_of
 from ..kube.rest import AsyncKube, KubeApiError
-from ..request.kube import CORES_CLAMPED
+from ..request.kube import CORES_CLAMPED, GATE
 from .placer import ClusterView, choose
-from .nodefit import NodeLoad
+from .kubefit import NodeLoad
 from .quota import QuotaBook
 from .ranking import RankedView, choose_ranked
 
 log = get_logger("control")
 
-GATE = "hamid.io/placement"
 CONDITION = "hamid.io/Placed"
 ATTEMPTS = 3
 
@@ -66,7 +65,7 @@ def placed_on(pod: dict) -> str | None:
 
 class PodsByNode:
     """The pods on each node as kube-scheduler counts them (bound there, or placed there by hamid and
-    not bound yet; not Succeeded or Failed) and their :class:`~.nodefit.NodeLoad`, kept from the pod
+    not bound yet; not Succeeded or Failed) and their :class:`~.kubefit.NodeLoad`, kept from the pod
     informer's changed keys (O(changes) per pass, not O(pods) per placement), with this leader's
     placements whose pod update the informer has not shown yet counted too (so pods placed in one
     pass count against the node's resources for the next)."""
@@ -284,7 +283,7 @@ class GateController:
                             node_policy=self.node_policy, ignored=self.ignored, exclude=excluded, quota=quota)
         if choice.decision is None:
             from ..placement.elsewhere import hint
-            from .nodefit import summarize
+            from .fitsummary import summarize
 
             # kube-scheduler's summary, then where the same GPU request has room now (the
             # nodes the pod may not use included: its selector or a taint may be what to change)
@@ -449,12 +448,12 @@ class GateController:
 
 def narrowed_spec(spec: dict[str, Any], node: str) -> dict[str, Any]:
     """``spec`` with its required node affinity narrowed to ``node``
-    (:func:`hamid.control.nodefit.narrow_to_node`: ``metadata.name In [node]``
+    (:func:`hamid.scheduling.narrow.narrow_to_node`: ``metadata.name In [node]``
     ANDed into every term, a term added where there is none), which is all a
     gated pod's update may do (KEP-3838)."""
     import jsonpatch
 
-    from .nodefit import narrow_to_node
+    from .narrow import narrow_to_node
 
     return jsonpatch.apply_patch({"spec": spec}, narrow_to_node({"spec": spec}, node))["spec"]
 

@@ -68,7 +68,7 @@ from ..placement import Decision
 from ..placement.reasons import Reason
 from ..request.model import ResourceNames
 from ..request.quantity import quantity
-from . import annotations
+from ..placement import hamiannotations as annotations
 
 log = get_logger("quota")
 

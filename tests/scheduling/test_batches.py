@@ -1,4 +1,4 @@
-"""The gate leader's per-node batching of commits (hamid/control/batches.py), against an in-memory peer.
+"""The gate leader's per-node batching of commits (hamid/scheduling/batches.py), against an in-memory peer.
 
 The peer here is a stand-in that records what it was sent and answers when the test says so
 (the real peer API is exercised in tests/peer/test_peer_batch.py). What the leader relies on:
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import trio
 
-from hamid.control.batches import NodeBatches
+from hamid.scheduling.batches import NodeBatches
 
 
 class HeldPeer:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from ..placement.result import Decision
+from .result import Decision
 
 VGPU_NODE = "hami.io/vgpu-node"
 VGPU_TIME = "hami.io/vgpu-time"
