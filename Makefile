@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast venv shim clean proto install uninstall
+.PHONY: run test test-fast lint venv shim clean proto install uninstall
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +45,7 @@ run: venv shim
 # mostly wait on each other) on two, under a short base directory (unix socket paths are at most
 # 107 bytes). A tier that PYTEST_ARGS leaves empty is not a failure (pytest's exit code 5).
 SLOW_TMP ?= /tmp/hamid-slow-tests
-test: venv shim
+test: venv shim lint
 	$(PY) tests/prepare_host.py
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not docker" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PY) -m pytest -q -p no:cacheprovider -m "slow or docker" -n 2 --basetemp=$(SLOW_TMP) $(PYTEST_ARGS) || [ $$? -eq 5 ]
@@ -53,9 +53,15 @@ test: venv shim
 # The fast tier for a developer's loop: everything not marked slow or docker, on every core
 # (pytest-xdist), then the shim's rate tests (marked timing) alone: they time real processes and
 # need the CPU to themselves. `make test` stays the whole suite, and what CI runs.
-test-fast: venv shim
+test-fast: venv shim lint
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not docker and not timing" -n auto $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PY) -m pytest -q -p no:cacheprovider -m "timing and not slow and not docker" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# The linters, configured in pyproject.toml (what they check is said there): ruff on every Python
+# file, mypy on hamid/. `make test` and `make test-fast` run them first.
+lint: venv
+	$(VENV)/bin/ruff check -q .
+	$(VENV)/bin/mypy
 
 # The kubelet APIs' Python modules, generated from hamid/kubelet/api/*.proto
 # with the grpcio-tools pinned in the test extra (tests/k8s/test_protos.py

@@ -57,7 +57,7 @@ def build_cluster(n: int, rng: random.Random):
         cap = [gpu_view_from_info(g) for g in backend.gpus()]
         decisions = []
         if not mig:
-            for j, g in enumerate(cap):
+            for j, _g in enumerate(cap):
                 load = rng.randint(0, 7)
                 if load:
                     req = parse_docker_env({"HAMI_VISIBLE_DEVICES": str(j),

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path

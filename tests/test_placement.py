@@ -124,8 +124,9 @@ def test_numa_bind():
                        "nvidia.com/gpu": 2, "nvidia.com/gpumem": 2000}}}]}})
     got = place(p, [n])
     assert {d.index for d in got.containers[0].devices} == {2, 3}
-    p3 = parse_pod({"metadata": {"name": "p", "annotations": {"nvidia.com/numa-bind": "true"}}, "spec": {"containers": [{"name": "a", "resources": {"limits": {
-        "nvidia.com/gpu": 3, "nvidia.com/gpumem": 2000}}}]}})
+    p3 = parse_pod({"metadata": {"name": "p", "annotations": {"nvidia.com/numa-bind": "true"}},
+                    "spec": {"containers": [{"name": "a", "resources": {"limits": {
+                        "nvidia.com/gpu": 3, "nvidia.com/gpumem": 2000}}}]}})
     assert "numa-bind" in place(p3, [n]).message()
 
 

@@ -304,7 +304,7 @@ def together(specs, secs):
     for rd in readies:
         rd.wait(max(0.0, deadline - time.time()))
     pids = []
-    for (c, e), p, o, er in zip(specs, ps, outs, errs):
+    for (c, _e), p, o, er in zip(specs, ps, outs, errs):
         ready = [ln for ln in o if ln.startswith("READY")]
         if not ready:
             for q in ps:
@@ -534,7 +534,8 @@ def sharing(name, specs, secs, policy="force", mode="env"):
         "mode": mode, "passes": PASSES[n0:], "metrics": [r.get("metrics_share") for r in res],
         "metrics_host": res[0].get("metrics_host")}
     fac = [p["factor"] for p in PASSES[n0:] if p["shared"]]
-    ROWS.append(f"| share {name} ({policy}, {mode}{f', factor {fac[-1]:.2f}' if fac else ''}) | {'/'.join(str(lim) for _, lim in specs)} | - | "
+    factor = f", factor {fac[-1]:.2f}" if fac else ""
+    ROWS.append(f"| share {name} ({policy}, {mode}{factor}) | {'/'.join(str(lim) for _, lim in specs)} | - | "
                 f"tput-share {' / '.join(fmt(t) for t in tshare)} | {' / '.join(fmt(r['shim_share']) for r in res)} "
                 f"(sum {tot:.1f}) | {fmt(res[0]['dev_share'])} | - | {'pass' if ok else 'FAIL'}"
                 f"{'' if cross else ', sum != device'} |")
@@ -738,7 +739,7 @@ def table(tag):
              "own accounting, NVML device-wide; tput = limited / unlimited throughput", "",
              "| workload | limit | unlimited NVML | limited NVML | shim | device | tput | check |",
              "|---|---|---|---|---|---|---|---|", *ROWS]
-    for a, b, c, d in R.get("overhead_rows", []):
+    for a, b, c, _d in R.get("overhead_rows", []):
         lines.append(f"| {a} | - | - | {b} | - | - | - | target {c} |")
     if NV and NV.proc_err:
         lines.append(f"\nnvmlDeviceGetProcessUtilization error {NV.proc_err}")
@@ -838,7 +839,8 @@ def main():
         sharing("gemm+dyn", [("gemm", 30), ("dyn", 70)], a.share_secs, "default", "file")
 
     run = {"singles": lambda: singles(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs),
-           "pairs": pairs, "pairs-env": lambda: pairs(["env"]), "policy": policy, "policy-shared": policy_shared, "priority": lambda: priority(a.secs, a.policy),
+           "pairs": pairs, "pairs-env": lambda: pairs(["env"]), "policy": policy, "policy-shared": policy_shared,
+           "priority": lambda: priority(a.secs, a.policy),
            "overhead": lambda: overhead(a.work),
            "priority-rounds": lambda: priority_rounds(a.secs, a.policy, a.rounds),
            "priority-diag": lambda: priority_diag(a.secs, a.policy, a.rounds),

@@ -247,7 +247,6 @@ def main():
     g0, h0 = region_read(), region_read(REGION_THROTTLE_OFF)
     t0 = time.time()
     units = {p: 0 for p in steps}
-    secs = {p: 0.0 for p in steps}
     end = t0 + seconds
     names = list(steps)
     last = None

@@ -81,7 +81,7 @@ class Bench:
         R["card"] = name.decode() if isinstance(name, bytes) else name
         R["driver"] = pynvml.nvmlSystemGetDriverVersion()
         R["compute_mode"] = pynvml.nvmlDeviceGetComputeMode(h)  # read only; 0 = Default
-        R["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        R["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         pynvml.nvmlShutdown()
         self.n = 0
         # mount namespaces, as a container has them: the limits file and pipe directory are bound in

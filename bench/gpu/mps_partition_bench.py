@@ -494,7 +494,7 @@ def main():
     for d in made:
         d.mkdir(parents=True)
     b = mb.Bench(out)
-    R["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    R["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with contextlib.suppress(Exception):
         R["mps_control_version"] = subprocess.run([b.ctl.program, "-v"], capture_output=True, text=True,
                                                   timeout=10).stdout.strip()[:200]

@@ -11,6 +11,7 @@ Every call here blocks; the daemon runs them under ``trio.to_thread``.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -241,7 +242,7 @@ class NvmlBackend:
             direct.append(d)
             switched.append(sw)
         scores = {}
-        for i, j in ((i, j) for i in range(len(infos)) for j in range(i + 1, len(infos))):
+        for i, j in itertools.combinations(range(len(infos)), 2):
             n = direct[i].get(j, 0) or direct[j].get(i, 0)
             if not n and switched[i] and switched[j] and self._p2p_nvlink(handles[i], handles[j]):
                 n = min(switched[i], switched[j])  # through NVSwitch: each GPU's links reach every peer

@@ -138,8 +138,8 @@ class KubeRest:
 
 def micro_time(now: datetime.datetime | None = None) -> str:
     """``now`` (UTC) as a Kubernetes MicroTime: ``2006-01-02T15:04:05.000000Z``."""
-    now = now or datetime.datetime.now(datetime.timezone.utc)
-    return now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    now = now or datetime.datetime.now(datetime.UTC)
+    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)

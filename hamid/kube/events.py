@@ -20,7 +20,7 @@ def pod_event(core: Any, pod: dict[str, Any], reason: str, message: str, *, kind
     from kubernetes import client
 
     meta = pod.get("metadata") or {}
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     body = client.CoreV1Event(
         metadata=client.V1ObjectMeta(name=f"{meta.get('name')}.hamid-{uuid.uuid4().hex[:10]}",
                                      namespace=meta.get("namespace")),

@@ -85,7 +85,7 @@ class LocalClient:
             status, raw = _http(self.socket, self._timeout, method, path, body)
         except PermissionError as e:
             raise HamidError(f"cannot reach the daemon at {self.socket}: {e.strerror} (run as root)") from None
-        except (ConnectionError, FileNotFoundError, socket.timeout) as e:
+        except (TimeoutError, ConnectionError, FileNotFoundError) as e:
             raise DaemonUnavailable(f"no daemon answers at {self.socket}: {e}") from None
         except ValueError as e:
             # it died (or was killed) while answering: as good as no daemon at all

@@ -310,7 +310,7 @@ class NodeCore:
         ledger's limits is left alone (a running container's bind mount holds that inode, whose
         live part the priority pass keeps writing). Only limits files: never a region directory or
         anything in one. Returns the paths rewritten."""
-        from ..shimlimits import limits_size, write_limits_file
+        from ..shimlimits import limits_size
 
         limits_size()  # the codec (cffi over the shim's header, ~70 ms) is built now, not at the first start
         out = []

@@ -12,8 +12,8 @@ and its ledger never sees more than one writer from this leader.
 Each commit still gets its own verdict (the reservation, or its own refusal raised to its own
 caller). A commit whose caller is cancelled leaves the queue; if it was the one sending, the
 others of its batch get :class:`NotSent` (the leader is stopping: every caller is cancelled
-then), and the next waiting commit sends the next batch. A node that does not know the verb (an older hamid in a rolling upgrade) is sent the
-commits one per request from then on, and the leader says so once in its log.
+then), and the next waiting commit sends the next batch. A node that does not know the verb (an older
+hamid in a rolling upgrade) is sent the commits one per request from then on, and the leader says so once in its log.
 """
 
 from __future__ import annotations

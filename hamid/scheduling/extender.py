@@ -61,7 +61,7 @@ from ..placement.engine import fit_node
 from ..request import parse_pod
 from ..request.model import Defaults, Request
 from ..serving import BodyTooLarge, read_body
-from ..placement import hamiannotations as annotations
+from ..placement import hamiannotations
 from .commit import commit, undo
 from .placer import ClusterView, Snapshot
 from .quota import NamespaceQuota, QuotaBook, QuotaUnknown
@@ -315,7 +315,7 @@ class Extender:
 
     def _record_and_bind(self, ns: str, name: str, uid: str, node: str, decision: Decision | None) -> None:
         if decision is not None:
-            self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": annotations.allocation(decision)}},
+            self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": hamiannotations.allocation(decision)}},
                                            _request_timeout=10)
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns, "uid": uid},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}

@@ -36,7 +36,7 @@ from ..placement import Decision
 from ..request import parse_pod
 from ..request.model import Defaults
 from ..kube.events import announce_clamp, pod_event
-from ..placement import hamiannotations as annotations
+from ..placement import hamiannotations
 from .batches import NodeBatches
 from .commit import commit, undo
 from ..kube.informer import Informer, key_of
@@ -60,7 +60,7 @@ def gated(pod: dict) -> bool:
 def placed_on(pod: dict) -> str | None:
     """The node a pod is bound to, or placed on by hamid and not bound yet."""
     spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
-    return spec.get("nodeName") or (meta.get("annotations") or {}).get(annotations.VGPU_NODE)
+    return spec.get("nodeName") or (meta.get("annotations") or {}).get(hamiannotations.VGPU_NODE)
 
 
 class PodsByNode:
@@ -293,7 +293,7 @@ class GateController:
         self.cluster.committed(choice.decision)  # at once: the next decision of this pass chooses around it
         placed = copy.copy(pod)
         placed["metadata"] = dict(meta, annotations={**(meta.get("annotations") or {}),
-                                                     annotations.VGPU_NODE: choice.decision.node})
+                                                     hamiannotations.VGPU_NODE: choice.decision.node})
         self._on_node.placing(key_of(pod), choice.decision.node, placed)
         return request, choice
 
@@ -396,7 +396,7 @@ class GateController:
             if not gated(current):
                 return False  # someone else opened it: ours is not the placement that counts
             new = copy.deepcopy(current)
-            new["metadata"].setdefault("annotations", {}).update(annotations.allocation(decision))
+            new["metadata"].setdefault("annotations", {}).update(hamiannotations.allocation(decision))
             new["spec"]["schedulingGates"] = [g for g in new["spec"].get("schedulingGates") or ()
                                               if g.get("name") != GATE]
             if not new["spec"]["schedulingGates"]:
@@ -461,7 +461,7 @@ def narrowed_spec(spec: dict[str, Any], node: str) -> dict[str, Any]:
 def _carries(pod: dict, decision: Decision) -> bool:
     """The pod's annotations hold exactly ``decision``'s allocation."""
     have = (pod.get("metadata") or {}).get("annotations") or {}
-    return all(have.get(k) == v for k, v in annotations.allocation(decision).items())
+    return all(have.get(k) == v for k, v in hamiannotations.allocation(decision).items())
 
 
 def _uid(pod: dict) -> str | None:

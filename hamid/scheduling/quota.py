@@ -68,7 +68,7 @@ from ..placement import Decision
 from ..placement.reasons import Reason
 from ..request.model import ResourceNames
 from ..request.quantity import quantity
-from ..placement import hamiannotations as annotations
+from ..placement import hamiannotations
 
 log = get_logger("quota")
 
@@ -125,7 +125,7 @@ def decision_usage(decision: Decision) -> Usage:
 
 
 def decode_allocation(text: str, n_init: int) -> list[tuple[bool, list[tuple[str, int, int]]]]:
-    """``hami.io/vgpu-devices-allocated`` (:func:`.annotations.encode_devices`: ``UUID,TYPE,MiB,cores:``
+    """``hami.io/vgpu-devices-allocated`` (:func:`.hamiannotations.encode_devices`: ``UUID,TYPE,MiB,cores:``
     per device, ``;`` after each container, init containers first) back into containers, the first
     ``n_init`` of them init containers. ``ValueError`` names a malformed device."""
     parts = text.split(";")
@@ -156,8 +156,8 @@ def _inits_succeeded(pod: dict) -> bool:
 def pod_usage(pod: dict) -> Usage | None:
     """What a placed pod holds; None for a pod not placed by hamid, or terminated."""
     ann = (pod.get("metadata") or {}).get("annotations") or {}
-    text = ann.get(annotations.DEVICES_ALLOCATED)
-    if text is None or not ann.get(annotations.VGPU_NODE):
+    text = ann.get(hamiannotations.DEVICES_ALLOCATED)
+    if text is None or not ann.get(hamiannotations.VGPU_NODE):
         return None
     if (pod.get("status") or {}).get("phase") in TERMINATED:
         return None

@@ -71,7 +71,7 @@ from ..request.kube import CORES_CLAMPED, LEGACY_COUNT, clamp_message, cores_cla
 from ..request.kube import (ANN_GPU_POLICY, ANN_MODE, ANN_NODE_POLICY, ANN_NOUSE_TYPE, ANN_NOUSE_UUID, ANN_NUMA_BIND,
                             ANN_SCORING_WEIGHTS, ANN_USE_TYPE, ANN_USE_UUID, parse_device_cordon)
 from ..request.model import Defaults
-from ..placement import hamiannotations as annotations
+from ..placement import hamiannotations
 from ..request.kube import GATE
 
 log = get_logger("webhook")
@@ -84,8 +84,8 @@ API_VERSION = "admission.k8s.io/v1"
 #: Annotations that record a placement (HAMi's, which hamid writes for the
 #: tools that read them). Refused on a pod being created; changed on UPDATE
 #: only by the allocation writers.
-ALLOCATION_ANNOTATIONS = (annotations.VGPU_NODE, annotations.VGPU_TIME, annotations.DEVICES_ALLOCATED,
-                          annotations.DEVICES_TO_ALLOCATE, annotations.BIND_PHASE, annotations.BIND_TIME)
+ALLOCATION_ANNOTATIONS = (hamiannotations.VGPU_NODE, hamiannotations.VGPU_TIME, hamiannotations.DEVICES_ALLOCATED,
+                          hamiannotations.DEVICES_TO_ALLOCATE, hamiannotations.BIND_PHASE, hamiannotations.BIND_TIME)
 
 #: Annotations that shape a GPU request (HAMi's): a pod carrying one is checked.
 REQUEST_ANNOTATIONS = (ANN_USE_TYPE, ANN_NOUSE_TYPE, ANN_USE_UUID, ANN_NOUSE_UUID, ANN_MODE, ANN_NUMA_BIND,

@@ -100,7 +100,6 @@ async def test_a_push_pull_holding_a_suspicion_is_not_an_independent_confirmatio
     # that only heard the same rumour and hand it back by push/pull are not
     # accusers: counting them shrank timeouts to the minimum before the
     # suspect's refutation had spread, and killed live members under loss.
-    from hamid.gossip.codec import SUSPECT
     from hamid.gossip.membership import NO_ACCUSER
 
     p = GossipParams()

@@ -44,7 +44,8 @@ def test_registers_lists_devices_and_a_vgpu_pod_gets_its_limits(node):
     cfg = node.kubelet.start_container(pod, "main")
     lim = node.limits_of(cfg)
     (dev,) = lim.devices
-    assert dev.memory_bytes == mib(4096) and dev.sm_percent == 30 and dev.slots == ()  # no time slots: the shim limits by measured busy time
+    assert dev.memory_bytes == mib(4096) and dev.sm_percent == 30 and dev.slots == ()  # no time slots: the shim
+    # limits by measured busy time
     gpu = cfg.env["NVIDIA_VISIBLE_DEVICES"]
     assert dev.uuid == gpu and [d.path for d in cfg.device_nodes] == []  # simulated GPUs have no nodes
     assert cfg.mount("/usr/local/vgpu/libvgpu.so").read_only and cfg.mount("/etc/ld.so.preload").read_only

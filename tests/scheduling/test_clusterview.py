@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 from dataclasses import fields
 
-import trio
 
 from hamid.cluster.capacity import doc_from_view, view_from_doc
 from hamid.cluster.changes import ChangeLog

@@ -62,7 +62,6 @@ async def until(cond, timeout=10.0):
 def run_book(kubeconfig, body, memory_factor=1):
     async def main():
         api = api_client(kubeconfig)
-        from kubernetes import client
 
         pods = Informer(api, "/api/v1/pods", name="pods")
         book = QuotaBook(api, pods, names=ResourceNames(), memory_factor=memory_factor)
@@ -251,7 +250,6 @@ def test_bookings_expire_even_where_no_quota_is_checked():
 def test_an_informer_thread_ends_with_its_run(api_server, kubeconfig):
     """A leader's informers (pods, nodes, ResourceQuotas) live for one term: once their run is cancelled,
     the watch thread returns at its watch's end instead of watching (or retrying) on forever."""
-    from kubernetes import client
 
     api = api_client(kubeconfig)
     inf = Informer(api, "/api/v1/resourcequotas", name="resourcequotas",

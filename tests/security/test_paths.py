@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "peer"))
 from peerharness import LedgerNode, new_keyring, serving  # noqa: E402
 
 from hamid.node import layout  # noqa: E402
-from hamid.node.identity import Owner  # noqa: E402
+from hamid.node.identity import Owner, OwnerError  # noqa: E402
 from hamid.peer import PeerClient, PeerFace, PeerProtocolError  # noqa: E402
 
 
@@ -118,5 +118,5 @@ def test_pod_slots_are_checked_where_they_are_made():
     assert layout.slot("pod", "uid-1", "main") == "uid-1_main"
     with pytest.raises(layout.LayoutError):
         layout.slot("pod", "uid-1", "../../etc")
-    with pytest.raises(Exception):
+    with pytest.raises(OwnerError):
         Owner("pod", "../x")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.timing  # rates measured in real processes: a quiet CPU (see the Makefile)
-
 from hamid.shimregion import read_region
 from shimharness import finish, wait_ready
+
+pytestmark = pytest.mark.timing  # rates measured in real processes: a quiet CPU (see the Makefile)
 
 KERNEL_US = 400
 BUSY_NEIGHBOUR = "999999 60\n"  # a process of no container of ours (its NVML pid in no slot), 60 % busy
@@ -108,7 +108,7 @@ def test_the_daemon_lists_higher_priority_processes_in_lower_priority_limits_fil
     try:
         got = {}
         for cid, prio in (("hi", 0), ("lo", 1)):
-            req = parse_docker_env([f"HAMI_VISIBLE_DEVICES=0", f"HAMI_VGPU_SPEC=mem=1g,cores=40,priority={prio}"], cid)
+            req = parse_docker_env(["HAMI_VISIBLE_DEVICES=0", f"HAMI_VGPU_SPEC=mem=1g,cores=40,priority={prio}"], cid)
             got[cid] = d.core.admit(Owner("docker", cid), req).reservation
         state = tmp_path / "s"
 

@@ -262,7 +262,8 @@ _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 32, 4096, 16384
 def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    enc = (lambda s: None if s is None else os.fsencode(s))
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else os.fsencode(s)
     if libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"mount {src or fstype} on {dst}: {os.strerror(e)}")
@@ -659,7 +660,7 @@ def _is_api_error(e: BaseException, code: int) -> bool:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _served(api, kind: str) -> bool:
@@ -922,7 +923,7 @@ def atomic_write(target: Path, payload: Mapping[str, tuple[bytes, int]]) -> None
     target.mkdir(parents=True, exist_ok=True)
     for rel in payload:
         _check_relative(rel, f"volume {target.name}")
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("..%Y_%m_%d_%H_%M_%S.")
+    stamp = _dt.datetime.now(_dt.UTC).strftime("..%Y_%m_%d_%H_%M_%S.")
     gen = target / f"{stamp}{random.randrange(10**9):09d}"
     gen.mkdir(mode=0o755)
     os.chmod(gen, 0o755)
@@ -1383,14 +1384,14 @@ class PodRunner:
         on = [p for p in pods if p["spec"].get("nodeName") in nodes]
         ready = [p for p in on if _condition(p, "Ready") == "True"]
         min_ready = int((ds.get("spec") or {}).get("minReadySeconds") or 0)
-        now = _dt.datetime.now(_dt.timezone.utc)
+        now = _dt.datetime.now(_dt.UTC)
 
         def available(p: dict) -> bool:  # Ready for minReadySeconds
             since = next((c.get("lastTransitionTime") for c in p["status"].get("conditions") or []
                           if c.get("type") == "Ready"), None)
             if not min_ready or not since:
                 return True
-            when = _dt.datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc)
+            when = _dt.datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.UTC)
             return (now - when).total_seconds() >= min_ready
         avail = [p for p in ready if available(p)]
         hash_ = revision_hash(ds["spec"].get("template") or {}, (ds.get("status") or {}).get("collisionCount"))

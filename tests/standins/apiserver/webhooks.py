@@ -109,7 +109,7 @@ class WebhookDispatcher:
             nsobj = self.server._objects.get(("namespaces", "", ns))
             if nsobj is None:
                 raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
-            return dict((nsobj["metadata"].get("labels") or {}))
+            return dict(nsobj["metadata"].get("labels") or {})
 
     @staticmethod
     def _rule_matches(rule: dict, rt: ResourceType, sub: str, operation: str) -> bool:
