@@ -296,7 +296,7 @@ def request_defaults(d: Daemon) -> Defaults:
     return replace(Defaults.from_settings(d.settings), names=ResourceNames.from_settings(d.config))
 
 
-def build_faces(d: Daemon):
+async def build_faces(d: Daemon):
     """The faces this daemon runs, by configuration, and the metrics registry
     their collectors are registered with. The metrics face comes last, so
     every other face's collector is in its registry before it serves."""
@@ -342,7 +342,7 @@ def build_faces(d: Daemon):
         if not seeds and api is not None and (c.gossipSeedsFromPods or c.gossipSeedsService):
             from ..kube.seeds import kubernetes_seeds
 
-            seeds = tuple(kubernetes_seeds(c, api))  # the other DaemonSet pods: no address by hand
+            seeds = tuple(await kubernetes_seeds(c, api))  # the other DaemonSet pods: no address by hand
             log.info("gossip seeds from Kubernetes", seeds=list(seeds))
         extender_address = None
         if (c.kubernetes or c.kubeconfig) and c.controlMode == "extender":
@@ -575,7 +575,7 @@ async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled or signalled."""
     sock = d.state_dir / SOCKET_NAME
     try:
-        faces = build_faces(d)
+        faces = await build_faces(d)
         liveness = {}
         for f in faces:
             liveness.update(liveness_of(f))

@@ -49,19 +49,17 @@ runs on, so followers can forward to the leader.
 Lease namespace: ``leaderElectionNamespace``, else ``POD_NAMESPACE``, else
 ``kube-system``. RBAC: leases get, create, update; pods get, list, patch.
 
-The blocking Kubernetes client runs in worker threads
-(``trio.to_thread.run_sync``, abandoned on cancel so that a hung request never
-holds a deadline); threads only compute and return, all state lives on the
-trio side. Requests go through the official client's ``ApiClient`` (its
-authentication and TLS) with JSON bodies written here, so MicroTime keeps its
-exact format (the generated models would rewrite it as ``+00:00``).
+Requests go through :class:`hamid.kube.rest.AsyncKube` on the trio loop (the
+official client's configuration: its server, credentials and TLS), each with
+the renew deadline as its own, and a cancelled request is simply dropped; the
+JSON bodies are written here, so MicroTime keeps its exact format (the
+generated models would rewrite it as ``+00:00``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import os
 import random
 import time
@@ -74,6 +72,7 @@ import trio
 from ..errors import HamidError
 from ..logs import get_logger
 from ..config.leasetiming import JITTER_FACTOR, ElectionConfigError, validate_timing
+from .rest import AsyncKube, KubeApiError
 
 log = get_logger("leader")
 
@@ -83,54 +82,8 @@ DEFAULT_NAMESPACE = "kube-system"
 _LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 
 
-class ApiError(HamidError):
-    """A Kubernetes API call that failed: ``status`` is the HTTP code, 0 when
-    the server was not reached or did not answer in time."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 class NotLeading(HamidError):
     """:meth:`LeaderElector.leadership` entered while this daemon does not lead."""
-
-
-# --- the API, raw JSON through the official client's ApiClient -----------------------
-
-
-class KubeRest:
-    """Blocking JSON requests through ``kubernetes.client.ApiClient`` (its
-    server, credentials and TLS). Bodies are sent exactly as given."""
-
-    def __init__(self, api, timeout_s: float) -> None:
-        self.api = api
-        self.timeout_s = timeout_s
-
-    def request(self, method: str, path: str, body: Any = None, *, query: Mapping[str, str] | None = None,
-                content_type: str = "application/json") -> dict:
-        what = f"{method} {path}"
-        try:
-            m, url, headers, _, _ = self.api.param_serialize(
-                method=method, resource_path=path, query_params=list((query or {}).items()) or None,
-                header_params={"Accept": "application/json", "Content-Type": content_type},
-                auth_settings=["BearerToken"])
-            # the body goes straight to the REST layer (json.dumps), past the models' serializer
-            resp = self.api.call_api(m, url, headers, body, _request_timeout=self.timeout_s)
-            resp.read()
-        except Exception as e:  # urllib3 raises several types for a refused, reset or slow connection
-            raise ApiError(0, f"{what}: the API server did not answer: {e}") from None
-        if not 200 <= resp.status < 300:
-            reason = ""
-            try:
-                reason = json.loads(resp.data).get("message") or ""
-            except (ValueError, AttributeError):
-                reason = (resp.data or b"")[:200].decode(errors="replace")
-            raise ApiError(resp.status, f"{what}: {resp.status} {reason}".rstrip())
-        try:
-            return json.loads(resp.data) if resp.data else {}
-        except ValueError:
-            raise ApiError(resp.status, f"{what}: the answer is not JSON: {resp.data[:200]!r}") from None
 
 
 # --- the election record --------------------------------------------------------------
@@ -174,37 +127,37 @@ class LeaseRecord:
 
 class LeaderLabel:
     """Puts ``hamid.io/leader: "true"`` on this daemon's pod and takes it off
-    every other daemon pod. Blocking; called from worker threads."""
+    every other daemon pod."""
 
-    def __init__(self, rest: KubeRest, namespace: str, pod: str, selector: str = DAEMON_POD_SELECTOR) -> None:
-        self.rest = rest
+    def __init__(self, kube: AsyncKube, namespace: str, pod: str, selector: str = DAEMON_POD_SELECTOR) -> None:
+        self.kube = kube
         self.namespace = namespace
         self.pod = pod
         self.selector = selector
 
-    def _set(self, pod: str, value: str | None) -> None:
-        self.rest.request("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{pod}",
+    async def _set(self, pod: str, value: str | None) -> None:
+        await self.kube.request("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{pod}",
                           {"metadata": {"labels": {LEADER_LABEL: value}}},
                           content_type="application/merge-patch+json")
 
-    def mark(self) -> list[str]:
+    async def mark(self) -> list[str]:
         """Label our pod, unlabel the others; returns the pods unlabelled."""
-        self._set(self.pod, "true")
-        got = self.rest.request("GET", f"/api/v1/namespaces/{self.namespace}/pods",
+        await self._set(self.pod, "true")
+        got = await self.kube.request("GET", f"/api/v1/namespaces/{self.namespace}/pods",
                                 query={"labelSelector": f"{self.selector},{LEADER_LABEL}=true"})
         stale = [p["metadata"]["name"] for p in got.get("items") or [] if p["metadata"]["name"] != self.pod]
         for name in stale:
             try:
-                self._set(name, None)
-            except ApiError as e:
+                await self._set(name, None)
+            except KubeApiError as e:
                 if e.status != 404:  # gone meanwhile: nothing to unlabel
                     raise
         return stale
 
-    def unmark(self) -> None:
+    async def unmark(self) -> None:
         try:
-            self._set(self.pod, None)
-        except ApiError as e:
+            await self._set(self.pod, None)
+        except KubeApiError as e:
             if e.status != 404:
                 raise
 
@@ -238,8 +191,9 @@ class LeaderElector:
         self.retry_period = retry_period
         self.pod = pod
         self._clock = clock
-        self._rest = KubeRest(api, timeout_s=renew_deadline)
-        self.label = LeaderLabel(self._rest, namespace, pod, pod_selector) if pod else None
+        # every request has the renew deadline: a renewal round cannot outlast it anyway
+        self._kube = AsyncKube.of(api, timeout_s=renew_deadline)
+        self.label = LeaderLabel(self._kube, namespace, pod, pod_selector) if pod else None
         self._path = _LEASES.format(ns=namespace) + f"/{name}"
         # client-go's bookkeeping: the record as last observed, when it was observed, the raw record last read
         self._observed: LeaseRecord | None = None
@@ -298,7 +252,7 @@ class LeaderElector:
         if ident is None or self.pod is None:
             return ident
         if ident not in self._leader_nodes:
-            pod = await self._call(self._rest.request, "GET", f"/api/v1/namespaces/{self.namespace}/pods/{ident}")
+            pod = await self._kube.request("GET", f"/api/v1/namespaces/{self.namespace}/pods/{ident}")
             node = (pod.get("spec") or {}).get("nodeName")
             if not node:
                 return None  # not bound yet; ask again later
@@ -353,14 +307,19 @@ class LeaderElector:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> NoReturn:
         """Be a candidate until cancelled: acquire, lead until a renewal round
-        fails, release, be a candidate again."""
+        fails, release, be a candidate again. An elector runs once: its API
+        connections are closed when this returns."""
         log.info("leader election starting", identity=self.identity, lease=f"{self.namespace}/{self.name}",
                  lease_duration_s=self.lease_duration_s, renew_deadline_s=self.renew_deadline,
                  retry_period_s=self.retry_period)
         task_status.started()
-        while True:
-            await self._acquire()
-            await self._term()
+        try:
+            while True:
+                await self._acquire()
+                await self._term()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._kube.aclose()
 
     async def _acquire(self) -> None:
         while True:
@@ -383,8 +342,8 @@ class LeaderElector:
                 await self._work_done.wait()  # ReleaseOnCancel: the guarded work has ended first
                 if self.label is not None:
                     try:
-                        await self._call(self.label.unmark)
-                    except ApiError as e:
+                        await self.label.unmark()
+                    except KubeApiError as e:
                         log.warning("could not remove the leader label from our pod", pod=self.pod, error=str(e))
                 await self._release()
             if cleanup.cancelled_caught:
@@ -425,11 +384,11 @@ class LeaderElector:
     async def _label_loop(self) -> None:
         while True:
             try:
-                stale = await self._call(self.label.mark)
+                stale = await self.label.mark()
                 if stale:
                     log.info("removed the leader label from a stale leader's pod", pods=stale)
                 await trio.sleep(self.lease_duration_s)
-            except ApiError as e:
+            except KubeApiError as e:
                 log.warning("could not set the leader label", pod=self.pod, error=str(e))
                 await trio.sleep(self.retry_period)
 
@@ -446,17 +405,14 @@ class LeaderElector:
         self._observed = record
         self._observed_time = self._clock()
 
-    async def _call(self, fn, *args):
-        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
-
-    def _put(self, lease: dict, record: LeaseRecord) -> dict:
+    async def _put(self, lease: dict, record: LeaseRecord) -> dict:
         body = dict(lease, spec=record.to_spec())  # metadata as read: its resourceVersion makes the write conditional
-        return self._rest.request("PUT", self._path, body)
+        return await self._kube.request("PUT", self._path, body)
 
-    def _create(self, record: LeaseRecord) -> dict:
+    async def _create(self, record: LeaseRecord) -> dict:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace}, "spec": record.to_spec()}
-        return self._rest.request("POST", _LEASES.format(ns=self.namespace), body)
+        return await self._kube.request("POST", _LEASES.format(ns=self.namespace), body)
 
     async def _try_acquire_or_renew(self) -> bool:
         now = self._clock()
@@ -468,22 +424,22 @@ class LeaderElector:
         if self._observed_is_me() and self._valid(now) and self._lease is not None:
             record = replace(record, acquire_time=self._observed.acquire_time, transitions=self._observed.transitions)
             try:
-                self._lease = await self._call(self._put, self._lease, record)
+                self._lease = await self._put(self._lease, record)
                 self._set_observed(record)
                 return True
-            except ApiError as e:
+            except KubeApiError as e:
                 log.info("optimistic renewal failed, reading the Lease", lease=lease_name, error=str(e))
 
         # 2. read it, or create it
         try:
-            lease = await self._call(self._rest.request, "GET", self._path)
-        except ApiError as e:
+            lease = await self._kube.request("GET", self._path)
+        except KubeApiError as e:
             if e.status != 404:
                 log.warning("could not read the Lease", lease=lease_name, error=str(e))
                 return False
             try:
-                self._lease = await self._call(self._create, record)
-            except ApiError as e2:  # 409 AlreadyExists: another candidate created it first
+                self._lease = await self._create(record)
+            except KubeApiError as e2:  # 409 AlreadyExists: another candidate created it first
                 log.info("could not create the Lease", lease=lease_name, error=str(e2))
                 return False
             self._set_observed(record)
@@ -504,8 +460,8 @@ class LeaderElector:
         else:
             record = replace(record, transitions=old.transitions + 1)
         try:
-            self._lease = await self._call(self._put, lease, record)
-        except ApiError as e:  # 409 Conflict: someone wrote since our read; the next try reads again
+            self._lease = await self._put(lease, record)
+        except KubeApiError as e:  # 409 Conflict: someone wrote since our read; the next try reads again
             log.info("could not update the Lease", lease=lease_name, error=str(e))
             return False
         self._set_observed(record)
@@ -517,8 +473,8 @@ class LeaderElector:
         stamp = micro_time()
         record = LeaseRecord("", 1, stamp, stamp, self._observed.transitions)
         try:
-            self._lease = await self._call(self._put, self._lease, record)
-        except ApiError as e:
+            self._lease = await self._put(self._lease, record)
+        except KubeApiError as e:
             log.warning("could not release the Lease; it expires on its own", lease=f"{self.namespace}/{self.name}",
                         error=str(e))
             return
@@ -526,5 +482,5 @@ class LeaderElector:
         log.info("released the Lease", lease=f"{self.namespace}/{self.name}")
 
 
-__all__ = ["ApiError", "DAEMON_POD_SELECTOR", "ElectionConfigError", "KubeRest", "LEADER_LABEL", "LeaderElector",
+__all__ = ["DAEMON_POD_SELECTOR", "ElectionConfigError", "LEADER_LABEL", "LeaderElector",
            "LeaderLabel", "LeaseRecord", "NotLeading", "daemon_namespace", "micro_time", "validate_timing"]

@@ -14,8 +14,9 @@ Two sources, both optional and combined with ``gossipJoin``:
 PORT is ``gossipListen``'s port: every pod of the DaemonSet has the same
 config. This daemon's own pod is left out (``POD_NAME``, and ``POD_IP`` when
 the downward API sets it); gossip also ignores a seed equal to its own
-address. The lookups are blocking: call :func:`kubernetes_seeds` from a
-worker thread.
+address. :func:`kubernetes_seeds` runs on the trio loop: the pods are listed
+through :class:`hamid.kube.rest.AsyncKube`, the Service resolved in a worker
+thread (``getaddrinfo`` blocks).
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 
+import trio
+
 from ..errors import HamidError
 from ..logs import get_logger
 from ..netaddr import AddressError, format_address, parse_address
-from .election import ApiError, KubeRest, daemon_namespace
+from .election import daemon_namespace
+from .rest import AsyncKube, KubeApiError
 
 log = get_logger("seeds")
 
@@ -51,13 +55,13 @@ def gossip_port(gossip_listen: str | None) -> int:
     return port
 
 
-def pod_seeds(rest: KubeRest, namespace: str, selector: str, port: int, *, self_pod: str | None = None,
+async def pod_seeds(kube: AsyncKube, namespace: str, selector: str, port: int, *, self_pod: str | None = None,
               self_ip: str | None = None) -> list[str]:
     """``PODIP:PORT`` of every pod matching ``selector`` in ``namespace`` that has an IP
     and is not being deleted, except this daemon's own pod; sorted."""
     try:
-        got = rest.request("GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": selector})
-    except ApiError as e:
+        got = await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": selector})
+    except KubeApiError as e:
         raise SeedError(f"cannot list the daemon pods ({selector!r} in namespace {namespace}) for gossip seeds: "
                         f"{e}") from None
     out = set()
@@ -84,7 +88,7 @@ def service_seeds(name: str, port: int, *, self_ip: str | None = None,
     return sorted({format_address(info[4][0], port) for info in infos if info[4][0] != self_ip})
 
 
-def kubernetes_seeds(config, api, environ: Mapping[str, str] = os.environ) -> list[str]:
+async def kubernetes_seeds(config, api, environ: Mapping[str, str] = os.environ) -> list[str]:
     """The gossip seeds the config asks for from Kubernetes (pods, Service, or
     both), without duplicates; empty when neither source is on."""
     if not config.gossipSeedsFromPods and not config.gossipSeedsService:
@@ -98,12 +102,15 @@ def kubernetes_seeds(config, api, environ: Mapping[str, str] = os.environ) -> li
             raise SeedError("gossipSeedsFromPods needs the API server (kubernetes: true, or a kubeconfig); "
                             "turn it off with gossipSeedsFromPods: false")
         ns = daemon_namespace(environ)
-        found = pod_seeds(KubeRest(api, timeout_s=10), ns, config.daemonPodSelector, port, self_pod=self_pod,
-                          self_ip=self_ip)
+        kube = AsyncKube.of(api)
+        try:
+            found = await pod_seeds(kube, ns, config.daemonPodSelector, port, self_pod=self_pod, self_ip=self_ip)
+        finally:
+            await kube.aclose()
         log.info("gossip seeds from the daemon pods", namespace=ns, selector=config.daemonPodSelector, seeds=found)
         seeds.update(found)
     if config.gossipSeedsService:
-        found = service_seeds(config.gossipSeedsService, port, self_ip=self_ip)
+        found = await trio.to_thread.run_sync(lambda: service_seeds(config.gossipSeedsService, port, self_ip=self_ip))
         log.info("gossip seeds from the headless Service", service=config.gossipSeedsService, seeds=found)
         seeds.update(found)
     return sorted(seeds)

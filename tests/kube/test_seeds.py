@@ -26,7 +26,7 @@ def daemon_pod(api, name: str, ip: str | None, *, labels=None, node="n", namespa
         api.set_status("Pod", namespace, name, {"podIP": ip, "phase": "Running"})
 
 
-def test_seeds_from_the_daemon_pods(api_server, kubeconfig):
+async def test_seeds_from_the_daemon_pods(api_server, kubeconfig):
     daemon_pod(api_server, "hamid-a", "10.0.0.1")
     daemon_pod(api_server, "hamid-b", "10.0.0.2")
     daemon_pod(api_server, "hamid-v6", "fd00::7")
@@ -39,37 +39,37 @@ def test_seeds_from_the_daemon_pods(api_server, kubeconfig):
     daemon_pod(api_server, "hamid-elsewhere", "10.0.0.5", namespace="default")
     cfg = Config(gossipListen="0.0.0.0:7947", gossipInsecure=True)
     env = {"POD_NAME": "hamid-self", "POD_NAMESPACE": NS}
-    seeds = kubernetes_seeds(cfg, api_client(kubeconfig), env)
+    seeds = await kubernetes_seeds(cfg, api_client(kubeconfig), env)
     assert seeds == ["10.0.0.1:7947", "10.0.0.2:7947", "[fd00::7]:7947"]
     # POD_IP excludes too (a pod whose name we do not know, e.g. after a rename)
-    seeds = kubernetes_seeds(cfg, api_client(kubeconfig), {"POD_NAMESPACE": NS, "POD_IP": "10.0.0.2"})
+    seeds = await kubernetes_seeds(cfg, api_client(kubeconfig), {"POD_NAMESPACE": NS, "POD_IP": "10.0.0.2"})
     assert seeds == ["10.0.0.1:7947", "10.0.0.9:7947", "[fd00::7]:7947"]
     # the selector is the config's
     cfg = Config(gossipListen="0.0.0.0:7947", gossipInsecure=True, daemonPodSelector="app.kubernetes.io/name=other")
-    assert kubernetes_seeds(cfg, api_client(kubeconfig), env) == ["10.0.0.4:7947"]
+    assert await kubernetes_seeds(cfg, api_client(kubeconfig), env) == ["10.0.0.4:7947"]
     # off: nothing is listed
     cfg = Config(gossipListen="0.0.0.0:7947", gossipInsecure=True, gossipSeedsFromPods=False)
-    assert kubernetes_seeds(cfg, None, env) == []
+    assert await kubernetes_seeds(cfg, None, env) == []
 
 
-def test_pod_seeds_name_the_api_failure(api_server, kubeconfig):
+async def test_pod_seeds_name_the_api_failure(api_server, kubeconfig):
     cfg = Config(gossipListen="0.0.0.0:7947", gossipInsecure=True)
     api = api_client(kubeconfig)
     api_server.stop()
     with pytest.raises(SeedError, match=r"cannot list the daemon pods \('app.kubernetes.io/name=hamid' in namespace "
                                         r"kube-system\).*did not answer"):
-        kubernetes_seeds(cfg, api, {})
+        await kubernetes_seeds(cfg, api, {})
     with pytest.raises(SeedError, match="gossipSeedsFromPods needs the API server"):
-        kubernetes_seeds(cfg, None, {})
+        await kubernetes_seeds(cfg, None, {})
 
 
-def test_seeds_from_a_headless_service_name():
+async def test_seeds_from_a_headless_service_name():
     # localhost resolves through /etc/hosts: a real getaddrinfo, as a Service name through cluster DNS
     assert "127.0.0.1:7947" in service_seeds("localhost", 7947)
     assert "127.0.0.1:7947" not in service_seeds("localhost", 7947, self_ip="127.0.0.1")
     cfg = Config(gossipListen="0.0.0.0:7947", gossipInsecure=True, gossipSeedsFromPods=False,
                  gossipSeedsService="localhost")
-    assert "127.0.0.1:7947" in kubernetes_seeds(cfg, None, {})
+    assert "127.0.0.1:7947" in await kubernetes_seeds(cfg, None, {})
 
 
 def test_a_service_with_no_records_gives_no_seeds_other_lookup_errors_are_named():
