@@ -305,3 +305,37 @@ def test_listing_again_decodes_only_the_rows_that_changed_whoever_changed_them(t
     assert got == other.list()  # what a fresh reader decodes from the rows
     other.close()
     led.close()
+
+
+def test_time_slots_an_earlier_version_stored_are_removed_on_open_and_nothing_else_is(tmp_path):
+    """Earlier versions stored each reservation's time slots in its details; the limiter stopped
+    using them and the ledger no longer gives them. A ledger written then opens with every
+    reservation and every other detail as it was, the dead key gone from the file, and books as before."""
+    import json
+
+    path = tmp_path / "ledger.db"
+    led = new_ledger(path)
+    a = led.reserve(req("a", "mem=4g,cores=30"), kind="docker", details=Details(container_id="a", display_name="web"))
+    b = led.reserve(req("b", "mem=1g"), kind="docker")
+    view_before = led.view()
+    led.close()
+    uuid = a.decision.containers[0].devices[0].uuid
+    db = sqlite3.connect(path)  # as an earlier version wrote it
+    old = json.loads(db.execute("SELECT details FROM reservations WHERE owner=?", (a.owner,)).fetchone()[0])
+    db.execute("UPDATE reservations SET details=? WHERE owner=?",
+               (json.dumps({**old, "slots": {"main": {uuid: [[0, 30]]}}}), a.owner))
+    db.commit()
+    db.close()
+
+    led = Ledger(path)
+    got = led.get(a.owner)
+    assert got.details == a.details and got.details.container_id == "a" and got.details.display_name == "web"
+    assert got.decision == a.decision and got.state == a.state and got.request == a.request
+    assert sorted(r.owner for r in led.list()) == sorted([a.owner, b.owner])
+    assert led.view() == view_before
+    stored = {o: json.loads(d) for o, d in led._db.execute("SELECT owner, details FROM reservations")}
+    assert all("slots" not in d for d in stored.values())
+    assert stored[a.owner] == old  # everything else kept: the same keys and values
+    # the schema number stays, so an earlier hamid still opens it (and reads no slots as none)
+    assert led._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == "2"
+    led.reserve(req("c", "mem=2g,cores=20"), kind="docker")  # books as before

@@ -41,7 +41,7 @@ def proposals(led: Ledger, n: int, seed: int):
 
 
 def rows(led: Ledger):
-    return sorted((r.owner, r.state, r.decision, r.details.slots, r.request, r.name) for r in led.list())
+    return sorted((r.owner, r.state, r.decision, r.details, r.request, r.name) for r in led.list())
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -59,8 +59,8 @@ def test_a_batch_books_what_the_same_commits_one_by_one_would(tmp_path, seed):
     assert any(isinstance(x, LedgerConflict) for x in got), "the seed should overfill the node"
     assert [str(x) for x in got if isinstance(x, LedgerConflict)] == \
         [str(x) for x in singles if isinstance(x, LedgerConflict)]
-    assert [(r.owner, r.decision, r.details.slots) for r in got if not isinstance(r, LedgerConflict)] == \
-        [(r.owner, r.decision, r.details.slots) for r in singles if not isinstance(r, LedgerConflict)]
+    assert [(r.owner, r.decision, r.details) for r in got if not isinstance(r, LedgerConflict)] == \
+        [(r.owner, r.decision, r.details) for r in singles if not isinstance(r, LedgerConflict)]
     strip = lambda rs: [(o, s, d, sl, rq, n) for o, s, d, sl, rq, n in rs]  # noqa: E731
     assert strip(rows(many)) == strip(rows(one))
     assert many.view() == one.view()

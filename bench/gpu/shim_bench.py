@@ -380,9 +380,9 @@ def alloc_rate():
         f"{ratio:.3f} ({statistics.median(shim):.0f} vs {statistics.median(bare):.0f} pairs/s)", ">= 0.95", "0.77")
 
 
-# How the limit is applied: with the daemon, every compute-limited container on
-# a GPU also gets its own time slots (hamid/placement/timeslots.py: a lone
-# container at L % gets 0-L); a bare LD_PRELOAD has only the rate limit.
+# How the limit is applied: time slots (the shim's HAMID_SM_SLOTS; the daemon gave them until
+# issue 39 removed them, having stopped writing them to the limits file: a lone container at L % got 0-L),
+# or the rate limit alone, which is all the daemon gives now.
 MODES = {"slots": lambda lim, other=None: {"HAMID_SM_SLOTS": f"0-{lim}" if other is None else other},
          "rate": lambda lim, other=None: {}}
 MODE_LABEL = {"slots": "time slots (as the daemon gives them)", "rate": "rate limit only (no daemon)"}

@@ -18,8 +18,10 @@ Fields, by writer:
   gave it), ``extra_files`` (its CDI specs for the reservation);
 - the control plane (through the peer API): ``placed_by``, ``attempt``; the
   receiving node: ``placer`` (the identity of the leader that placed it);
-- the node core: ``mps_failure`` (why the GPU's MPS server failed under it);
-- the ledger: ``slots`` (time slots per device, given at commit).
+- the node core: ``mps_failure`` (why the GPU's MPS server failed under it).
+
+Earlier versions also stored ``slots`` (time slots per device); the ledger
+removes that key when it opens (:data:`hamid.ledger.store.DROPPED_DETAILS`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ class Details:
     attempt: str = ""
     placer: str = ""
     mps_failure: dict[str, Any] = field(default_factory=dict)
-    slots: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The stored (and wire) form: set fields only, under their stored keys."""

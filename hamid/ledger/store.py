@@ -33,12 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HamidError
-from ..placement import Decision, NodeView, check, place, timeslots
+from ..logs import get_logger
+from ..placement import Decision, NodeView, check, place
 from ..placement.result import NoFit
 from ..placement.view import GpuView, gpu_view_from_dict, gpu_view_to_dict
 from ..request.model import Request
 from .booked import Booked
 from .details import Details
+
+log = get_logger("ledger")
 
 SCHEMA_VERSION = 2
 
@@ -69,6 +72,11 @@ CREATE TABLE IF NOT EXISTS reservations (
 -- without reading every row (IF NOT EXISTS: a ledger of an earlier version gets it when opened)
 CREATE INDEX IF NOT EXISTS reservations_by_state ON reservations(state, kind, created);
 """
+
+# Keys of a row's details that earlier versions stored and nothing reads any more, removed from every
+# row when a ledger opens: ``slots``, the time slots the limiter stopped using (issue 39). The schema
+# number stays: an earlier hamid opening the ledger again reads a missing key as none.
+DROPPED_DETAILS = ("slots",)
 
 # Schema 1 -> 2: the owner's display name, the release claim, states renamed.
 _MIGRATE_1_2 = """
@@ -220,11 +228,35 @@ class Ledger:
                 got = SCHEMA_VERSION
             if int(got) > SCHEMA_VERSION:
                 raise LedgerError(f"ledger {self.path} has schema {got}, newer than this hamid ({SCHEMA_VERSION})")
+            self._drop_details_keys()
         for suffix in ("-wal", "-shm"):
             try:
                 os.chmod(str(self.path) + suffix, 0o600)
             except FileNotFoundError:
                 pass
+
+    def _drop_details_keys(self) -> None:
+        """Remove :data:`DROPPED_DETAILS` from every row that still has one, in one transaction
+        (a crash leaves every row as it was, and the next open does it again)."""
+        rows = self._db.execute("SELECT owner, details FROM reservations WHERE "
+                                + " OR ".join("details LIKE ?" for _ in DROPPED_DETAILS),
+                                [f'%"{k}"%' for k in DROPPED_DETAILS]).fetchall()
+        changed = []
+        for owner, text in rows:
+            d = json.loads(text)
+            if isinstance(d, dict) and any(k in d for k in DROPPED_DETAILS):
+                changed.append((json.dumps({k: v for k, v in d.items() if k not in DROPPED_DETAILS}), owner))
+        if not changed:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany("UPDATE reservations SET details=? WHERE owner=?", changed)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        log.info("removed keys earlier versions stored and nothing reads", ledger=str(self.path),
+                 keys=list(DROPPED_DETAILS), rows=len(changed))
 
     def close(self) -> None:
         with self._lock:
@@ -292,8 +324,8 @@ class Ledger:
             raise LedgerError(f"ledger {self.path} has no inventory yet: start the daemon (hamid run) once")
         cap = [gpu_view_from_dict(json.loads(r[0])) for r in db.execute("SELECT capacity FROM gpus ORDER BY idx")]
         booked = Booked(node, cap, self._meta(db, "gpu_policy") or "spread")
-        for r in db.execute("SELECT owner, decision, details FROM reservations"):
-            booked.put(r[0], Decision.from_dict(json.loads(r[1])), json.loads(r[2]).get("slots") or {})
+        for r in db.execute("SELECT owner, decision FROM reservations"):
+            booked.put(r[0], Decision.from_dict(json.loads(r[1])))
         if self._in_write:
             self._cache, self._cache_version = booked, version
         return booked
@@ -304,11 +336,11 @@ class Ledger:
             self._touched = set()
             return
         for owner in self._touched:
-            r = self._db.execute("SELECT decision, details FROM reservations WHERE owner=?", (owner,)).fetchone()
+            r = self._db.execute("SELECT decision FROM reservations WHERE owner=?", (owner,)).fetchone()
             if r is None:
                 self._cache.remove(owner)
             else:
-                self._cache.put(owner, Decision.from_dict(json.loads(r[0])), json.loads(r[1]).get("slots") or {})
+                self._cache.put(owner, Decision.from_dict(json.loads(r[0])))
         self._touched = set()
 
     # --- inventory ---------------------------------------------------------
@@ -365,9 +397,8 @@ class Ledger:
     def _insert(self, db: sqlite3.Connection, owner: str, kind: str, request: dict, decision: Decision,
                 details: Details, name: str) -> Reservation:
         booked = self._booked(db)
-        details = replace(details, slots=timeslots.assign_taken(decision, booked.taken) or {})
         self._touched.add(owner)
-        booked.put(owner, decision, details.slots)  # at once: the rest of this transaction sees it (a batch)
+        booked.put(owner, decision)  # at once: the rest of this transaction sees it (a batch)
         db.execute("INSERT INTO reservations(owner, kind, state, created, request, decision, mig, details, name) "
                    "VALUES (?, ?, 'reserved', ?, ?, ?, '{}', ?, ?)",
                    (owner, kind, time.time(), json.dumps(request), json.dumps(decision.to_dict()),
@@ -497,8 +528,7 @@ class Ledger:
 
     def recommit(self, owner: str, decision: Decision, *, details: Details | None = None) -> Reservation:
         """Replace ``owner``'s decision with ``decision``, re-checked against
-        everything else on the node in one transaction (its time slots are
-        given anew); refused while MIG instances exist for it or once it is
+        everything else on the node in one transaction; refused while MIG instances exist for it or once it is
         being released."""
 
         def tx(db: sqlite3.Connection) -> Reservation:
@@ -516,9 +546,8 @@ class Ledger:
             problems = check(decision, view)
             if problems:
                 raise LedgerConflict(f"{owner} cannot move on {view.name}: " + "; ".join(problems), problems)
-            taken = self._booked(db).taken_without(owner)
             self._touched.add(owner)
-            new_details = replace(existing.details.merged(details), slots=timeslots.assign_taken(decision, taken) or {})
+            new_details = existing.details.merged(details)
             db.execute("UPDATE reservations SET decision=?, details=? WHERE owner=?",
                        (json.dumps(decision.to_dict()), json.dumps(new_details.to_dict()), owner))
             return self._existing(db, owner)

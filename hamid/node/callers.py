@@ -1,7 +1,7 @@
 """What a caller outside the node may put into a reservation.
 
 A reservation's ``details`` also carry the node's own bookkeeping (its faces'
-slot names and files, the ledger's time slots), which release acts on. A
+device-group keys and files), which release acts on. A
 caller on the network (the peer API, the leader) or on the local API may set
 only the few keys below, each checked here; anything else is refused with the
 key named, so nothing a caller sends ever becomes a path the node deletes.

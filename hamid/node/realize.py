@@ -2,8 +2,7 @@
 
 Every face delivers the same edits: the Docker runtime writes them into the
 bundle's ``config.json``, the device plugin answers ``Allocate`` with them.
-The inputs are the reservation (the committed decision, the time slots the
-ledger gave, the MIG instances made for it with their capability nodes) and
+The inputs are the reservation (the committed decision, the MIG instances made for it with their capability nodes) and
 the node's facts (device nodes, the shim's installed files, the state
 directory); nothing here reads the host, so two faces can never disagree
 about what a reservation means.
