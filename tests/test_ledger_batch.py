@@ -36,7 +36,7 @@ def proposals(led: Ledger, n: int, seed: int):
         spec = rnd.choice(["mem=2g", "mem=4g", "mem=6g,cores=30", "mem=1g,cores=50"])
         request = parse_docker_env({"HAMI_VGPU_SPEC": spec}, f"c{i}")
         out.append((Owner("pod", f"uid-{seed}-{i}", name=f"default/p{i}"), place(request, [view]),
-                    request.to_dict(), Details(placed_by="gate", attempt=f"a{i}")))
+                    request, Details(placed_by="gate", attempt=f"a{i}")))
     return out
 
 

@@ -70,7 +70,7 @@ def test_a_placed_pods_first_start_records_kubelets_slots_in_the_same_transactio
 
     owner = Owner("pod", "u1", name="default/p")
     decision = place(_req("main", "mem=2g"), [node.ledger.view()])
-    node.ledger.commit(owner, decision, request={})
+    node.ledger.commit(owner, decision)
     door = node.service.door()
     spy = Spy(node.ledger, monkeypatch)
     res = door.prepare(owner.key, user=None, slots={"main": "slot-7"})

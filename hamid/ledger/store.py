@@ -37,7 +37,7 @@ from ..logs import get_logger
 from ..placement import Decision, NodeView, check, place
 from ..placement.result import NoFit
 from ..placement.view import GpuView, gpu_view_from_dict, gpu_view_to_dict
-from ..request.model import Request
+from ..request.model import Request, RequestError
 from .booked import Booked
 from .details import Details
 
@@ -114,7 +114,7 @@ class Reservation:
     kind: str  # "docker" or "pod"
     state: str  # one of STATES
     created: float
-    request: dict[str, Any]
+    request: Request | None  # what the owner asked (None: a commit that came without one)
     decision: Decision
     mig: dict[str, dict[str, Any]] = field(default_factory=dict)  # gpu uuid -> {gi, ci, uuid, caps}
     details: Details = field(default_factory=Details)
@@ -126,19 +126,41 @@ class Reservation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"owner": self.owner, "kind": self.kind, "name": self.name, "state": self.state,
-                "created": self.created, "request": self.request, "decision": self.decision.to_dict(),
+                "created": self.created, "request": self.request.to_dict() if self.request else {},
+                "decision": self.decision.to_dict(),
                 "mig": self.mig, "details": self.details.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Reservation":
         return cls(owner=d["owner"], kind=d["kind"], state=d["state"], created=d["created"],
-                   request=d.get("request") or {}, decision=Decision.from_dict(d["decision"]),
+                   request=Request.from_dict(d["request"]) if d.get("request") else None,
+                   decision=Decision.from_dict(d["decision"]),
                    mig=d.get("mig") or {}, details=Details.from_dict(d.get("details")), name=d.get("name") or "")
+
+
+def _stored_request(owner: str, text: str) -> Request | None:
+    """A row's request. Every request is checked before it is stored (the node service parses what a
+    caller sends); a row an earlier version stored unchecked that does not parse is read as none, said
+    in the log once per owner, rather than making the whole ledger unreadable."""
+    d = json.loads(text)
+    if not d:
+        return None
+    try:
+        return Request.from_dict(d)
+    except RequestError as e:
+        if owner not in _UNREADABLE:
+            _UNREADABLE.add(owner)
+            log.warning("a stored request does not parse; read as none (the node's defaults apply to it)",
+                        owner=owner, error=str(e))
+        return None
+
+
+_UNREADABLE: set[str] = set()
 
 
 def _row(r: sqlite3.Row) -> Reservation:
     return Reservation(owner=r["owner"], kind=r["kind"], state=r["state"], created=r["created"],
-                       request=json.loads(r["request"]), decision=Decision.from_dict(json.loads(r["decision"])),
+                       request=_stored_request(r["owner"], r["request"]), decision=Decision.from_dict(json.loads(r["decision"])),
                        mig=json.loads(r["mig"]), details=Details.from_dict(json.loads(r["details"])), name=r["name"])
 
 
@@ -394,14 +416,15 @@ class Ledger:
         r = db.execute("SELECT * FROM reservations WHERE owner=?", (owner,)).fetchone()
         return _row(r) if r else None
 
-    def _insert(self, db: sqlite3.Connection, owner: str, kind: str, request: dict, decision: Decision,
+    def _insert(self, db: sqlite3.Connection, owner: str, kind: str, request: Request | None, decision: Decision,
                 details: Details, name: str) -> Reservation:
         booked = self._booked(db)
         self._touched.add(owner)
         booked.put(owner, decision)  # at once: the rest of this transaction sees it (a batch)
         db.execute("INSERT INTO reservations(owner, kind, state, created, request, decision, mig, details, name) "
                    "VALUES (?, ?, 'reserved', ?, ?, ?, '{}', ?, ?)",
-                   (owner, kind, time.time(), json.dumps(request), json.dumps(decision.to_dict()),
+                   (owner, kind, time.time(), json.dumps(request.to_dict() if request else {}),
+                    json.dumps(decision.to_dict()),
                     json.dumps(details.to_dict()), name))
         return self._existing(db, owner)  # as stored, so every caller sees one shape
 
@@ -444,7 +467,7 @@ class Ledger:
             if isinstance(got, NoFit):
                 reasons = got.reasons.get(view.name, ())
                 raise LedgerConflict(f"{key} does not fit on {view.name}:\n" + got.message(), reasons)
-            res = self._insert(db, key, kind, request.to_dict(), got, details or Details(), name)
+            res = self._insert(db, key, kind, request, got, details or Details(), name)
             if prepare is not None and prepare(res):
                 db.execute("UPDATE reservations SET state='allocated' WHERE owner=?", (key,))
                 res = replace(res, state="allocated")
@@ -478,7 +501,7 @@ class Ledger:
 
         return self._write(tx)
 
-    def commit(self, owner: Any, decision: Decision, *, kind: str | None = None, request: dict | None = None,
+    def commit(self, owner: Any, decision: Decision, *, kind: str | None = None, request: Request | None = None,
                details: Details | None = None, deadline: float | None = None) -> Reservation:
         """Commit a decision someone else proposed, after re-checking it here."""
         key, kind, name = self._key(owner, kind)
@@ -489,7 +512,7 @@ class Ledger:
 
         return self._write(tx)
 
-    def commit_many(self, items: Iterable[tuple[Any, Decision, dict | None, Details | None]], *,
+    def commit_many(self, items: Iterable[tuple[Any, Decision, Request | None, Details | None]], *,
                     deadline: float | None = None) -> list[Reservation | LedgerConflict]:
         """Commit several proposed decisions ``(owner, decision, request, details)`` in ONE
         transaction (one fsync of the journal for all of them), each re-checked as :meth:`commit`
@@ -512,7 +535,7 @@ class Ledger:
         return self._write(tx)
 
     def _commit_one(self, db: sqlite3.Connection, key: str, kind: str, name: str, decision: Decision,
-                    request: dict | None, details: Details | None) -> Reservation:
+                    request: Request | None, details: Details | None) -> Reservation:
         existing = self._existing(db, key)
         if existing is not None:
             if existing.decision == decision:
@@ -524,7 +547,7 @@ class Ledger:
         problems = check(decision, view)
         if problems:
             raise LedgerConflict(f"{key} does not fit on {view.name}: " + "; ".join(problems), problems)
-        return self._insert(db, key, kind, request or {}, decision, details or Details(), name)
+        return self._insert(db, key, kind, request, decision, details or Details(), name)
 
     def recommit(self, owner: str, decision: Decision, *, details: Details | None = None) -> Reservation:
         """Replace ``owner``'s decision with ``decision``, re-checked against

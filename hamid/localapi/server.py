@@ -160,7 +160,9 @@ class LocalApiFace:
                 decision = Decision.from_dict(body["decision"])
             except (KeyError, TypeError, ValueError) as e:
                 raise HamidError(f"decision: malformed ({e!r})") from None
-            res = await node.commit(owner, decision, request=body.get("request") or {},
+            # checked here (a RequestError names the field): the ledger stores only a parsed request
+            request = Request.from_dict(body["request"]) if body.get("request") else None
+            res = await node.commit(owner, decision, request=request,
                                     details=caller_details(body.get("details")), deadline=_deadline(body))
             return JSONResponse(res.to_dict())
 

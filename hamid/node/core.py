@@ -32,13 +32,13 @@ from ..errors import HamidError
 from ..ledger import Details, Ledger, LedgerConflict, Reservation, claimant_id
 from ..ledger.report import status_document
 from ..logs import get_logger
-from ..request.model import Defaults, Request, effective_core_policy
+from ..request.model import Defaults, Request
 from ..shimlimits.live import GpuReading, LivePass, Tenant
 from . import layout, mig, mps, regionfs, released
 from .edits import ContainerEdits
 from .facts import NodeFacts
 from .identity import Owner
-from .realize import realize, slot_assignment, slot_name
+from .realize import limits_of, priority_of, realize, slot_assignment, slot_name
 
 log = get_logger("node")
 
@@ -281,26 +281,8 @@ class NodeCore:
         write_limits_file(layout.limits_file(self.state_dir, slot), self._limits(res, container), durable=False)
 
     def _limits(self, res: Reservation, container: str):
-        """What ``container``'s limits file says, from its reservation (:class:`ContainerLimits`)."""
-        from ..shimlimits import ContainerLimits, DeviceLimits
-
-        c = slot_assignment(res, container)
-        prio = asked = None
-        for rc in res.request.get("containers") or ():
-            if rc.get("name") == container and rc.get("gpu"):
-                prio = rc["gpu"].get("priority")
-                asked = rc["gpu"].get("core_policy")
-        # No time slots in the file: measured on an H200 (bench/gpu/results/limits/README.md, issue 22)
-        # slots are not work-conserving (a launch-bound tenant got 3 % of a 30 % share); the shim's rate limiter
-        # holds each container to its share (the ledger's cores), with the policy below.
-        is_mps = any(d.mps for d in c.devices)
-        return ContainerLimits(
-            devices=tuple(DeviceLimits(uuid=d.uuid, memory_bytes=d.mem_mib << 20,
-                                       sm_percent=d.cores if 0 < d.cores < 100 else 0)
-                          for d in c.devices),
-            region_path=layout.REGION_FILE_IN_CONTAINER, priority=prio,
-            sm_policy=effective_core_policy(self.facts.core_policy, asked),  # type: ignore[arg-type]
-            mps=is_mps)
+        """What ``container``'s limits file says (:func:`hamid.node.realize.limits_of`)."""
+        return limits_of(res, container, self.facts.core_policy)
 
     def restore_limits_files(self) -> list[str]:
         """At start-up, before any face serves: every live (``allocated``, ``running``) reservation's
@@ -386,7 +368,7 @@ class NodeCore:
 
     # --- decisions proposed elsewhere -----------------------------------------
 
-    def commit(self, owner: Owner, decision, *, request: dict | None = None, details: Details | None = None,
+    def commit(self, owner: Owner, decision, *, request: Request | None = None, details: Details | None = None,
                deadline: float | None = None) -> Reservation:
         return self.ledger.commit(owner, decision, request=request, details=details, deadline=deadline)
 
@@ -521,10 +503,8 @@ class NodeCore:
             if res.state not in ("allocated", "running") or not res.decision:
                 continue
             for c in res.decision.containers:
-                prio = 1
-                for rc in res.request.get("containers") or ():
-                    if rc.get("name") == c.name and rc.get("gpu") and rc["gpu"].get("priority") is not None:
-                        prio = int(rc["gpu"]["priority"])
+                asked = priority_of(res, c.name)
+                prio = 1 if asked is None else asked
                 slot = slot_name(res, c.name)
                 limits = layout.limits_file(self.state_dir, slot)
                 try:

@@ -30,6 +30,7 @@ from typing import Any
 from ..errors import HamidError
 from ..ledger import Reservation
 from ..placement.result import ContainerAssignment, DeviceAssignment
+from ..request.model import GpuRequest, effective_core_policy
 from . import layout, mps
 from .edits import ContainerEdits, DeviceNode, Mount
 from .facts import NodeFacts
@@ -56,11 +57,34 @@ def container_of(res: Reservation, container: str | None) -> ContainerAssignment
     raise RealizeError(f"{res.owner} has no container {container!r} (it has: {names})")
 
 
-def _priority(res: Reservation, container: str) -> int | None:
-    for c in (res.request or {}).get("containers") or ():
-        if c.get("name") == container and c.get("gpu"):
-            return c["gpu"].get("priority")
-    return None
+def gpu_asked(res: Reservation, container: str) -> GpuRequest | None:
+    """What ``container`` of ``res`` asked of GPUs, as its request says (None without one)."""
+    return res.request.gpu_of(container) if res.request is not None else None
+
+
+def priority_of(res: Reservation, container: str) -> int | None:
+    """The task priority ``container`` asked for (``CUDA_TASK_PRIORITY``), None when it asked none."""
+    g = gpu_asked(res, container)
+    return g.priority if g is not None else None
+
+
+def limits_of(res: Reservation, container: str, node_core_policy: str):
+    """What ``container``'s limits file says (:class:`hamid.shimlimits.ContainerLimits`): its
+    GPUs' memory and compute shares from the decision, its priority and compute policy from its
+    request, the node's ``gpuCorePolicy`` where it asked none."""
+    from ..shimlimits import ContainerLimits, DeviceLimits
+
+    c = slot_assignment(res, container)
+    asked = gpu_asked(res, container)
+    # No time slots in the file: slots are not work-conserving (measured on an H200,
+    # bench/gpu/results/limits/README.md, issue 22: a launch-bound tenant got 3 % of a 30 % share); the
+    # shim's rate limiter holds each container to its share with the policy below.
+    return ContainerLimits(
+        devices=tuple(DeviceLimits(uuid=d.uuid, memory_bytes=d.mem_mib << 20, sm_percent=d.sm_limit)
+                      for d in c.devices),
+        region_path=layout.REGION_FILE_IN_CONTAINER, priority=asked.priority if asked else None,
+        sm_policy=effective_core_policy(node_core_policy, asked.core_policy if asked else None),  # type: ignore[arg-type]
+        mps=any(d.mps for d in c.devices))
 
 
 def _gpu_node(facts: NodeFacts, uuid: str) -> DeviceNode | None:
@@ -134,20 +158,20 @@ def realize(res: Reservation, facts: NodeFacts, container: str | None = None) ->
         is_mps = any(d.mps for d in c.devices)
         for i, d in enumerate(c.devices):
             env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.mem_mib}m"
-            if 0 < d.cores < 100 and not is_mps:
-                env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(d.cores)
-        if c.devices and 0 < c.devices[0].cores < 100 and not is_mps:
-            env["CUDA_DEVICE_SM_LIMIT"] = str(c.devices[0].cores)
+            if d.sm_limit and not is_mps:
+                env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(d.sm_limit)
+        if c.devices and c.devices[0].sm_limit and not is_mps:
+            env["CUDA_DEVICE_SM_LIMIT"] = str(c.devices[0].sm_limit)
         if is_mps:
             if len(c.devices) != 1:
                 raise RealizeError(f"{res.owner}: an MPS share has one GPU, this one has {len(c.devices)}")
             d = c.devices[0]
             # For tools that read them; the shim sets all three from the limits file before the driver starts.
             env["CUDA_MPS_PIPE_DIRECTORY"] = mps.PIPE_IN_CONTAINER
-            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(d.cores if 0 < d.cores < 100 else 100)
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(d.sm_limit or 100)
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={d.mem_mib}M"
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = layout.REGION_FILE_IN_CONTAINER
-        prio = _priority(res, c.name)
+        prio = priority_of(res, c.name)
         if prio is not None:
             env["CUDA_TASK_PRIORITY"] = str(prio)
         nodes = _with_control(facts, [n for d in c.devices if (n := _gpu_node(facts, d.uuid)) is not None])

@@ -136,12 +136,12 @@ class NodeService:
         """The verbs a face's blocking work (in :meth:`run_blocking`) may call."""
         return NodeDoor(self)
 
-    async def commit(self, owner: Owner, decision: Decision, *, request: dict | None = None,
+    async def commit(self, owner: Owner, decision: Decision, *, request: Request | None = None,
                      details: Details | None = None, deadline: float | None = None) -> Reservation:
         return await self._changing("committed", owner.key, self.core.commit, owner, decision, request=request,
                                     details=details, deadline=deadline)
 
-    async def commit_many(self, items: list[tuple[Owner, Decision, dict | None, Details | None]], *,
+    async def commit_many(self, items: list[tuple[Owner, Decision, Request | None, Details | None]], *,
                           deadline: float | None = None) -> list[Reservation | LedgerConflict]:
         """Several proposals in one ledger transaction; each its reservation or its refusal
         (a :class:`LedgerConflict`, returned, not raised), in order; each announced as the

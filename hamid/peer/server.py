@@ -31,6 +31,7 @@ from ..node.service import LedgerConflict
 from ..placement import Decision
 from . import frames
 from ..nodekey import verify
+from ..request.model import Request, RequestError
 from ..netaddr import format_address, is_loopback, is_wildcard, parse_address
 from .replay import ReplayGuard, Refused
 from .stats import PeerCollector, PeerStats
@@ -223,7 +224,10 @@ class PeerFace:
                 component(c.name, "container name")
         except (DetailsError, LayoutError) as e:
             raise frames.FrameError("schema", f"{what}: {e}") from None
-        request = _optional_map(args, "request")
+        try:
+            request = Request.from_dict(got) if (got := _optional_map(args, "request")) else None
+        except RequestError as e:
+            raise frames.FrameError("schema", f"{what}: {e}") from None
         return owner, decision, request, details
 
     def _leader_only(self, sender: str) -> None:

@@ -20,6 +20,12 @@ class DeviceAssignment:
     mig_placement: MigPlacement | None = None
     mps: bool = False  # an MPS client share: cores is its active thread percentage, mem_mib its pinned limit
 
+    @property
+    def sm_limit(self) -> int:
+        """The share's compute limit in percent, 0 for none: the one home of the rule that a limit is
+        0 < cores < 100 (0 asks for no share of compute, 100 is the whole GPU: neither is limited)."""
+        return self.cores if 0 < self.cores < 100 else 0
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         if self.mig_placement is not None:

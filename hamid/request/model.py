@@ -180,6 +180,13 @@ class Request:
     def wants_gpu(self) -> bool:
         return any(c.gpu is not None for c in self.containers)
 
+    def gpu_of(self, container: str) -> GpuRequest | None:
+        """What ``container`` asked of GPUs (None: it asked for none, or there is no such container)."""
+        for c in self.containers:
+            if c.name == container:
+                return c.gpu
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -192,7 +199,7 @@ class Request:
         if not isinstance(owner, str) or not owner:
             raise RequestError("request.owner: a non-empty string is required")
         conts_in = d.get("containers", [])
-        if not isinstance(conts_in, list):
+        if not isinstance(conts_in, (list, tuple)):  # a tuple: to_dict's own form, before any JSON
             raise RequestError("request.containers: expected a list")
         conts = []
         for i, c in enumerate(conts_in):

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..node.service import Reservation
 from ..node.realize import slot_name
+from ..request.model import Request
 from ..shimregion.collector import ShimRegionCollector
 
 MIB = 1024 * 1024
@@ -31,14 +32,12 @@ def _names(r: Reservation) -> tuple[str, str]:
     return "docker", r.name or r.owner.partition(":")[2][:12]
 
 
-def _asked(request: dict, container: str) -> dict[str, Any] | None:
-    for c in request.get("containers") or ():
-        if c.get("name") == container and c.get("gpu"):
-            g = c["gpu"]
-            return {"count": g.get("count"), "mem_mib": g.get("mem_mib"), "mem_percent": g.get("mem_percent"),
-                    "cores": g.get("cores", 0), "mig_profile": g.get("mig_profile"),
-                    "types": list(g.get("use_types") or ()), "devices": list(g.get("devices") or ())}
-    return None
+def _asked(request: Request | None, container: str) -> dict[str, Any] | None:
+    g = request.gpu_of(container) if request is not None else None
+    if g is None:
+        return None
+    return {"count": g.count, "mem_mib": g.mem_mib, "mem_percent": g.mem_percent, "cores": g.cores,
+            "mig_profile": g.mig_profile, "types": list(g.use_types), "devices": list(g.devices)}
 
 
 def _usage(snap) -> dict[str, dict[str, Any]]:

@@ -20,6 +20,7 @@ from hamid.peer import (PeerClient, PeerFace, PeerProtocolError, PeerRefused, Pe
 from hamid.peer import frames
 from hamid.peer.server import FRAME_TYPE, PATH, PeerConfigError
 from hamid.peer.stats import PeerCollector
+from hamid.request import parse_docker_env
 
 
 def url(addr: str) -> str:
@@ -43,9 +44,11 @@ async def test_two_peers_commit_and_release_on_each_other(tmp_path):
     async with serving(PeerFace(a, keys, "127.0.0.1:0"), PeerFace(b, keys, "127.0.0.1:0")) as (addr_a, addr_b):
         async with PeerClient(keys, name="node-a") as from_a, PeerClient(keys, name="node-b") as from_b:
             owner, decision = b.propose("pod-on-b", "mem=6g")
-            res = await from_a.commit(addr_b, owner, decision, request={"why": "test"})
+            asked = parse_docker_env({"HAMI_VGPU_SPEC": "mem=6g"}, "pod-on-b")
+            res = await from_a.commit(addr_b, owner, decision, request=asked.to_dict())
             assert res["owner"] == owner.key and res["decision"]["node"] == "node-b"
             assert b.owners() == [owner.key] and a.owners() == []
+            assert b.ledger.get(owner.key).request == asked  # stored as the typed request it is
             assert sum(g.mem_used for g in b.ledger.view().gpus) == 6144
 
             owner2, decision2 = a.propose("pod-on-a", "mem=2g")
@@ -62,6 +65,23 @@ async def test_two_peers_commit_and_release_on_each_other(tmp_path):
             await from_b.release(addr_a, owner2.key, node="node-a")
             assert a.owners() == [] and b.owners() == []
             assert all(g.mem_used == 0 for g in b.ledger.view().gpus)
+
+
+async def test_a_commit_whose_request_is_not_one_is_refused_and_nothing_is_stored(tmp_path):
+    """The request rides to the node's ledger, which later reads priority and policy from it: a map that
+    is not a request (no owner, a field of the wrong type) is refused naming the field, not stored."""
+    keys = new_keyring(tmp_path)
+    b = LedgerNode(tmp_path, "node-b")
+    async with serving(PeerFace(b, keys, "127.0.0.1:0")) as (addr_b,):
+        async with PeerClient(keys, name="node-a") as from_a:
+            owner, decision = b.propose("pod-on-b", "mem=2g")
+            with pytest.raises(PeerProtocolError, match="request.owner"):
+                await from_a.commit(addr_b, owner, decision, request={"why": "test"})
+            bad = parse_docker_env({"HAMI_VGPU_SPEC": "mem=2g"}, "pod-on-b").to_dict()
+            bad["containers"][0]["gpu"]["priority"] = "high"
+            with pytest.raises(PeerProtocolError, match="priority"):
+                await from_a.commit(addr_b, owner, decision, request=bad)
+            assert b.owners() == []
 
 
 async def test_a_client_without_the_key_gets_nothing(tmp_path):
@@ -234,7 +254,7 @@ async def test_bodies_are_bounded(tmp_path):
         with pytest.raises(PeerProtocolError, match="over 4096 bytes") as e:
             await client.commit(addr, owner, decision, request={"pad": "x" * 5000})
         assert e.value.kind == "too-large" and b.owners() == []
-        await client.commit(addr, owner, decision, request={"pad": "x" * 100})
+        await client.commit(addr, owner, decision, request=parse_docker_env({"HAMI_VGPU_SPEC": "mem=4g"}, "x" * 100).to_dict())
         assert b.owners() == ["pod:huge"]
 
 

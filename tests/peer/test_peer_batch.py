@@ -19,6 +19,7 @@ from hamid.scheduling.batches import NodeBatches
 from hamid.peer import PeerClient, PeerFace, PeerProtocolError, PeerRefused, PeerUnknownMethod
 from hamid.peer import frames
 from hamid.peer import server as peer_server
+from hamid.request import parse_docker_env
 
 
 A1, A2 = "a1" * 16, "a2" * 16  # attempt ids: 32 hex digits
@@ -28,7 +29,8 @@ def items(node: LedgerNode, specs: list[str], prefix: str = "p", attempt: str = 
     out = []
     for i, spec in enumerate(specs):
         owner, decision = node.propose(f"{prefix}{i}", spec)  # each from the node's view as it is now: stale
-        out.append({"owner": owner, "decision": decision, "request": {"spec": spec},
+        out.append({"owner": owner, "decision": decision,
+                    "request": parse_docker_env({"HAMI_VGPU_SPEC": spec}, f"{prefix}{i}").to_dict(),
                     "details": {"placed_by": "gate", "attempt": attempt}})
     return out
 
