@@ -8,6 +8,10 @@ run beside the PreStartContainer calls of other pods).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 import hamid.ledger.store as store
 from hamid.daemon.service import request_defaults
 from hamid.kubelet.devices import device_id
@@ -59,3 +63,42 @@ def test_a_pod_read_from_the_api_server_is_its_json_as_the_watch_holds_it(tmp_pa
     assert got == api_server.get("Pod", "ns", "p") == made
     assert isinstance(got["metadata"]["creationTimestamp"], str) and got["metadata"]["creationTimestamp"].endswith("Z")
     assert pods.get_pod("ns", "nope") is None
+
+
+def test_allocate_mounts_and_device_nodes_are_what_realize_gives_the_same_share(tmp_path):
+    """Allocate answers before the pod is known; realize builds the Docker path's edits and
+    PreStartContainer's CDI spec. A shim share of the same GPU and slot gets the same mounts and
+    device nodes from both (one builder), and a node without the shim is refused by both alike."""
+    from hamid.kubelet.admission import AdmissionError
+    from hamid.kubelet.devices import slot_of
+    from hamid.ledger import Details
+    from hamid.node.realize import RealizeError, realize
+
+    d = make_node(tmp_path / "state", simulate="H100:2")
+    try:
+        face = KubeletFace(d.service, kubelet_dir=str(tmp_path / "kubelet"), resource="nvidia.com/gpu",
+                           strategy="envvar", cdi_dir=str(tmp_path / "cdi"), defaults=request_defaults(d), api=None)
+        gpu = d.ledger.view().gpus[1].uuid
+        ids = (device_id(gpu, 3),)
+        resp = face.admission.allocate(ids)
+        res = d.ledger.reserve(parse_docker_env({"HAMI_VGPU_SPEC": "mem=1g", "HAMI_VISIBLE_DEVICES": "1"}, "c"),
+                               owner=Owner("pod", "p1", name="ns/p1"))
+        name = res.decision.containers[0].name
+        res = d.ledger.update(res.owner, details=Details(container_slots={name: slot_of(ids)}))
+        edits = realize(res, d.core.facts, name)
+        assert [(m.container_path, m.host_path, m.read_only) for m in resp.mounts] == \
+            [(m.container_path, m.host_path, m.readonly) for m in edits.mounts]
+        assert [(n.container_path, n.host_path, n.permissions) for n in resp.devices] == \
+            [(n.path, n.host_path, n.permissions) for n in edits.device_nodes]
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == gpu
+
+        d.core.facts = replace(d.core.facts, shim_library=None)  # a node whose shim is missing
+        face = KubeletFace(d.service, kubelet_dir=str(tmp_path / "kubelet"), resource="nvidia.com/gpu",
+                           strategy="envvar", cdi_dir=str(tmp_path / "cdi"), defaults=request_defaults(d), api=None)
+        with pytest.raises(RealizeError) as docker_side:
+            realize(res, d.core.facts, name)
+        with pytest.raises(AdmissionError) as kubelet_side:
+            face.admission.allocate((device_id(gpu, 4),))
+        assert str(kubelet_side.value) == str(docker_side.value)
+    finally:
+        d.close()

@@ -46,7 +46,7 @@ from ..logs import get_logger
 from ..node import layout, mps
 from ..node.service import NodeDoor
 from ..node.identity import Owner
-from ..node.realize import realize
+from ..node.realize import RealizeError, gpu_device_nodes, realize, shim_mounts
 from ..request import parse_pod
 from ..request.model import Defaults, Request
 from . import cdi
@@ -101,31 +101,21 @@ class PodAdmission:
         if facts.backend.get("mig_enabled"):
             raise AdmissionError("this node is in MIG mode: MIG instances on Kubernetes need "
                                  "deviceListStrategy: cdi-cri (the instance exists only once the pod is known)")
-        if not facts.shim_library or not facts.shim_preload:
-            raise AdmissionError("the shim is not installed on this node; memory and compute limits cannot be "
-                                 "enforced, so no device is handed out")
         gpus = _gpus(ids)
+        # what a shim share of these GPUs mounts and gets, as realize gives it (the Docker path's builder)
+        try:
+            mounts = shim_mounts(facts, slot)
+            nodes = gpu_device_nodes(facts, gpus)
+        except RealizeError as e:
+            raise AdmissionError(str(e)) from None
         self._slot_files(slot)
         resp = pb.ContainerAllocateResponse(envs={
             "NVIDIA_VISIBLE_DEVICES": ",".join(gpus),
             "CUDA_DEVICE_MEMORY_SHARED_CACHE": layout.REGION_FILE_IN_CONTAINER,
         })
-        st = str(self.node.state_dir)
-        for host, path, ro in ((facts.shim_library, layout.SHIM_IN_CONTAINER, True),
-                               (facts.shim_preload, layout.PRELOAD_IN_CONTAINER, True),
-                               (layout.region_dir(st, slot), layout.REGION_DIR_IN_CONTAINER, False),
-                               (layout.limits_file(st, slot), layout.LIMITS_IN_CONTAINER, True)):
-            resp.mounts.append(pb.Mount(container_path=path, host_path=host, read_only=ro))
+        for m in mounts:
+            resp.mounts.append(pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.readonly))
         self._mps_edits(gpus, resp)
-        nodes = []
-        for g in gpus:
-            n = facts.gpu_nodes.get(g)
-            if n is None and facts.real:
-                raise AdmissionError(f"GPU {g} has no device node under {facts.dev_root}")
-            if n is not None:
-                nodes.append(n)
-        if nodes or facts.real:
-            nodes += list(facts.control_nodes)
         for n in nodes:
             resp.devices.append(pb.DeviceSpec(container_path=n.path, host_path=n.host_path,
                                               permissions=n.permissions))

@@ -94,6 +94,33 @@ def _gpu_node(facts: NodeFacts, uuid: str) -> DeviceNode | None:
     return node
 
 
+def gpu_device_nodes(facts: NodeFacts, uuids: list[str]) -> list[DeviceNode]:
+    """The device nodes a shim share of these GPUs gets: theirs, then the driver's control nodes.
+    :class:`RealizeError` for a GPU of a real node without one."""
+    return _with_control(facts, [n for u in uuids if (n := _gpu_node(facts, u)) is not None])
+
+
+def shim_files(facts: NodeFacts) -> tuple[str, str]:
+    """The installed shim and its preload list; :class:`RealizeError` when the shim is not
+    installed: no share is handed out unenforced."""
+    if not facts.shim_library or not facts.shim_preload:
+        raise RealizeError("the shim is not installed on this node (the daemon found no libvgpu.so to "
+                           "install); memory and compute limits cannot be enforced, so the container is refused")
+    return facts.shim_library, facts.shim_preload
+
+
+def shim_mounts(facts: NodeFacts, slot: str) -> list[Mount]:
+    """What a shim share mounts: the shim and its preload list, and its slot's region directory
+    and limits file (:class:`RealizeError` without a shim)."""
+    library, preload = shim_files(facts)
+    return [
+        Mount(library, layout.SHIM_IN_CONTAINER, RO),
+        Mount(preload, layout.PRELOAD_IN_CONTAINER, RO),
+        Mount(layout.region_dir(facts.state_dir, slot), layout.REGION_DIR_IN_CONTAINER, RW),
+        Mount(layout.limits_file(facts.state_dir, slot), layout.LIMITS_IN_CONTAINER, RO),
+    ]
+
+
 def _with_control(facts: NodeFacts, nodes: list[DeviceNode]) -> list[DeviceNode]:
     # Control nodes come with GPU nodes (a simulated node without any has none).
     return nodes + list(facts.control_nodes) if (nodes or facts.real) else nodes
@@ -152,9 +179,7 @@ def realize(res: Reservation, facts: NodeFacts, container: str | None = None) ->
         caps = [n for n in nodes if n.path.startswith("/dev/nvidia-caps/")]
         nodes = _with_control(facts, gpu_nodes) + caps
     else:
-        if not facts.shim_library or not facts.shim_preload:
-            raise RealizeError("the shim is not installed on this node (the daemon found no libvgpu.so to "
-                               "install); memory and compute limits cannot be enforced, so the container is refused")
+        shim_files(facts)  # before anything else is built: the refusal says what is missing
         is_mps = any(d.mps for d in c.devices)
         for i, d in enumerate(c.devices):
             env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.mem_mib}m"
@@ -174,15 +199,9 @@ def realize(res: Reservation, facts: NodeFacts, container: str | None = None) ->
         prio = priority_of(res, c.name)
         if prio is not None:
             env["CUDA_TASK_PRIORITY"] = str(prio)
-        nodes = _with_control(facts, [n for d in c.devices if (n := _gpu_node(facts, d.uuid)) is not None])
         visible = [d.uuid for d in c.devices]
-        slot = slot_name(res, c.name)
-        mounts = [
-            Mount(facts.shim_library, layout.SHIM_IN_CONTAINER, RO),
-            Mount(facts.shim_preload, layout.PRELOAD_IN_CONTAINER, RO),
-            Mount(layout.region_dir(facts.state_dir, slot), layout.REGION_DIR_IN_CONTAINER, RW),
-            Mount(layout.limits_file(facts.state_dir, slot), layout.LIMITS_IN_CONTAINER, RO),
-        ]
+        nodes = gpu_device_nodes(facts, visible)
+        mounts = shim_mounts(facts, slot_name(res, c.name))
         if is_mps:  # the GPU's control daemon's pipe directory (its clients connect there)
             mounts.append(Mount(mps.pipe_dir(facts.state_dir, c.devices[0].uuid, facts.mps_dir),
                                 mps.PIPE_IN_CONTAINER, RW))
