@@ -9,6 +9,10 @@ for a person" from a bug.
 class HamidError(Exception):
     """An error with a message meant for the person who caused it."""
 
+    # What an HTTP face (the Docker face, the local API) answers for it: the one mapping from a
+    # refusal to a status, each error class saying its own (400: the request was refused as asked).
+    http_status = 400
+
 
 class Unreachable(HamidError):
     """The other side did not answer (refused connection, timed out, cut off): nothing said about it,

@@ -30,6 +30,8 @@ from .errors import HamidError
 class BodyTooLarge(HamidError):
     """A request body over its listener's limit (answer 413)."""
 
+    http_status = 413
+
 
 async def read_body(req, limit: int) -> bytes:
     """A starlette request's body, refused (:class:`BodyTooLarge`) when it passes

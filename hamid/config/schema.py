@@ -22,10 +22,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..request.model import ResourceNames
+
 _STRICT = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, validate_default=True)
 
 GPU_POLICIES = ("spread", "binpack", "topology-aware", "mutex", "numa")  # or a chain: binpack,numa
 NODE_POLICIES = ("binpack", "spread")
+_HAMI_NAMES = ResourceNames()  # the resource names' defaults are HAMi's, defined once there
 # A Kubernetes extended resource name: a DNS-subdomain prefix, a slash, a name.
 _RESOURCE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 
@@ -75,20 +78,20 @@ class ResourceNameSettings(BaseModel):
 
     model_config = _STRICT
 
-    resourceCountName: str = Field("nvidia.com/gpu", pattern=_RESOURCE_NAME)
+    resourceCountName: str = Field(_HAMI_NAMES.count, pattern=_RESOURCE_NAME)
     """GPUs per container. HAMi's default; rename it (``example.com/vgpu``) to
     run beside NVIDIA's own device plugin, which owns ``nvidia.com/gpu``."""
 
-    resourceMemoryName: str = Field("nvidia.com/gpumem", pattern=_RESOURCE_NAME)
+    resourceMemoryName: str = Field(_HAMI_NAMES.memory, pattern=_RESOURCE_NAME)
     """MiB per GPU (times ``memoryFactor``). HAMi's default."""
 
-    resourceMemoryPercentageName: str = Field("nvidia.com/gpumem-percentage", pattern=_RESOURCE_NAME)
+    resourceMemoryPercentageName: str = Field(_HAMI_NAMES.memory_percentage, pattern=_RESOURCE_NAME)
     """Percent of each card's memory. HAMi's default."""
 
-    resourceCoreName: str = Field("nvidia.com/gpucores", pattern=_RESOURCE_NAME)
+    resourceCoreName: str = Field(_HAMI_NAMES.cores, pattern=_RESOURCE_NAME)
     """Percent of each GPU's compute. HAMi's default."""
 
-    resourcePriorityName: str = Field("nvidia.com/priority", pattern=_RESOURCE_NAME)
+    resourcePriorityName: str = Field(_HAMI_NAMES.priority, pattern=_RESOURCE_NAME)
     """Task priority (0 high, 1 low). HAMi's default."""
 
     @model_validator(mode="after")

@@ -18,11 +18,11 @@ from collections.abc import Callable
 
 from ..errors import HamidError
 from ..node.released import check_id
+from ..request.docker import ENV_PREFIXES
 from . import rootfs
 from . import spec as ocispec
 from .names import docker_name
 
-ENV_NAMES = ("HAMI_VISIBLE_DEVICES=", "HAMI_VGPU_SPEC=")
 
 # admit(container id, its HAMI_* env, (uid, gid), details) -> {"ours": bool, "reservation": ..., "edits": ...}
 Admit = Callable[[str, list, tuple, dict], dict]
@@ -32,7 +32,7 @@ def prepare_bundle(bundle: str, cid: str, *, runc_root: str, hook: str, state_di
                    release: Callable[[str], object]) -> bool:
     """Edit the bundle for hamid; False when the container asks nothing of it."""
     spec = ocispec.load(bundle)
-    env = [e for e in ocispec.env_list(spec) if e.startswith(ENV_NAMES)]
+    env = [e for e in ocispec.env_list(spec) if e.startswith(ENV_PREFIXES)]
     if not env:
         return False  # not ours: runc gets the spec untouched
     check_id(cid)

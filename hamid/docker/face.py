@@ -32,7 +32,7 @@ from ..logs import get_logger
 from ..node import released
 from ..node.callers import container_details
 from ..node.layout import RELEASED_DIR
-from ..node.service import Abandoned, LedgerConflict, NodeService, container_answer
+from ..node.service import NodeService, container_answer, refusal
 from ..request.model import Defaults, Request
 from .liveness import docker_alive, docker_started
 
@@ -102,15 +102,9 @@ class DockerFace:
             cid = str(body.get("id"))[:12]
             try:
                 ours = await self.node.run_blocking(self._create, body)
-            except LedgerConflict as e:  # every refusal is logged with its reason, as docker run shows it
-                log.warning("container refused", id=cid, reason=f"no room for this container: {e}")
-                return JSONResponse({"error": f"no room for this container: {e}"}, 409)
-            except Abandoned as e:
-                log.warning("container refused", id=cid, reason=str(e))
-                return JSONResponse({"error": str(e)}, 410)
-            except HamidError as e:
-                log.warning("container refused", id=cid, reason=str(e))
-                return JSONResponse({"error": str(e)}, 400)
+            except HamidError as e:  # every refusal is logged with its reason, as docker run shows it
+                log.warning("container refused", id=cid, reason=refusal(e))
+                return JSONResponse({"error": refusal(e)}, e.http_status)
             except Exception as e:  # a bug: say so, and log it whole
                 log.exception("create failed", bundle=body.get("bundle"))
                 return JSONResponse({"error": f"internal error in the daemon: {e!r}"}, 500)

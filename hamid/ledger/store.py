@@ -99,9 +99,13 @@ class Abandoned(LedgerError):
     """The caller's deadline passed before the change could be committed: its
     caller has given up on the answer, so nothing is committed for it."""
 
+    http_status = 410  # Gone: the answer's caller is
+
 
 class LedgerConflict(LedgerError):
     """The reservation does not fit the node as the ledger knows it."""
+
+    http_status = 409
 
     def __init__(self, message: str, reasons: Iterable[str] = ()) -> None:
         super().__init__(message)

@@ -24,7 +24,7 @@ from ..logs import get_logger
 from ..serving import BodyTooLarge, read_body
 from ..node.callers import caller_details, container_details
 from ..node.identity import KINDS, Owner
-from ..node.service import Abandoned, LedgerConflict, NodeService, container_answer
+from ..node.service import Abandoned, NodeService, container_answer, refusal
 from ..placement import Decision
 from ..request.model import Defaults, Request
 
@@ -33,19 +33,12 @@ log = get_logger("localapi")
 MAX_BODY = 256 * 1024  # a container's whole environment fits many times over
 
 
-class _TooLarge(HamidError):
-    pass
-
-
 def _error(status: int, message: str, reasons=()) -> JSONResponse:
     return JSONResponse({"error": message, "reasons": list(reasons)}, status_code=status)
 
 
 async def _body(req: HttpRequest) -> dict[str, Any]:
-    try:
-        buf = await read_body(req, MAX_BODY)
-    except BodyTooLarge as e:
-        raise _TooLarge(str(e)) from None
+    buf = await read_body(req, MAX_BODY)  # BodyTooLarge: 413
     import json
 
     try:
@@ -103,18 +96,11 @@ class LocalApiFace:
             async def wrapped(req: HttpRequest):
                 try:
                     return await handler(req)
-                except LedgerConflict as e:
-                    if req.url.path == "/v1/containers":  # the Python runtime's admission: logged as the Docker face's
-                        log.warning("container refused", reason=f"no room for this container: {e}")
-                    return _error(409, str(e), e.reasons)
-                except Abandoned as e:
-                    return _error(410, str(e))
-                except _TooLarge as e:
-                    return _error(413, str(e))
-                except HamidError as e:
-                    if req.url.path == "/v1/containers":
-                        log.warning("container refused", reason=str(e))
-                    return _error(400, str(e))
+                except HamidError as e:  # its status is its own (HamidError.http_status)
+                    if req.url.path == "/v1/containers" and not isinstance(e, (Abandoned, BodyTooLarge)):
+                        # the Python runtime's admission: logged as the Docker face's
+                        log.warning("container refused", reason=refusal(e))
+                    return _error(e.http_status, str(e), getattr(e, "reasons", ()))
                 except Exception as e:  # a bug: say so, in JSON, and log it whole
                     log.exception("local API handler failed", path=req.url.path)
                     return _error(500, f"internal error in the daemon: {e!r}")

@@ -63,6 +63,11 @@ def container_answer(got: Admitted | None) -> dict[str, Any]:
     return {"ours": False} if got is None else {"ours": True, **got.to_dict()}
 
 
+def refusal(e: HamidError) -> str:
+    """How a container's refusal reads to the person who ran it (``docker run`` shows it)."""
+    return f"no room for this container: {e}" if isinstance(e, LedgerConflict) else str(e)
+
+
 def _safe_dir(path: str, mode: int) -> None:
     """Make ``path`` (a directory of ours) without following a link at it."""
     try:

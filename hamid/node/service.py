@@ -21,7 +21,7 @@ from ..ledger import Abandoned, Details, LedgerConflict, Reservation
 from ..logs import get_logger
 from ..placement import Decision
 from ..request.model import Request
-from .core import Admitted, Liveness, NodeCore, container_answer
+from .core import Admitted, Liveness, NodeCore, container_answer, refusal
 from .identity import Owner
 
 log = get_logger("node")
@@ -29,7 +29,7 @@ log = get_logger("node")
 # What faces use of the core's types: they import these from here, never the ledger or the core itself
 # (tests/test_layers.py holds them to it).
 __all__ = ["Abandoned", "Admitted", "Details", "LedgerConflict", "Liveness", "NodeDoor", "NodeService",
-           "Reservation", "container_answer"]
+           "Reservation", "container_answer", "refusal"]
 
 # (event, owner key): event is one of admitted, committed, released, state, conflict, mps_failed
 Listener = Callable[[str, str], None]

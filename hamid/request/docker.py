@@ -39,6 +39,8 @@ from .quantity import parse_size_mib
 
 ENV_DEVICES = "HAMI_VISIBLE_DEVICES"
 ENV_SPEC = "HAMI_VGPU_SPEC"
+# The environment entries that make a container hamid's (the runtime and the Docker face look for them).
+ENV_PREFIXES = (f"{ENV_DEVICES}=", f"{ENV_SPEC}=")
 
 VISIBLE_DEVICES_FORMS = "an index (0), a list (0,2), a range (0-3), GPU UUIDs (GPU-...), or all"
 VGPU_SPEC_FORMS = (

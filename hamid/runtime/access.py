@@ -19,15 +19,13 @@ import time
 from ..errors import HamidError
 from ..localapi.client import Conflict, DaemonUnavailable, LocalClient
 from ..node.layout import LEDGER_NAME
+from ..request.docker import ENV_PREFIXES
 
 # How long the runtime waits for the daemon, and the deadline it gives it:
 # the daemon must have committed (or given up) well before the runtime stops
 # waiting, so an answer in flight is never lost to a timeout.
 DAEMON_TIMEOUT_S = 30.0
 DEADLINE_S = 25.0
-
-ENV_NAMES = ("HAMI_VISIBLE_DEVICES=", "HAMI_VGPU_SPEC=")
-
 
 class NodeAccess:
     def __init__(self, state_dir: str | os.PathLike, *, timeout_s: float = DAEMON_TIMEOUT_S) -> None:
@@ -60,7 +58,7 @@ class NodeAccess:
 
     def admit_container(self, cid: str, env: list[str], user: tuple[int, int], details: dict) -> dict:
         """``{"ours": False}``, or ``{"ours": True, "reservation": ..., "edits": {container: cdi edits}}``."""
-        ours = [e for e in env if e.startswith(ENV_NAMES)]
+        ours = [e for e in env if e.startswith(ENV_PREFIXES)]
         deadline = time.time() + min(DEADLINE_S, self._timeout * 5 / 6)
         body = {"id": cid, "env": ours, "user": list(user), "details": details, "deadline": deadline}
         try:

@@ -4,14 +4,13 @@ Owns the container's limits file (format: shim/include/hamid_limits.h, read by
 cffi from that same header): turning a :class:`ContainerLimits` into the file's
 bytes and back, with every value checked, and writing it atomically. The
 daemon writes one per container and mounts it read-only at
-:data:`LIMITS_IN_CONTAINER`; the shim then takes its limits from it and from
+:data:`hamid.node.layout.LIMITS_IN_CONTAINER`; the shim then takes its limits from it and from
 nothing else. The file's live part (priority hold lists, the sharing
 correction) is rewritten in place once a second by :mod:`.live` from what its
 caller read. It never reads a region and never talks to the GPU.
 """
 
 from hamid.shimlimits.codec import (
-    LIMITS_IN_CONTAINER,
     ContainerLimits,
     DeviceLimits,
     LimitsFormatError,
@@ -23,7 +22,6 @@ from hamid.shimlimits.codec import (
 from hamid.shimlimits.writer import write_hold_pids, write_limits_file, write_share
 
 __all__ = [
-    "LIMITS_IN_CONTAINER",
     "ContainerLimits",
     "DeviceLimits",
     "LimitsFormatError",

@@ -19,8 +19,6 @@ import cffi
 
 from hamid.errors import HamidError
 
-LIMITS_IN_CONTAINER = "/usr/local/vgpu/hamid.limits"
-
 _HERE = Path(__file__).resolve().parent
 _HEADER_CANDIDATES = (
     Path(__file__).parent / "hamid_limits.h",  # packaged copy (a symlink in the source tree)

@@ -19,8 +19,8 @@ import subprocess
 import pytest
 
 from hamid.errors import HamidError
+from hamid.node.layout import LIMITS_IN_CONTAINER
 from hamid.shimlimits import (
-    LIMITS_IN_CONTAINER,
     ContainerLimits,
     DeviceLimits,
     LimitsFormatError,
