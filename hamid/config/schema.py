@@ -26,8 +26,6 @@ from ..request.model import ResourceNames
 
 _STRICT = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, validate_default=True)
 
-GPU_POLICIES = ("spread", "binpack", "topology-aware", "mutex", "numa")  # or a chain: binpack,numa
-NODE_POLICIES = ("binpack", "spread")
 _HAMI_NAMES = ResourceNames()  # the resource names' defaults are HAMi's, defined once there
 # A Kubernetes extended resource name: a DNS-subdomain prefix, a slash, a name.
 _RESOURCE_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"

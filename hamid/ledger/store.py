@@ -410,10 +410,6 @@ class Ledger:
             finally:
                 self._db.execute("COMMIT")
 
-    def has_inventory(self) -> bool:
-        with self._lock:
-            return self._meta(self._db, "node") is not None
-
     # --- reservations ------------------------------------------------------
 
     def _existing(self, db: sqlite3.Connection, owner: str) -> Reservation | None:

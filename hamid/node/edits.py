@@ -84,9 +84,6 @@ class ContainerEdits:
     mounts: tuple[Mount, ...] = ()
     hooks: tuple[Hook, ...] = field(default=())
 
-    def env_map(self) -> dict[str, str]:
-        return dict(e.split("=", 1) for e in self.env)
-
     def to_cdi(self) -> dict[str, Any]:
         return {"env": list(self.env), "deviceNodes": [n.to_cdi() for n in self.device_nodes],
                 "mounts": [m.to_cdi() for m in self.mounts], "hooks": [h.to_cdi() for h in self.hooks]}

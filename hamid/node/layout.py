@@ -39,11 +39,6 @@ REGION_DIR_IN_CONTAINER = "/run/hamid"
 REGION_FILE_IN_CONTAINER = REGION_DIR_IN_CONTAINER + "/vgpu.cache"
 MPS_PIPE_IN_CONTAINER = "/run/hamid-mps"  # an MPS share's GPU pipe directory (hamid.node.mps, the shim's HAMID_MPS_PIPE_DIR)
 
-# Every path hamid mounts over inside a container: a runtime refuses a
-# container whose rootfs has a symbolic link on any of them.
-MOUNTED_IN_CONTAINER = (SHIM_IN_CONTAINER, LIMITS_IN_CONTAINER, PRELOAD_IN_CONTAINER, REGION_DIR_IN_CONTAINER,
-                        MPS_PIPE_IN_CONTAINER)
-
 
 # One path component of ours: no separator, no leading dot (so never "." or
 # ".."), printable ASCII only. Pod UIDs, Docker ids and Kubernetes container

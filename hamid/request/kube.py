@@ -31,16 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import (MODES, POLICIES, ContainerRequest, Defaults, GpuRequest, Request, RequestError, ResourceNames,
+from .model import (MODES, POLICIES, ContainerRequest, Defaults, GpuRequest, Request, RequestError,
                     ScoringWeights, echo, parse_core_policy, parse_gpu_policy)
 from .quantity import parse_k8s_int
-
-_DEFAULT_NAMES = ResourceNames()
-RES_GPU = _DEFAULT_NAMES.count  # HAMi's default names; an operator may rename them (ResourceNames)
-RES_MEM = _DEFAULT_NAMES.memory
-RES_MEM_PCT = _DEFAULT_NAMES.memory_percentage
-RES_CORES = _DEFAULT_NAMES.cores
-RES_PRIORITY = _DEFAULT_NAMES.priority
 
 ANN_USE_TYPE = "nvidia.com/use-gputype"
 ANN_NOUSE_TYPE = "nvidia.com/nouse-gputype"

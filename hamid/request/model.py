@@ -9,7 +9,6 @@ from typing import Any
 from ..errors import HamidError
 
 MODES = ("hami-core", "mig", "mps")
-SHARE_MODES = ("hami-core", "mps")  # the ways a whole (non-MIG) GPU is shared
 POLICIES = ("binpack", "spread")  # node policies
 GPU_POLICIES = ("spread", "binpack", "topology-aware", "mutex")  # one of these, optionally with "numa"
 GPU_POLICY_FORMS = ("spread, binpack, topology-aware, mutex or numa, or a comma-separated chain of one of the "
@@ -269,8 +268,7 @@ def _typed(v: Any, name: str, where: str) -> Any:
 
 
 # GPU_CORE_UTILIZATION_POLICY as HAMi spells it: what a container may ask for, and what the node may set.
-CONTAINER_POLICIES = ("default", "force")
-NODE_POLICIES = ("default", "force", "disable")
+CONTAINER_POLICIES = ("default", "force")  # the node's gpuCorePolicy may also say disable
 _POLICY_RANK = {"disable": 0, "default": 1, "force": 2}
 
 
