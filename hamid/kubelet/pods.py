@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from ..errors import HamidError
-from ..kube.events import pod_event
+from ..kube.events import event_body, event_failed
 from ..logs import get_logger
 from .api import POD_RESOURCES_DIR, KUBELET_SOCKET
 from .api import podresources_pb2 as pr
@@ -157,4 +157,9 @@ class PodDirectory:
 
     def event(self, pod: dict[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
         """A core/v1 Event on the pod (best effort: a failure is logged, not raised)."""
-        pod_event(self._core(), pod, reason, message, kind=kind, host=self.node)
+        # blocking, from kubelet's gRPC threads: through the official client (the Event's shape is event_body's)
+        body = event_body(pod, reason, message, kind=kind, host=self.node)
+        try:
+            self._core().create_namespaced_event(body["metadata"]["namespace"], body, _request_timeout=10)
+        except Exception as e:
+            event_failed(pod, reason, e)

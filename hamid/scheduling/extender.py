@@ -54,6 +54,7 @@ from starlette.routing import Route
 
 from ..errors import HamidError, Unreachable
 from ..kube.events import announce_clamp
+from ..kube.rest import AsyncKube, KubeApiError
 from ..logs import get_logger
 from ..node.identity import Owner
 from ..placement import Decision
@@ -103,10 +104,8 @@ class Extender:
         ``quotas``: the leader's namespace quota count (None from it while this
         daemon does not lead); None: quotas are not checked (a bare extender,
         as the benchmark runs)."""
-        from kubernetes import client
-
         self.api = api
-        self.core = client.CoreV1Api(api) if api is not None else None
+        self.kube = AsyncKube.of(api) if api is not None else None
         self.peer = peer
         self.cluster = cluster
         self.defaults = defaults
@@ -249,10 +248,11 @@ class Extender:
         ns, name, uid, node = args.get("PodNamespace"), args.get("PodName"), args.get("PodUID"), args.get("Node")
         if not all(isinstance(x, str) and x for x in (ns, name, uid, node)):
             return self._refuse("PodName, PodNamespace, PodUID and Node are required")
+        if self.kube is None:
+            return {"Error": f"hamid: cannot read pod {ns}/{name}: this daemon has no API server"}
         try:
-            pod = self.api.sanitize_for_serialization(
-                await trio.to_thread.run_sync(lambda: self.core.read_namespaced_pod(name, ns, _request_timeout=10)))
-        except Exception as e:
+            pod = await self.kube.request("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+        except KubeApiError as e:
             return {"Error": f"hamid: cannot read pod {ns}/{name}: {e}"}
         if pod["metadata"]["uid"] != uid:
             return self._refuse(f"pod {ns}/{name} is now another pod (uid {pod['metadata']['uid']})")
@@ -300,7 +300,7 @@ class Extender:
                 self.commit_failed(node, str(e))
             return {"Error": f"hamid: node {node} refused the placement: {e}"}
         try:  # the allocation the node holds (an earlier call's, when there is one) is what the pod records
-            await trio.to_thread.run_sync(self._record_and_bind, ns, name, uid, node, done.decision)
+            await self._record_and_bind(self.kube, ns, name, uid, node, done.decision)
         except Exception as e:
             if book is not None and done.ours:
                 book.unbook(uid)
@@ -308,19 +308,21 @@ class Extender:
             return {"Error": f"hamid: binding {ns}/{name} to {node} failed: {e}"}
         self._forget(uid)
         # the webhook lowered gpucores to 100: say so where kubectl describe shows it, as gate mode does
-        await trio.to_thread.run_sync(announce_clamp, self.core, pod)
+        await announce_clamp(self.kube, pod)
         self.bound += 1
         log.info("bound", pod=f"{ns}/{name}", node=node)
         return {"Error": ""}
 
-    def _record_and_bind(self, ns: str, name: str, uid: str, node: str, decision: Decision | None) -> None:
+    @staticmethod
+    async def _record_and_bind(kube: AsyncKube, ns: str, name: str, uid: str, node: str,
+                               decision: Decision | None) -> None:
+        pod = f"/api/v1/namespaces/{ns}/pods/{name}"
         if decision is not None:
-            self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": hamiannotations.allocation(decision)}},
-                                           _request_timeout=10)
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns, "uid": uid},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        # the client cannot parse the Status the server answers a binding with: read it raw
-        self.core.create_namespaced_pod_binding(name, ns, body, _preload_content=False, _request_timeout=10)
+            await kube.request("PATCH", pod, {"metadata": {"annotations": hamiannotations.allocation(decision)}},
+                               content_type="application/merge-patch+json")
+        await kube.request("POST", f"{pod}/binding",
+                           {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns, "uid": uid},
+                            "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
 
     def _work(self, args: dict[str, Any], snap: Snapshot) -> int:
         """Node verdicts the engine must compute to answer ``args`` (0 for a pod that asks for no GPU

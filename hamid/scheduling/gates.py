@@ -146,10 +146,7 @@ class GateController:
         at once (8: the API server answers in a millisecond or two when it is not starved, and
         httpcore's pool looks at every connection it holds for each request, so more connections cost
         the leader CPU per pod without placing faster); ``kube``: the async API client (made from ``api`` when not given)."""
-        from kubernetes import client
-
         self.api = api
-        self.core = client.CoreV1Api(api)
         self.kube = kube or AsyncKube.of(api)
         self.peer = peer
         self.cluster = cluster
@@ -357,7 +354,7 @@ class GateController:
                 await undo(self.peer, self.cluster, done)
             if placed and ((meta.get("annotations") or {}).get(CORES_CLAMPED)):
                 # the webhook lowered gpucores to 100: say so where kubectl describe shows it
-                await trio.to_thread.run_sync(announce_clamp, self.core, pod)
+                await announce_clamp(self.kube, pod)
         except Exception as e:  # one pod's trouble must not stop the others
             log.exception("placing a gated pod failed", pod=_name(pod), error=str(e))
         finally:
@@ -433,17 +430,15 @@ class GateController:
         cond = {"type": CONDITION, "status": "False", "reason": "Unschedulable", "message": message,
                 "lastTransitionTime": now, "lastProbeTime": None}
 
-        def write() -> None:
-            try:
-                self.core.patch_namespaced_pod_status(name, ns, {"status": {"conditions": [cond]}},
-                                                      _request_timeout=10)
-            except Exception as e:
-                log.warning("could not set the pod's placement condition", pod=f"{ns}/{name}", error=str(e))
-            pod_event(self.core, {"metadata": {"namespace": ns, "name": name, "uid": uid}}, "FailedScheduling",
-                      message)
-
         log.info("pod stays gated", pod=f"{ns}/{name}", why=message)
-        await trio.to_thread.run_sync(write)
+        try:  # a strategic merge: the conditions list merges by type, the pod's others are kept
+            await self.kube.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status",
+                                    {"status": {"conditions": [cond]}},
+                                    content_type="application/strategic-merge-patch+json")
+        except KubeApiError as e:
+            log.warning("could not set the pod's placement condition", pod=f"{ns}/{name}", error=str(e))
+        await pod_event(self.kube, {"metadata": {"namespace": ns, "name": name, "uid": uid}}, "FailedScheduling",
+                        message)
 
 
 def narrowed_spec(spec: dict[str, Any], node: str) -> dict[str, Any]:
