@@ -268,7 +268,7 @@ class PodAdmission:
 
     def _follow_kubelet(self, res, gpus: dict[str, tuple[str, ...]], slots: dict[str, str]) -> None:
         """Move a reservation onto the GPUs kubelet chose, re-checked by the ledger."""
-        request = _restricted(Request.from_dict(res.request), gpus) if res.request else None
+        request = _restricted(res.request, gpus) if res.request is not None else None
         if request is None:
             raise HamidError(f"{res.owner} was placed on other GPUs than kubelet chose and records no request "
                              "to place it again")
