@@ -55,17 +55,17 @@ class _Node:
 
 
 class NodeBatches:
-    def __init__(self, peer: Any, *, slots: trio.CapacityLimiter | None = None, singles: int = 8) -> None:
+    def __init__(self, peer: Any, *, in_flight: trio.CapacityLimiter | None = None, singles: int = 8) -> None:
         """``peer``: the peer API's client as the daemon hands it in (this face does not import that
         one): ``commit`` and ``commit_many`` as :class:`hamid.peer.PeerClient` has them, ``max_batch``
         (the most commits one request may carry), errors that are :class:`HamidError` with a
         ``kind`` (``unknown-method``: the node is too old for the verb and applied nothing;
-        ``too-large``: over the node's body limit). ``slots``: requests in flight at once to all
+        ``too-large``: over the node's body limit). ``in_flight``: requests in flight at once to all
         nodes together (the caller's bound). ``singles``: commits in flight at once to one node that
         lacks the batch verb (8, as the leader's old per-node bound: its ledger serialises them
         itself)."""
         self.peer = peer
-        self.slots = slots
+        self.in_flight = in_flight
         self.singles = singles
         self.max_items = max(1, int(getattr(peer, "max_batch", 1)))
         self._nodes: dict[str, _Node] = {}
@@ -124,10 +124,10 @@ class NodeBatches:
     async def _send(self, address: str, node: str, batch: list[_Pending]) -> None:
         """Send ``batch`` and give each its verdict (whatever happens: a waiter never waits forever)."""
         try:
-            if self.slots is None:
+            if self.in_flight is None:
                 await self._send_now(address, node, batch)
             else:
-                async with self.slots:
+                async with self.in_flight:
                     await self._send_now(address, node, batch)
         finally:
             for p in batch:

@@ -155,10 +155,10 @@ class GateController:
         self.ignored = ignored
         self.commits = commits
         self.per_node = per_node
-        self._batches: NodeBatches | None = None  # made with the commit slots, in run()
+        self._batches: NodeBatches | None = None  # made with the commits-in-flight limiter, in run()
         self.updates = updates
-        self._commit_slots: trio.CapacityLimiter | None = None
-        self._update_slots: trio.CapacityLimiter | None = None
+        self._commits_in_flight: trio.CapacityLimiter | None = None
+        self._updates_in_flight: trio.CapacityLimiter | None = None
         self.retry_s = retry_s
         self.pods = Informer(self.kube, "/api/v1/pods", name="pods")
         self.nodes = Informer(self.kube, "/api/v1/nodes", name="nodes")
@@ -180,9 +180,9 @@ class GateController:
     # --- the loop --------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        self._commit_slots = trio.CapacityLimiter(self.commits)
-        self._update_slots = trio.CapacityLimiter(self.updates)
-        self._batches = NodeBatches(self.peer, slots=self._commit_slots, singles=self.per_node)
+        self._commits_in_flight = trio.CapacityLimiter(self.commits)
+        self._updates_in_flight = trio.CapacityLimiter(self.updates)
+        self._batches = NodeBatches(self.peer, in_flight=self._commits_in_flight, singles=self.per_node)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.pods.run)
@@ -309,11 +309,11 @@ class GateController:
         decision = choice.decision
         placed = False
         try:
-            if self._commit_slots is None:  # place() outside run()
-                self._commit_slots, self._update_slots = trio.CapacityLimiter(1), trio.CapacityLimiter(1)
+            if self._commits_in_flight is None:  # place() outside run()
+                self._commits_in_flight, self._updates_in_flight = trio.CapacityLimiter(1), trio.CapacityLimiter(1)
             try:
                 if self._batches is None:
-                    self._batches = NodeBatches(self.peer, slots=self._commit_slots, singles=self.per_node)
+                    self._batches = NodeBatches(self.peer, in_flight=self._commits_in_flight, singles=self.per_node)
                 # no await before the commit is queued: the pass's commits for one node go in one request
                 done = await commit(self.peer, self.cluster, choice.peer, owner, decision,
                                     request=request.to_dict(), placed_by="gate", booked=True,
@@ -382,7 +382,7 @@ class GateController:
 
     async def _open_gate(self, pod: dict, decision: Decision) -> bool:
         """One update (with the pod's resourceVersion): annotations, narrowed affinity, gate removed."""
-        async with self._update_slots:
+        async with self._updates_in_flight:
             return await self._opening(pod, decision)
 
     async def _opening(self, pod: dict, decision: Decision) -> bool:
