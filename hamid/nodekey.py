@@ -15,10 +15,12 @@ own Secret, and no component of hamid may sign certificates for nodes;
 gossip already carries each node's document, so the public key rides along
 at no cost, and a key never leaves the node that made it.
 
-A member's key is taken the first time it is seen and kept while that
-member lives (:mod:`hamid.gossip.membership`): a key holder advertising
-another node's name with another key is ignored. The state directory is on
-the host, so a restarted or upgraded daemon keeps its key.
+A member's key is pinned the first time it is seen (:mod:`hamid.gossip.identity`)
+and changes only with the old key's word: :func:`rotate` (``hamid identity
+rotate``) makes a new key and a rotation statement, the old key's signature
+over the new public key (``peer-identity.rotation``), which the daemon
+gossips with its statements. The state directory is on the host, so a
+restarted or upgraded daemon keeps its key.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import base64
 import os
 
+import cbor2
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -33,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from .errors import HamidError
 
 FILE_NAME = "peer-identity.key"
+ROTATION_NAME = "peer-identity.rotation"  # [old public key, old key's signature over rotation_bytes(new)]
 
 
 class IdentityError(HamidError):
@@ -79,6 +83,69 @@ class NodeIdentity:
 
     def sign(self, data: bytes) -> bytes:
         return self._key.sign(data)
+
+    def private_bytes(self) -> bytes:
+        return self._key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                       serialization.NoEncryption())
+
+
+def rotation_bytes(new_pk: str) -> bytes:
+    """What an old key signs to hand its node's name over to ``new_pk``."""
+    return b"hamid-identity-rotate/1\0" + new_pk.encode()
+
+
+def _write_private(path: str, data: bytes) -> None:
+    """``data`` at ``path`` (0600) in one step: written beside it, synced, renamed over it."""
+    tmp = path + ".tmp"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def rotate(state_dir: str | os.PathLike) -> tuple[str, str]:
+    """Replace the node's key with a new one and keep the old key's word for it (the rotation
+    statement), so members that pinned the old key take the new one. (old, new) public keys.
+    The daemon must be restarted to use it; the statement stays beside the key, for members
+    that hear of the node only later."""
+    old = NodeIdentity.load_or_create(state_dir)
+    new = NodeIdentity.generate()
+    statement = cbor2.dumps([old.public_b64, old.sign(rotation_bytes(new.public_b64))])
+    path = os.path.join(state_dir, FILE_NAME)
+    try:  # the statement first: a crash between the two leaves the old key with a statement it ignores
+        _write_private(os.path.join(state_dir, ROTATION_NAME), statement)
+        _write_private(path, new.private_bytes())
+    except OSError as e:
+        raise IdentityError(f"cannot write the node's new identity key {path}: {e.strerror}") from None
+    return old.public_b64, new.public_b64
+
+
+def load_rotation(state_dir: str | os.PathLike, identity: NodeIdentity) -> tuple[str, bytes] | None:
+    """The rotation statement that hands over to ``identity``'s key: (old public key, signature), or
+    None when there is none, or one that is for another key (left by a rotation that did not finish)."""
+    path = os.path.join(state_dir, ROTATION_NAME)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise IdentityError(f"cannot read the identity rotation statement {path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(512)
+    try:
+        old, sig = cbor2.loads(raw)
+    except Exception:
+        raise IdentityError(f"{path} is not a rotation statement; remove it (the node's key then changes "
+                            "for its peers only after its old key was silent: README, Gossip security)") from None
+    if not valid_public_key(old) or type(sig) is not bytes or not verify(old, sig, rotation_bytes(identity.public_b64)):
+        return None
+    return old, sig
 
 
 def valid_public_key(pk: object) -> bool:

@@ -100,8 +100,28 @@ def _parser() -> argparse.ArgumentParser:
     fh.add_argument("--config-out", metavar="FILE",
                     help="also write the config part alone, for hamid run --config on a Docker host")
 
+    idp = sub.add_parser("identity", help="this node's identity key (signs its gossip statements and peer calls)")
+    isub = idp.add_subparsers(dest="identity_cmd", required=True, metavar="TOOL")
+    rot = isub.add_parser("rotate", help="replace the node's identity key; the old key signs the handover, so the "
+                                         "other members take the new key at once (restart the daemon to use it)")
+    rot.add_argument("--state-dir", help=f"the daemon's state dir (default {DEFAULT_STATE_DIR})")
+    rot.add_argument("--config", help="read stateDir from this config file")
+
     sub.add_parser("version", help="print the version")
     return p
+
+
+def _cmd_identity(args) -> int:
+    from ..nodekey import rotate
+
+    state = _state_dir(args)
+    if not state.is_dir():
+        raise HamidError(f"no state dir {state}: give the daemon's --state-dir")
+    old, new = rotate(state)
+    print(f"identity key of {state} rotated: {old} -> {new}\n"
+          "restart the daemon (hamid run, or its pod) to gossip the new key; members take it with the old key's "
+          "signature, at once")
+    return 0
 
 
 def _trio_run(fn, *args, what: str) -> None:
@@ -340,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hamid {__version__}")
             return 0
         return {"run": _cmd_run, "status": _cmd_status, "plan": _cmd_plan, "front": _cmd_front, "webhook": _cmd_front,
-                "inspect": _cmd_inspect, "config": _cmd_config}[args.cmd](args)
+                "inspect": _cmd_inspect, "config": _cmd_config, "identity": _cmd_identity}[args.cmd](args)
     except HamidError as e:
         print(f"hamid {args.cmd}: {e}", file=sys.stderr)
         return 1

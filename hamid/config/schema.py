@@ -614,6 +614,18 @@ class Config(NodeSettings, ResourceNameSettings):
     and retried for reconnection) before it is forgotten; 24 h, serf's
     reconnect timeout."""
 
+    gossipMaxMembers: int = Field(16384, ge=2, le=1_000_000)
+    """Members this node's table holds at most (itself included); a new name
+    beyond it is refused, counted in ``hamid_gossip_refused_updates_total{reason="cap"}``
+    and logged. Bounds what a holder of the gossip key can make a daemon keep."""
+
+    gossipIdentityResetAfter: float = Field(600.0, ge=0)
+    """Seconds a member's identity key must have been silent (the member dead
+    or left, nothing signed by it heard) before another self-signed key may
+    take its name: how a node whose state directory was wiped comes back
+    (README, "Gossip security"). A key changed with ``hamid identity rotate``
+    is taken at once."""
+
     # --- peer API (hamid/peer): commit/release/status asked by other nodes ---
 
     peerListen: str | None = None

@@ -319,7 +319,7 @@ async def build_faces(d: Daemon):
     gossip = None
     keyring = _keyring(c)  # one keyring for gossip and the peer API: a reload reaches both at once
     identity = None
-    if c.peerListen:
+    if c.peerListen or c.gossipListen:  # signs this node's peer requests and its gossip statements
         from ..nodekey import NodeIdentity
 
         identity = NodeIdentity.load_or_create(d.state_dir)
@@ -351,11 +351,18 @@ async def build_faces(d: Daemon):
                 host = (peer_address or c.gossipAdvertise or c.gossipListen).rsplit(":", 1)[0]
             scheme = "http" if c.extenderInsecure and not c.extenderClientCAFile else "https"
             extender_address = f"{scheme}://{host}:{port}"
+        admit = None
+        if api is not None:  # under Kubernetes only a Node's name may be a member
+            from ..kube.nodes import NodeNames
+
+            nodes = NodeNames(api)
+            faces.append(nodes)
+            admit = nodes.is_node
         gossip = GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=seeds,
                                advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
                                read_stamp=d.ledger.change_stamp, peer_address=peer_address,
-                               extender_address=extender_address,
-                               identity_key=identity.public_b64 if identity is not None else None)
+                               extender_address=extender_address, identity=identity,
+                               state_dir=d.state_dir, admit=admit)
         d.service.subscribe(lambda event, key: gossip.poke() if event != "conflict" else None)
     faces.append(LocalApiFace(d.service, str(d.state_dir / SOCKET_NAME), defaults=request_defaults(d),
                               cluster=gossip.cluster_document if gossip is not None else None,
@@ -364,8 +371,6 @@ async def build_faces(d: Daemon):
                             start_grace=c.dockerStartGrace, socket_path=str(d.state_dir / DOCKER_SOCKET_NAME),
                             defaults=request_defaults(d),
                             elsewhere=elsewhere_hint(d.node, gossip) if gossip is not None else None))
-    if gossip is not None:
-        faces.append(gossip)
     control: list = []
     if (c.kubernetes or c.kubeconfig) and c.controlMode != "none" and api is not None:
         control = control_faces(d, api, gossip, keyring, identity)
@@ -393,6 +398,9 @@ async def build_faces(d: Daemon):
         faces.append(MetricsFace(registry, "unix:" + front_socket(c.frontDir, METRICS_SOCKET), unix_group=c.frontGroup))
     elif c.metricsPort:
         faces.append(MetricsFace(registry, f"{c.metricsAddress}:{c.metricsPort}"))
+    if gossip is not None:  # last: it joins the group once every other listener is bound, so a port that
+        registry.register(gossip.collector())  # fails leaves no member behind (it would leave as "left")
+        faces.append(gossip)
     return faces
 
 

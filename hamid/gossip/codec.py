@@ -26,6 +26,7 @@ import cbor2
 from ..cluster.capacity import doc_problem
 from ..cborcheck import check_cbor2
 from ..keyring import PLAIN, Keyring
+from .identity import valid_proof
 
 VERSION = 1
 MAX_DEPTH = 12
@@ -57,8 +58,11 @@ def _bool(x) -> bool:
 
 
 def _member_entry(x) -> bool:
-    return (type(x) is list and len(x) == 5 and _str(x[0]) and _str(x[1]) and _uint(x[2])
-            and x[3] in STATE_NAMES and type(x[3]) is int and _uint(x[4]))
+    """[name, addr, incarnation, state, document version(, proof or None)]: the proof (hamid.gossip.identity)
+    is the member's own signature over its alive or left statement at that incarnation."""
+    return (type(x) is list and len(x) in (5, 6) and _str(x[0]) and _str(x[1]) and _uint(x[2])
+            and x[3] in STATE_NAMES and type(x[3]) is int and _uint(x[4])
+            and (len(x) == 5 or x[5] is None or valid_proof(x[5])))
 
 
 def _members(x) -> bool:
@@ -77,7 +81,7 @@ def _docs(x) -> bool:
     return type(x) is list and all(_doc(d) for d in x)
 
 
-# type -> {field: check}; every listed field is required
+# type -> {field: check}; every listed field is required (OPTIONAL: checked when present)
 FRAMES: dict[str, dict[str, Any]] = {
     "ping": {"seq": _uint, "to": _str},
     "ack": {"seq": _uint},
@@ -94,6 +98,10 @@ UPDATES: dict[str, dict[str, Any]] = {
     "dead": {"n": _str, "i": _uint, "by": _str},
     "cap": {"n": _str, "v": _uint},  # a notice: the sender holds this version of n's document
 }
+OPTIONAL: dict[str, dict[str, Any]] = {
+    "alive": {"p": valid_proof},  # n's own signature over its alive statement (hamid.gossip.identity)
+    "dead": {"p": valid_proof},  # with by == n: n's own signature over its left statement
+}
 
 
 def _check(msg: Any, table: dict[str, dict[str, Any]], what: str) -> None:
@@ -106,6 +114,9 @@ def _check(msg: Any, table: dict[str, dict[str, Any]], what: str) -> None:
     for k, ok in spec.items():
         if k not in msg or not ok(msg[k]):
             raise FrameRejected("schema", f"{what} {t}: field {k!r} missing or malformed")
+    for k, ok in OPTIONAL.get(t, {}).items() if table is UPDATES else ():
+        if k in msg and not ok(msg[k]):
+            raise FrameRejected("schema", f"{what} {t}: field {k!r} malformed")
 
 
 def check_frame(msg: Any) -> dict:

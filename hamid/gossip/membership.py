@@ -60,7 +60,17 @@ in this node's document).
   at most half the frame limit each); newer documents are then fetched from
   whoever has them. Dead members are
   gossiped to for ``gossip_to_the_dead`` and reconnected to every
-  ``reconnect_interval``, which heals partitions.
+  ``reconnect_interval``, which heals partitions; while this member has no
+  live peer it reconnects to up to :data:`ALONE_RECONNECTS` at a time (a
+  restarted node finds the group again through the members it knew:
+  :meth:`Membership.remember`).
+- **Identity** (with a ``signer``: every daemon): what a member says about
+  itself (alive, left) and its documents are taken only signed by the key its
+  name is pinned to; incarnations and versions an hour ahead of this node's
+  clock are refused (:mod:`hamid.gossip.identity`). A new name must also pass
+  ``admit`` (under Kubernetes: a Node object's name) and fit under
+  ``max_members``. Without a signer (simulations) statements are taken as
+  they come.
 """
 
 from __future__ import annotations
@@ -76,9 +86,11 @@ import cbor2
 import trio
 
 from ..cluster.changes import ChangeLog
-from ..logs import get_logger
+from ..logs import Throttle, get_logger
+from ..nodekey import verify
 from .broadcast import Broadcasts
 from .codec import ALIVE, DEAD, LEFT, STATE_NAMES, SUSPECT
+from .identity import Pins, Signer, alive_bytes, inc_ahead, left_bytes, valid_proof, version_ahead
 from .params import GossipParams, suspicion_timeout
 from .stats import Stats
 
@@ -92,6 +104,8 @@ DOC_TRIES = 5  # times a missing version is asked again unprompted; then the nex
 # the process was not running for at least that long, long enough for an ack to lie unread in its socket.
 LATE_FRACTION = 0.5
 NO_ACCUSER = "*"  # ``by`` of a suspicion learnt by push/pull; not a valid node or host name
+ALONE_RECONNECTS = 3  # dead members reconnected to per round while this member has no live peer
+WARN_EVERY_S = 60.0  # a refusal of one kind is logged at warning at most this often (each is counted)
 
 
 @dataclass
@@ -127,6 +141,7 @@ class Member:
     state: int = ALIVE
     since: float = 0.0  # trio clock of the last state change
     suspicion: Suspicion | None = None
+    proof: dict | None = None  # its own signature over its last alive (or, when left, left) statement
 
     @property
     def state_name(self) -> str:
@@ -144,7 +159,10 @@ class _Waiter:
 class Membership:
     def __init__(self, name: str, addr: str, params: GossipParams, stats: Stats,
                  send: Callable[[str, dict], None], *, seeds: tuple[str, ...] = (),
-                 forget: Callable[[str], None] = lambda _a: None) -> None:
+                 forget: Callable[[str], None] = lambda _a: None, signer: Signer | None = None,
+                 admit: Callable[[str], bool] | None = None) -> None:
+        """``signer``: this node's identity (hamid.gossip.identity); with it every statement about
+        another member must be signed. ``admit``: whether a name may be a member at all."""
         if name == NO_ACCUSER:
             raise ValueError(f"gossip node name {name!r} is reserved; use the node's host or Kubernetes name")
         self.name = name
@@ -154,6 +172,10 @@ class Membership:
         self._send_raw = send
         self._forget = forget
         self.seeds = tuple(s for s in seeds if s != addr)
+        self.signer = signer
+        self.admit = admit
+        self.pins = Pins(params.identity_reset_after)
+        self._warn: dict[str, Throttle] = {}  # refusal reason -> its log line's throttle
         self.inc = int(time.time())
         self.me = Member(name, addr, self.inc, ALIVE, 0.0)
         self.members: dict[str, Member] = {name: self.me}
@@ -198,7 +220,10 @@ class Membership:
             task_status.started()
 
     def set_local_doc(self, doc: dict) -> None:
-        """This node's capacity document changed (its version must have grown)."""
+        """This node's capacity document changed (its version must have grown); signed here."""
+        if self.signer is not None:
+            doc = dict(doc)
+            self.signer.sign_doc(doc)
         self.docs[self.name] = doc
         self.live_log.mark(self.name)
         self.broadcasts.add((self.name, "cap"), {"t": "cap", "n": self.name, "v": doc["version"]})
@@ -244,9 +269,65 @@ class Membership:
 
     def _broadcast_alive(self) -> None:
         self.me.inc = self.inc
+        self.me.addr = self.addr
         doc = self.docs.get(self.name)
-        self.broadcasts.add((self.name, "m"), {"t": "alive", "n": self.name, "a": self.addr, "i": self.inc,
-                                               "cv": doc["version"] if doc else 0})
+        msg = {"t": "alive", "n": self.name, "a": self.addr, "i": self.inc, "cv": doc["version"] if doc else 0}
+        if self.signer is not None:
+            self.me.proof = msg["p"] = self.signer.alive(self.name, self.addr, self.inc)
+        self.broadcasts.add((self.name, "m"), msg)
+
+    def leave_update(self) -> dict:
+        """This node's ``dead`` about itself at a new incarnation (signed): it is leaving."""
+        self.inc += 1
+        msg = {"t": "dead", "n": self.name, "i": self.inc, "by": self.name}
+        if self.signer is not None:
+            msg["p"] = self.signer.left(self.name, self.inc)
+        return msg
+
+    def remember(self, known: list[tuple[str, str, str | None]]) -> int:
+        """Members known from before this node's start ((name, address, key) from the state directory):
+        put in the table as dead at incarnation 0, so the reconnect to the dead tries their addresses and
+        any alive they sign outranks them, with their keys pinned. How many were taken (up to the cap)."""
+        now = trio.current_time()
+        taken = 0
+        for name, addr, pk in known:
+            if name in self.members or name == NO_ACCUSER or len(self.members) >= self.p.max_members:
+                continue
+            if self.signer is not None:
+                if pk is None:
+                    continue
+                self.pins.load(name, pk, now)
+            self.members[name] = Member(name, addr, 0, DEAD, now)
+            self._counted_len += 1  # dead: not counted in n()
+            self._table_gen += 1
+            taken += 1
+        return taken
+
+    def known(self) -> list[tuple[str, str, str | None]]:
+        """(name, address, pinned key) of every other member in the table, for the state directory."""
+        return [(m.name, m.addr, self.pins.get(m.name)) for m in self.members.values() if m.name != self.name]
+
+    def _refuse(self, reason: str, name: str, **detail) -> None:
+        """Count (and log) an update about ``name`` that is not taken (see the module's "Identity")."""
+        self.stats.refused[reason] += 1
+        ready, held = self._warn.setdefault(reason, Throttle(WARN_EVERY_S)).ready()
+        if ready:
+            log.warning("gossip update refused", reason=reason, member=name, more_since_last=held, **detail)
+
+    def _admissible(self, name: str) -> bool:
+        """Whether a name not in the table (or back from dead) may be a member now."""
+        if self.admit is not None and not self.admit(name):
+            self._refuse("not-a-node", name, why="no Node object of this name")
+            return False
+        if name not in self.members and len(self.members) >= self.p.max_members:
+            self._refuse("cap", name, max_members=self.p.max_members,
+                         fix="raise gossipMaxMembers if the cluster has this many nodes")
+            return False
+        return True
+
+    def _mine(self, proof, data: bytes) -> bool:
+        """Whether ``proof`` is this node's own signature over ``data``."""
+        return valid_proof(proof) and proof["pk"] == self.signer.pk and verify(self.signer.pk, proof["s"], data)
 
     def _sample(self, k: int, ok: Callable[[Member], bool]) -> list[Member]:
         """Up to ``k`` distinct other members for which ``ok`` holds, uniformly at random, without
@@ -278,6 +359,7 @@ class Membership:
             else:
                 self._suspects.discard(m.name)
             m.since = trio.current_time()
+            self.pins.set_live(m.name, state in (ALIVE, SUSPECT), m.since)
             self.live_log.mark(m.name)
             self.changes.append((time.monotonic(), m.name, STATE_NAMES[state]))
             if len(self.changes) > 1000:
@@ -323,12 +405,15 @@ class Membership:
 
     def _apply(self, u: dict, sender: str) -> None:
         t = u["t"]
+        if t != "cap" and inc_ahead(u["i"]):
+            self._refuse("ahead", u["n"], incarnation=u["i"], sender=sender)
+            return
         if t == "alive":
-            self._on_alive(u["n"], u["a"], u["i"], u["cv"], u["a"])
+            self._on_alive(u["n"], u["a"], u["i"], u["cv"], u["a"], proof=u.get("p"))
         elif t == "suspect":
             self._on_suspect(u["n"], u["i"], u["by"])
         elif t == "dead":
-            self._on_dead(u["n"], u["i"], u["by"])
+            self._on_dead(u["n"], u["i"], u["by"], u.get("p"))
         elif t == "cap":  # the sender holds this version: fetch it from there
             self._want_doc(u["n"], u["v"], sender)
 
@@ -340,14 +425,37 @@ class Membership:
         self._broadcast_alive()
         log.info("gossip refuting", incarnation=self.inc)
 
-    def _on_alive(self, name: str, addr: str, inc: int, cv: int, doc_from: str, spread: bool = True) -> None:
+    def _on_alive(self, name: str, addr: str, inc: int, cv: int, doc_from: str, spread: bool = True,
+                  proof: dict | None = None) -> None:
         if name == self.name:
+            if self.signer is not None and not self._mine(proof, alive_bytes(name, addr, inc, self.signer.pk)):
+                if valid_proof(proof) and proof["pk"] != self.signer.pk and inc >= self.inc:
+                    # the group holds this name under another key: ours was reset (a wiped state directory)
+                    # or a key holder poses as us; either way the members take our key only after that one
+                    # has been silent for identity_reset_after (hamid.gossip.identity)
+                    self._refuse("identity-self", name, their_key=proof["pk"], our_key=self.signer.pk,
+                                 taken_after_s=self.p.identity_reset_after)
+                return
             if inc > self.inc or (inc == self.inc and addr != self.addr):
                 self._refute(inc)
             return
         m = self.members.get(name)
+        if m is not None and inc <= m.inc:
+            return
+        if (m is None or m.state in (DEAD, LEFT)) and not self._admissible(name):
+            return
+        if self.signer is not None:
+            why, how = self.pins.check_alive(name, addr, inc, proof, trio.current_time())
+            if why is not None:
+                self._refuse(why, name, incarnation=inc, addr=addr)
+                return
+            if how in ("rotated", "reset"):
+                log.warning("gossip member's identity key changed", member=name, how=how, key=proof["pk"],
+                            after_silent_s=self.p.identity_reset_after if how == "reset" else None)
+                if self.docs.pop(name, None) is not None:  # signed by the old key: its next one comes
+                    self.live_log.mark(name)
         if m is None:
-            m = self.members[name] = Member(name, addr, inc, ALIVE, trio.current_time())
+            m = self.members[name] = Member(name, addr, inc, ALIVE, trio.current_time(), proof=proof)
             self._n += 1
             self._counted_len += 1
             self._table_gen += 1
@@ -357,15 +465,16 @@ class Membership:
             if self.on_change is not None:
                 self.on_change(name, "alive")
             self._probe_order.insert(random.randrange(len(self._probe_order) + 1), name)
-        elif inc <= m.inc:
-            return
         else:
             if m.addr != addr:
                 self._forget(m.addr)
-            m.addr, m.inc, m.suspicion = addr, inc, None
+            m.addr, m.inc, m.suspicion, m.proof = addr, inc, None, proof
             self._set_state(m, ALIVE)
         if spread:
-            self.broadcasts.add((name, "m"), {"t": "alive", "n": name, "a": addr, "i": inc, "cv": cv})
+            msg = {"t": "alive", "n": name, "a": addr, "i": inc, "cv": cv}
+            if proof is not None:
+                msg["p"] = proof
+            self.broadcasts.add((name, "m"), msg)
         self._want_doc(name, cv, doc_from)
 
     def _accused(self, name: str, inc: int):
@@ -399,13 +508,24 @@ class Membership:
         self.broadcasts.add((name, "m"), {"t": "suspect", "n": name, "i": inc, "by": by})
         self._susp_wake.set()
 
-    def _on_dead(self, name: str, inc: int, by: str) -> None:
+    def _on_dead(self, name: str, inc: int, by: str, proof: dict | None = None) -> None:
+        if by == name and self.signer is not None:  # "I left": only the node itself says so
+            ok = (self._mine(proof, left_bytes(name, inc)) if name == self.name
+                  else self.pins.check_left(name, inc, proof))
+            if not ok:
+                self._refuse("unsigned-left", name, incarnation=inc)
+                return
         m = self._accused(name, inc)
         if m is None:
             return
         m.inc, m.suspicion = inc, None
+        if by == name:
+            m.proof = proof
         self._set_state(m, LEFT if by == name else DEAD)
-        self.broadcasts.add((name, "m"), {"t": "dead", "n": name, "i": inc, "by": by})
+        msg = {"t": "dead", "n": name, "i": inc, "by": by}
+        if by == name and proof is not None:
+            msg["p"] = proof
+        self.broadcasts.add((name, "m"), msg)
         self._forget(m.addr)
 
     # --- capacity documents ------------------------------------------------
@@ -416,14 +536,14 @@ class Membership:
         have = self.docs.get(name)
         if have is not None and have["version"] >= doc["version"]:
             return
-        m = self.members.get(name)
-        if (have is not None and have.get("pk") and doc.get("pk") != have["pk"]
-                and m is not None and m.state in (ALIVE, SUSPECT)):
-            # another identity under a live member's name: a key holder posing as that node. Kept out
-            # until the member it names has died or left (a node whose state directory was wiped
-            # comes back with a new key once the group has seen it go)
-            self.stats.dropped["identity"] += 1
+        if version_ahead(doc["version"]):
+            self._refuse("ahead", name, version=doc["version"])
             return
+        if self.signer is not None:
+            why = self.pins.check_doc(name, doc) if name in self.members else "unknown"
+            if why is not None:  # not signed by the key the member's name is pinned to
+                self._refuse("doc-" + why, name, version=doc["version"])
+                return
         self.docs[name] = doc
         self.live_log.mark(name)
         self._doc_asked.pop(name, None)
@@ -433,6 +553,8 @@ class Membership:
         """Whether to request ``name``'s document at ``version`` now (and note that we did)."""
         if version == 0 or name == self.name:
             return False
+        if self.signer is not None and name not in self.members:
+            return False  # a document is taken only for a member (signed by its key): not asked for either
         have = self.docs.get(name)
         if have is not None and have["version"] >= version:
             return False
@@ -469,7 +591,7 @@ class Membership:
         out = []
         for m in self.members.values():
             d = self.docs.get(m.name)
-            out.append([m.name, m.addr, m.inc, m.state, d["version"] if d else 0])
+            out.append([m.name, m.addr, m.inc, m.state, d["version"] if d else 0, m.proof])
         return out
 
     def _merge(self, msg: dict) -> None:
@@ -479,13 +601,18 @@ class Membership:
         # do not gossip every member back to a group that knows them (one
         # such echo per join, n updates x retransmits, made joins a storm).
         spread = not (msg["join"] and msg["reply"])
-        for name, addr, inc, state, cv in msg["m"]:
+        for entry in msg["m"]:
+            name, addr, inc, state, cv = entry[:5]
+            proof = entry[5] if len(entry) > 5 else None
+            if inc_ahead(inc):
+                self._refuse("ahead", name, incarnation=inc, sender=msg["a"])
+                continue
             if state == ALIVE:
-                self._on_alive(name, addr, inc, 0, msg["a"], spread)
+                self._on_alive(name, addr, inc, 0, msg["a"], spread, proof)
             elif state == LEFT:
                 if name not in self.members and name != self.name:
                     continue
-                self._on_dead(name, inc, name)
+                self._on_dead(name, inc, name, proof)
             else:  # a remote suspect or dead: suspect it here (memberlist), accuser unknown
                 if name not in self.members and name != self.name:
                     continue
@@ -509,6 +636,8 @@ class Membership:
         size = 0
         for e in self._state_entries():
             es = len(e[0].encode()) + len(e[1].encode()) + 32  # CBOR: headers and three integers, at most
+            if e[5] is not None:
+                es += 2 * 44 + 2 * 66 + 16 if "r" in e[5] else 44 + 66 + 12  # keys, signatures, map keys
             if parts[-1] and (size + es > budget or len(parts[-1]) >= STATE_PART_MAX):
                 parts.append([])
                 size = 0
@@ -671,10 +800,13 @@ class Membership:
                     self._counted_len -= 1  # dead or left: not counted in n()
                     self._table_gen += 1
                     self.docs.pop(m.name, None)
+                    self.pins.drop(m.name)
                     self.live_log.mark(m.name)
             dead = [m for m in dead if m.state == DEAD and m.name in self.members]
-            if dead:
-                self.push_pull(random.choice(dead).addr)
+            # alone (a restarted node whose seeds are gone, or that had none): try several of the members
+            # it knew, so one that still runs brings it the group; else one per round, as serf
+            for m in random.sample(dead, min(len(dead), 1 if alive_addrs else ALONE_RECONNECTS)):
+                self.push_pull(m.addr)
             if self._peers(ALIVE, SUSPECT) and not self._seeds_pending:
                 delay = min(1.0, self.p.join_retry_max)
                 await trio.sleep(self.p.reconnect_interval * random.uniform(0.8, 1.2))

@@ -34,6 +34,12 @@ class GossipParams:
     reconnect_interval: float = 10.0
     dead_retention: float = 86400.0
     join_retry_max: float = 30.0
+    max_members: int = 16384  # the member table's cap, this node included (gossipMaxMembers)
+    # How long a pinned key must have been silent (its member dead or left) before a new self-signed key
+    # may take its name (hamid.gossip.identity): far longer than a live node takes to refute a false death
+    # (seconds: it hears of it by gossip, push/pull or the reconnect to the dead every 10 s), short enough
+    # that a reinstalled node is back within minutes without anyone's help.
+    identity_reset_after: float = 600.0
 
     @classmethod
     def from_config(cls, config) -> "GossipParams":
@@ -49,6 +55,7 @@ class GossipParams:
             "awareness_max": "gossipAwarenessMaxMultiplier", "max_frame_bytes": "gossipMaxFrameBytes",
             "piggyback_bytes": "gossipPiggybackBytes", "capacity_interval": "gossipCapacityInterval",
             "reconnect_interval": "gossipReconnectInterval", "dead_retention": "gossipDeadRetention",
+            "max_members": "gossipMaxMembers", "identity_reset_after": "gossipIdentityResetAfter",
         }
         return cls(**{k: getattr(config, v) for k, v in m.items()})
 

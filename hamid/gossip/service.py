@@ -6,8 +6,11 @@ membership loops, and every ``capacity_interval`` reads this node's view
 thread) and publishes a new capacity document when its content changed. With
 ``read_stamp`` (the ledger's change stamp, cheap and non-blocking) the view is
 read only when the stamp moved, so an idle node does no ledger read at all. On
-cancellation it tells a few peers it is leaving. ``cluster_document`` is what
-the local API serves at ``/v1/cluster``. It owns no files.
+cancellation it tells a few peers it is leaving (signed: only a node itself
+may say it left). ``cluster_document`` is what the local API serves at
+``/v1/cluster``. With ``state_dir`` it keeps the members it knows there
+(:mod:`.known`) and, at start, dials them again: a restarted node finds the
+group without a seed; its start-up line says how it will be found.
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ from collections.abc import Callable
 import trio
 
 from ..errors import HamidError
+from ..serving import ListenError
 from ..logs import get_logger
 from ..placement.view import NodeView
 from ..cluster.capacity import doc_from_view, new_version, same_content
 from .codec import Codec
 from ..keyring import Keyring
+from ..nodekey import NodeIdentity, load_rotation
+from . import known as known_members
+from .identity import Rotation, Signer
 from .membership import Membership
 from .params import GossipParams
 from .stats import GossipCollector, Stats
@@ -40,11 +47,15 @@ class GossipService:
                  read_view: Callable[[], NodeView] | None = None, faults: Faults | None = None,
                  view_in_thread: bool = True, read_stamp: Callable[[], object] | None = None,
                  peer_address: str | None = None, extender_address: str | None = None,
-                 identity_key: str | None = None) -> None:
+                 identity: NodeIdentity | None = None, state_dir: str | os.PathLike | None = None,
+                 admit: Callable[[str], bool] | None = None) -> None:
         """``peer_address``: this node's peer API (``peerAdvertise``), carried in
         its capacity document as ``peer`` so a leader knows where to commit;
-        ``identity_key``: the public half of its peer identity
-        (:mod:`hamid.nodekey`), carried as ``pk``."""
+        ``identity``: its identity key (:mod:`hamid.nodekey`): its statements and
+        documents are signed with it (the public half carried as ``pk``), and
+        every other member's must be signed by theirs; ``state_dir``: where the
+        known members and a key rotation statement are kept; ``admit``: whether
+        a name may be a member (under Kubernetes: a Node's name)."""
         try:
             self.host, self.port = split_addr(listen)
             for s in seeds:
@@ -62,7 +73,12 @@ class GossipService:
         self.read_view = read_view
         self.peer_address = peer_address
         self.extender_address = extender_address  # the scheduling face's extender (hamid/scheduling), when served
-        self.identity_key = identity_key
+        self.state_dir = state_dir
+        signer = None
+        if identity is not None:
+            rot = load_rotation(state_dir, identity) if state_dir is not None else None
+            signer = Signer(identity, Rotation(*rot) if rot is not None else None)
+        self._saved_known: list | None = None
         self.read_stamp = read_stamp
         self.view_in_thread = view_in_thread
         self.stats = Stats()
@@ -76,7 +92,8 @@ class GossipService:
                                    connect_timeout=params.connect_timeout, on_message=self._on_message,
                                    faults=faults)
         self.membership = Membership(name, self.transport.addr, params, self.stats, self.transport.send,
-                                     seeds=tuple(seeds), forget=self.transport.forget)
+                                     seeds=tuple(seeds), forget=self.transport.forget, signer=signer,
+                                     admit=admit)
         self._doc: dict | None = None
         self._stamp: object = None  # read_stamp() when _doc was built; None: unknown
         self._refresh = trio.Event()
@@ -95,29 +112,68 @@ class GossipService:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                port = await nursery.start(self.transport.serve, self.host, self.port)
+                try:
+                    port = await nursery.start(self.transport.serve, self.host, self.port)
+                except* ListenError as group:  # one line for the operator, not a traceback of groups
+                    raise ListenError(str(group.exceptions[0])) from None
                 if self.advertise is None and self.port == 0:  # an ephemeral port (tests, bench)
                     self.transport.addr = f"{self.host}:{port}"
                     self.membership.addr = self.membership.me.addr = self.transport.addr
                 if self.read_view is not None:
                     await self.publish()
+                remembered = 0
+                if self.state_dir is not None:
+                    remembered = self.membership.remember(known_members.load(self.state_dir))
+                    self._saved_known = self.membership.known()
                 await nursery.start(self.membership.run)
                 if self.read_view is not None:
                     nursery.start_soon(self._capacity_loop)
+                if self.state_dir is not None:
+                    nursery.start_soon(self._known_loop)
                 log.info("gossip listening", addr=self.addr, seeds=list(self.membership.seeds),
-                         encrypted=self.keyring is not None)
+                         encrypted=self.keyring is not None, signed=self.membership.signer is not None,
+                         found_by=self._found_by(remembered))
                 task_status.started(self.addr)
         finally:
+            if self.state_dir is not None and self._saved_known is not None:
+                self._save_known()
             if self.leave_on_exit:
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                     await self._leave()
+
+    def _found_by(self, remembered: int) -> str:
+        """How this node will find the group, or be found (the start-up line says it)."""
+        ways = []
+        if self.membership.seeds:
+            ways.append(f"joining through {len(self.membership.seeds)} seed(s)")
+        if remembered:
+            ways.append(f"rejoining the {remembered} member(s) it knew ({known_members.FILE_NAME} in the state dir)")
+        if not ways:
+            return (f"nobody yet: no seeds and no members known; other daemons find this one when they join "
+                    f"it (--join {self.addr} there)")
+        return "; ".join(ways)
+
+    def _save_known(self) -> None:
+        now = self.membership.known()
+        if now == self._saved_known:
+            return
+        try:
+            known_members.save(self.state_dir, now)
+            self._saved_known = now
+        except OSError as e:  # the next round tries again; only a restart needs the file
+            log.warning("cannot save the members this node knows", error=e.strerror)
+
+    async def _known_loop(self) -> None:
+        """Keep the known members' file current (when the table changed), every reconnect interval."""
+        while True:
+            await trio.sleep(self.params.reconnect_interval)
+            self._save_known()
 
     async def _leave(self) -> None:
         peers = [m for m in self.membership.members.values() if m.name != self.name and m.state == 0]
         if not peers:
             return
-        self.membership.inc += 1
-        msg = {"t": "gossip", "g": [{"t": "dead", "n": self.name, "i": self.membership.inc, "by": self.name}]}
+        msg = {"t": "gossip", "g": [self.membership.leave_update()]}
         async with trio.open_nursery() as n:
             for m in random.sample(peers, min(3, len(peers))):
                 n.start_soon(self.transport.send_now, m.addr, dict(msg))
@@ -142,8 +198,6 @@ class GossipService:
             doc["peer"] = self.peer_address
         if self.extender_address:
             doc["extender"] = self.extender_address
-        if self.identity_key:
-            doc["pk"] = self.identity_key
         self._stamp = stamp  # taken before the read: a commit during it moves the stamp again
         if self._doc is not None and same_content(doc, self._doc):
             return

@@ -26,6 +26,9 @@ class Stats:
         self.frames_received = 0
         self.dropped: Counter[str] = Counter()  # size, key, decode, version, schema, queue, fault, idle
         self.push_pulls = 0
+        # updates and documents not taken, by reason (hamid.gossip.membership's "Identity"): unsigned,
+        # signature, identity, identity-self, unsigned-left, doc-unknown, doc-identity, ahead, not-a-node, cap
+        self.refused: Counter[str] = Counter()
 
 
 class GossipCollector:
@@ -60,6 +63,15 @@ class GossipCollector:
         for r in ("size", "key", "decode", "version", "schema", "queue", "fault"):
             d.add_metric([r], s.dropped[r])
         yield d
+        r = CounterMetricFamily("hamid_gossip_refused_updates",
+                                "Membership updates and capacity documents not taken, by reason (cap: the member "
+                                "table is full, gossipMaxMembers; not-a-node: no Node object of that name; "
+                                "identity, signature, unsigned, unsigned-left, doc-*: not signed by the key "
+                                "the name is pinned to; ahead: an incarnation or version from the future)",
+                                labels=["reason"])
+        for reason in sorted(s.refused):
+            r.add_metric([reason], s.refused[reason])
+        yield r
         yield GaugeMetricFamily("hamid_gossip_health_score",
                                 "Lifeguard local health (0 = healthy; probe interval is x (score + 1))",
                                 value=self._health())

@@ -31,7 +31,7 @@ from trio_websocket import (ConnectionClosed, WebSocketConnection, WebSocketRequ
                             connect_websocket)
 
 from ..logs import get_logger
-from ..serving import CappedListener, ConnectionCount, connection_cap
+from ..serving import CappedListener, ConnectionCount, ListenError, connection_cap
 from .codec import VERSION, Codec, FrameRejected
 from ..keyring import OVERHEAD
 from .stats import Stats
@@ -108,14 +108,18 @@ class Transport:
         self.connections = ConnectionCount()  # inbound connections open now, and refused at the cap
 
     async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:  # bound before the nursery opens: a port in use is one line naming the fix, not a group
+            bound = await trio.open_tcp_listeners(port, host=host)
+        except OSError as e:
+            raise ListenError(f"cannot listen on gossipListen {host}:{port}: {e.strerror or e}; pick another "
+                              "address with --gossip-listen HOST:PORT (gossipListen in the config file)") from None
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             # every connection counted from its TCP accept (a stranger that never completes the
             # websocket handshake holds a descriptor too), at most MAX_INBOUND (less where the
             # process's descriptor limit is lower)
             cap = connection_cap(MAX_INBOUND, share=4)
-            listeners = [CappedListener(lst, cap, self.connections)
-                         for lst in await trio.open_tcp_listeners(port, host=host)]
+            listeners = [CappedListener(lst, cap, self.connections) for lst in bound]
             server = WebSocketServer(self._accept, listeners, handler_nursery=nursery,
                                      max_message_size=self._ws_limit, connect_timeout=self.connect_timeout,
                                      disconnect_timeout=CLOSE_WAIT)

@@ -6,8 +6,8 @@ membership: one holder could commit on any node, release any reservation
 advertise another node's name. Now each node signs its peer requests with
 its own Ed25519 key, whose public half it gossips; a node accepts commits
 only from the node the current leader runs on, releases only reservations
-that node placed (pods only), requires the target node, and keeps the first
-identity it saw for a live member's name. The keyring itself is reloaded
+that node placed (pods only), requires the target node; the identity a
+node's name carries in gossip is its own (test_gossip_identity.py). The keyring itself is reloaded
 from its file while the daemon runs (a rotated Secret).
 """
 
@@ -25,9 +25,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "peer"))
 from peerharness import LedgerNode, new_keyring, serving  # noqa: E402
 
 from hamid.keyring import Keyring, watch_key_file  # noqa: E402
-from hamid.gossip.membership import Member, Membership  # noqa: E402
-from hamid.gossip.params import GossipParams  # noqa: E402
-from hamid.gossip.stats import Stats  # noqa: E402
 from hamid.node.identity import Owner  # noqa: E402
 from hamid.nodekey import NodeIdentity  # noqa: E402
 from hamid.peer import PeerClient, PeerProtocolError, PeerUnauthenticated, frames  # noqa: E402
@@ -102,19 +99,6 @@ async def test_only_the_leader_commits_and_only_the_placer_releases(tmp_path):
         await c.commit(addr, owner2, decision2)
         assert (await a.release(addr, owner.key, node="node-b"))["released"] is True
         assert sorted(b.owners()) == sorted([owner2.key, "docker:c0ffee"])
-
-
-def test_a_live_members_identity_is_not_replaced_by_a_document_under_its_name():
-    m = Membership("a", "a:1", GossipParams(), Stats(), lambda addr, msg: None)
-    m.members["b"] = Member("b", "b:1", 1)
-    real, fake = NodeIdentity.generate().public_b64, NodeIdentity.generate().public_b64
-    doc = {"node": "b", "version": 5, "policy": "spread", "gpus": [], "profiles": {}, "pk": real}
-    m.on_message({"t": "caps", "f": "b", "a": "b:1", "docs": [doc]})
-    assert m.docs["b"]["pk"] == real
-    m.on_message({"t": "caps", "f": "x", "a": "x:1", "docs": [{**doc, "version": 9, "pk": fake}]})
-    assert m.docs["b"]["pk"] == real and m.stats.dropped["identity"] == 1
-    m.on_message({"t": "caps", "f": "b", "a": "b:1", "docs": [{**doc, "version": 10}]})
-    assert m.docs["b"]["version"] == 10  # the real node's next document is taken as ever
 
 
 def test_the_identity_key_is_kept_in_the_state_directory(tmp_path):
