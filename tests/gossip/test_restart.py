@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 
 import pytest
 from gossipharness import Node, new_key, sees, start_all, wait_until

@@ -46,7 +46,8 @@ class Speaker:
 
     def alive(self, inc: int | None = None, addr: str | None = None) -> dict:
         inc, addr = inc or self.inc, addr or self.addr
-        return {"t": "alive", "n": self.name, "a": addr, "i": inc, "cv": 0, "p": self.signer.alive(self.name, addr, inc)}
+        return {"t": "alive", "n": self.name, "a": addr, "i": inc, "cv": 0,
+                "p": self.signer.alive(self.name, addr, inc)}
 
     def left(self, inc: int) -> dict:
         return {"t": "dead", "n": self.name, "i": inc, "by": self.name, "p": self.signer.left(self.name, inc)}
