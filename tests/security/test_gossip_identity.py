@@ -232,3 +232,20 @@ async def test_the_known_members_keep_their_keys_across_a_restart(tmp_path, auto
     assert restarted.members["b"].state == DEAD
     restarted.on_message(frame("b", b.alive()))  # b itself, at the incarnation it had
     assert restarted.members["b"].state == ALIVE
+
+
+def test_hamid_identity_rotate_replaces_the_key_and_keeps_the_old_keys_word(tmp_path):
+    import subprocess
+    import sys
+
+    old = NodeIdentity.load_or_create(tmp_path).public_b64
+    p = subprocess.run([sys.executable, "-m", "hamid.cli.main", "identity", "rotate", "--state-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    new = NodeIdentity.load_or_create(tmp_path)
+    assert new.public_b64 != old and f"{old} -> {new.public_b64}" in p.stdout and "restart the daemon" in p.stdout
+    assert load_rotation(tmp_path, new)[0] == old
+    assert oct((tmp_path / "peer-identity.rotation").stat().st_mode & 0o777) == "0o600"
+    missing = subprocess.run([sys.executable, "-m", "hamid.cli.main", "identity", "rotate", "--state-dir",
+                              str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no state dir" in missing.stderr
