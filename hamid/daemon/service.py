@@ -351,18 +351,18 @@ async def build_faces(d: Daemon):
                 host = (peer_address or c.gossipAdvertise or c.gossipListen).rsplit(":", 1)[0]
             scheme = "http" if c.extenderInsecure and not c.extenderClientCAFile else "https"
             extender_address = f"{scheme}://{host}:{port}"
-        admit = None
+        admit, admit_ready = None, None
         if api is not None:  # under Kubernetes only a Node's name may be a member
             from ..kube.nodes import NodeNames
 
             nodes = NodeNames(api)
             faces.append(nodes)
-            admit = nodes.is_node
+            admit, admit_ready = nodes.is_node, nodes.informer.synced
         gossip = GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=seeds,
                                advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
                                read_stamp=d.ledger.change_stamp, peer_address=peer_address,
                                extender_address=extender_address, identity=identity,
-                               state_dir=d.state_dir, admit=admit)
+                               state_dir=d.state_dir, admit=admit, admit_ready=admit_ready)
         d.service.subscribe(lambda event, key: gossip.poke() if event != "conflict" else None)
     faces.append(LocalApiFace(d.service, str(d.state_dir / SOCKET_NAME), defaults=request_defaults(d),
                               cluster=gossip.cluster_document if gossip is not None else None,

@@ -39,6 +39,7 @@ from .transport import Faults, Transport, split_addr
 log = get_logger("gossip")
 
 FAULTS_ENV = "HAMID_GOSSIP_FAULTS"
+ADMIT_WAIT_S = 10.0  # a list of Nodes arrives within a second; an API server down for longer must not hold gossip
 
 
 class GossipService:
@@ -48,14 +49,16 @@ class GossipService:
                  view_in_thread: bool = True, read_stamp: Callable[[], object] | None = None,
                  peer_address: str | None = None, extender_address: str | None = None,
                  identity: NodeIdentity | None = None, state_dir: str | os.PathLike | None = None,
-                 admit: Callable[[str], bool] | None = None) -> None:
+                 admit: Callable[[str], bool] | None = None, admit_ready: trio.Event | None = None) -> None:
         """``peer_address``: this node's peer API (``peerAdvertise``), carried in
         its capacity document as ``peer`` so a leader knows where to commit;
         ``identity``: its identity key (:mod:`hamid.nodekey`): its statements and
         documents are signed with it (the public half carried as ``pk``), and
         every other member's must be signed by theirs; ``state_dir``: where the
         known members and a key rotation statement are kept; ``admit``: whether
-        a name may be a member (under Kubernetes: a Node's name)."""
+        a name may be a member (under Kubernetes: a Node's name), answerable once
+        ``admit_ready`` is set (the first list of Nodes): joining waits for it,
+        at most :data:`ADMIT_WAIT_S`."""
         try:
             self.host, self.port = split_addr(listen)
             for s in seeds:
@@ -79,6 +82,7 @@ class GossipService:
             rot = load_rotation(state_dir, identity) if state_dir is not None else None
             signer = Signer(identity, Rotation(*rot) if rot is not None else None)
         self._saved_known: list | None = None
+        self._admit_ready = admit_ready
         self.read_stamp = read_stamp
         self.view_in_thread = view_in_thread
         self.stats = Stats()
@@ -125,6 +129,12 @@ class GossipService:
                 if self.state_dir is not None:
                     remembered = self.membership.remember(known_members.load(self.state_dir))
                     self._saved_known = self.membership.known()
+                if self._admit_ready is not None:  # else every member is refused until then, and found late
+                    with trio.move_on_after(ADMIT_WAIT_S):
+                        await self._admit_ready.wait()
+                    if not self._admit_ready.is_set():
+                        log.warning("gossip joins before the list of Nodes arrived: members are refused until it "
+                                    "does (is the API server reachable?)", waited_s=ADMIT_WAIT_S)
                 await nursery.start(self.membership.run)
                 if self.read_view is not None:
                     nursery.start_soon(self._capacity_loop)

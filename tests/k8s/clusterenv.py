@@ -114,10 +114,31 @@ class ClusterEnv:
                 n.start()
             if webhook:
                 self.register_webhook()
+            self.wait_converged()
         except BaseException:
             self.stop()  # no daemon outlives a failed start
             raise
         return self
+
+    def wait_converged(self, timeout: float = 60.0) -> None:
+        """Until every daemon's gossip holds every node alive with its capacity: a daemon joins the group
+        only once all its listeners are bound, so right after start the leader may not see the last node."""
+        from hamid.localapi.client import LocalClient
+
+        want = {n.node for n in self.nodes}
+        deadline = time.time() + timeout
+        for n in self.nodes:
+            while True:
+                try:
+                    with LocalClient(n.state, timeout=5) as c:
+                        members = c.cluster()["members"]
+                    if {m["name"] for m in members if m["state"] == "alive" and m["capacity"]} >= want:
+                        break
+                except Exception:  # the daemon still starting
+                    pass
+                if time.time() > deadline:
+                    raise AssertionError(f"{n.node} does not see every node in gossip after {timeout} s")
+                time.sleep(0.1)
 
     def _webhook_endpoint(self, namespace: str, name: str, port: int) -> str:
         """The Service ``hamid-webhook`` as kube-proxy would route it: to a daemon that runs."""
