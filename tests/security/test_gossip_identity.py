@@ -249,3 +249,37 @@ def test_hamid_identity_rotate_replaces_the_key_and_keeps_the_old_keys_word(tmp_
     missing = subprocess.run([sys.executable, "-m", "hamid.cli.main", "identity", "rotate", "--state-dir",
                               str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "no state dir" in missing.stderr
+
+
+def test_under_kubernetes_only_node_names_become_members(api_server, kubeconfig):
+    """The daemon's admission rule (hamid/kube/nodes.py) against the API-server stand-in: a made-up
+    name is refused, a Node's name is taken, and a Node created later is taken once the watch saw it."""
+    from hamid.kube.client import api_client
+    from hamid.kube.nodes import NodeNames
+
+    def node(name: str) -> dict:
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+
+    api_server.create(node("gpu-1"))
+    nodes = NodeNames(api_client(kubeconfig))
+
+    async def main():
+        a = Membership("a", "a:7946", GossipParams(), Stats(), lambda addr, msg: None,
+                       signer=Signer(NodeIdentity.generate()), admit=nodes.is_node)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(nodes.run)
+            assert not nodes.is_node("gpu-1")  # before the first list: nobody (gossip waits for it)
+            with trio.fail_after(20):
+                await nodes.informer.synced.wait()
+            a.on_message(frame("gpu-1", Speaker("gpu-1").alive()))
+            a.on_message(frame("x", Speaker("gpu-farm-7").alive()))
+            assert "gpu-1" in a.members and "gpu-farm-7" not in a.members and a.stats.refused["not-a-node"] == 1
+            await trio.to_thread.run_sync(api_server.create, node("gpu-2"))
+            with trio.fail_after(20):
+                while not nodes.is_node("gpu-2"):
+                    await trio.sleep(0.05)
+            a.on_message(frame("gpu-2", Speaker("gpu-2").alive()))
+            assert "gpu-2" in a.members
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
