@@ -108,8 +108,8 @@ def _check(msg: Any, table: dict[str, dict[str, Any]], what: str) -> None:
     if type(msg) is not dict:
         raise FrameRejected("schema", f"{what} is not a map")
     t = msg.get("t")
-    spec = table.get(t) if type(t) is str else None
-    if spec is None:
+    spec = table.get(t) if isinstance(t, str) else None
+    if spec is None or not isinstance(t, str):
         raise FrameRejected("schema", f"{what} has unknown type {t!r}")
     for k, ok in spec.items():
         if k not in msg or not ok(msg[k]):

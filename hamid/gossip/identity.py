@@ -195,9 +195,10 @@ class Pins:
         if pk is None:
             return "unknown"
         try:
-            sig = base64.b64decode(doc.get("sig"), validate=True) if type(doc.get("sig")) is str else None
+            raw = doc.get("sig")
+            sig = base64.b64decode(raw, validate=True) if isinstance(raw, str) else None
         except ValueError:
             sig = None
-        if doc.get("pk") != pk or not _sig(sig) or not verify(pk, sig, doc_bytes(doc)):
+        if doc.get("pk") != pk or sig is None or not _sig(sig) or not verify(pk, sig, doc_bytes(doc)):
             return "identity"
         return None

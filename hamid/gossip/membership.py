@@ -80,6 +80,7 @@ import math
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 
 import cbor2
@@ -325,9 +326,11 @@ class Membership:
             return False
         return True
 
-    def _mine(self, proof, data: bytes) -> bool:
+    def _mine(self, proof: Any, data: bytes) -> bool:
         """Whether ``proof`` is this node's own signature over ``data``."""
-        return valid_proof(proof) and proof["pk"] == self.signer.pk and verify(self.signer.pk, proof["s"], data)
+        signer = self.signer
+        return (signer is not None and valid_proof(proof) and proof["pk"] == signer.pk
+                and verify(signer.pk, proof["s"], data))
 
     def _sample(self, k: int, ok: Callable[[Member], bool]) -> list[Member]:
         """Up to ``k`` distinct other members for which ``ok`` holds, uniformly at random, without
@@ -426,7 +429,7 @@ class Membership:
         log.info("gossip refuting", incarnation=self.inc)
 
     def _on_alive(self, name: str, addr: str, inc: int, cv: int, doc_from: str, spread: bool = True,
-                  proof: dict | None = None) -> None:
+                  proof: Any = None) -> None:
         if name == self.name:
             if self.signer is not None and not self._mine(proof, alive_bytes(name, addr, inc, self.signer.pk)):
                 if valid_proof(proof) and proof["pk"] != self.signer.pk and inc >= self.inc:
