@@ -16,6 +16,7 @@ processes), both read from the state directory.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +46,18 @@ def find(reservations: list[dict], what: str) -> dict:
                      f"{MIN_PREFIX} characters); reservations on this node: {known}")
 
 
-def describe(res: dict, state: Path) -> dict[str, Any]:
-    """The reservation with each container's limits file and region read from ``state``."""
+def describe(res: dict, state: Path, gpus: Collection[str] | None = None) -> dict[str, Any]:
+    """The reservation with each container's limits file and region read from ``state``;
+    ``gpus``: the node's GPU UUIDs, to name those it holds that the node does not have."""
     from ..ledger import Reservation
+    from ..ledger.report import missing_gpus
     from ..node import layout
     from ..node.realize import slot_name
 
     r = Reservation.from_dict(res)
     out: dict[str, Any] = {"owner": r.owner, "name": r.name, "kind": r.kind, "state": r.state,
-                           "node": r.decision.node, "created": r.created, "containers": []}
+                           "node": r.decision.node, "created": r.created, "containers": [],
+                           "missing_gpus": missing_gpus(r, gpus) if gpus is not None else []}
     for c in r.decision.containers:
         if not c.devices:
             continue
@@ -113,7 +117,11 @@ def _mib(b: int) -> str:
 
 
 def render(doc: dict[str, Any]) -> str:
-    lines = [f"{doc['kind']} {doc['name'] or '-'}  ({doc['owner']})", f"  state: {doc['state']}  node: {doc['node']}"]
+    state = doc["state"]
+    if doc.get("missing_gpus"):
+        state += (f" (holds {', '.join(doc['missing_gpus'])}, not on this node: its share counts on none of the "
+                  "node's GPUs)")
+    lines = [f"{doc['kind']} {doc['name'] or '-'}  ({doc['owner']})", f"  state: {state}  node: {doc['node']}"]
     for c in doc["containers"]:
         lines.append(f"  container {c['name']}{' (init)' if c['init'] else ''}:")
         for d in c["devices"]:

@@ -186,8 +186,8 @@ def _cmd_run(args) -> int:
 
 
 def _state_dir(args) -> Path:
-    if args.state_dir:
-        return Path(args.state_dir)
+    if args.state_dir:  # absolute, as the daemon's: what status and inspect print is usable from anywhere
+        return Path(os.path.abspath(args.state_dir))
     if args.config:
         from ..config import load_config
 
@@ -240,6 +240,7 @@ def _cmd_inspect(args) -> int:
     try:
         with LocalClient(state) as c:
             reservations = c.reservations()
+            gpus = {g["uuid"] for g in c.status()["gpus"]}
     except DaemonUnavailable as e:
         from ..daemon.service import LEDGER_NAME
         from ..ledger import Ledger
@@ -251,9 +252,10 @@ def _cmd_inspect(args) -> int:
         ledger = Ledger(path)
         try:
             reservations = [r.to_dict() for r in ledger.list()]
+            gpus = {g.uuid for g in ledger.view().gpus}
         finally:
             ledger.close()
-    doc = inspect.describe(inspect.find(reservations, args.target), state)
+    doc = inspect.describe(inspect.find(reservations, args.target), state, gpus)
     print(json.dumps(doc, indent=2) if args.output == "json" else inspect.render(doc))
     return 0
 

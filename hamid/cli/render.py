@@ -72,6 +72,8 @@ def status_table(doc: dict) -> str:
                             f"mps: {d['mem_mib']} MiB pinned, {d['cores'] or 100}% threads" if d.get("mps") else
                             f"{d['mem_mib']} MiB, {d['cores']}% cores")
                     state = r["state"]
+                    if d["uuid"] in (r.get("missing_gpus") or ()):
+                        state += f" (GPU {d['uuid']} not on this node: counted on none)"
                     failed = (r.get("details") or {}).get("mps_failure") if d.get("mps") else None
                     if failed:
                         state += {"client_fault": " (MPS client fault)",

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -273,7 +274,10 @@ class Config(NodeSettings, ResourceNameSettings):
 
     stateDir: str = "/var/lib/hamid"
     """Where the ledger, the local API socket and per-container directories
-    live. Several daemons on one machine (tests) each get their own."""
+    live. Several daemons on one machine (tests) each get their own. A
+    relative path is made absolute against the working directory when the
+    config is loaded: runc resolves a container's mount sources against its
+    bundle, so a relative one would name nothing there."""
 
     metricsPort: int = Field(9394, ge=0, le=65535)
     """Prometheus port; 9394 is HAMi's monitor port, so existing scrape
@@ -811,6 +815,15 @@ class Config(NodeSettings, ResourceNameSettings):
                     "set webTokenFile (--web-token-file), listen on loopback (127.0.0.1:7949), or accept that "
                     "with webInsecure: true", {"listen": self.webListen})
         return self
+
+    @field_validator("stateDir", "kubeletDir", "cdiSpecDir")
+    @classmethod
+    def _absolute_dir(cls, v, info):
+        # Resolved once, at load: the daemon hands these paths to runc, kubelet
+        # and CDI, which resolve a relative path against their own directory.
+        if not v or "\x00" in v:
+            raise ValueError(f"{info.field_name} {v!r}: expected a directory path")
+        return os.path.abspath(v)
 
     @field_validator("peerListen", "peerAdvertise", "webListen")
     @classmethod

@@ -186,6 +186,7 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
             ledger.close()
             raise
         ledger.set_inventory(node, views, settings.gpuSchedulerPolicy)
+        _log_stranded(ledger, {g.uuid for g in views}, node)
         shim = install_shim_for(config, state_dir)
         real = backend.kind == "nvml"
         gpu_nodes = {}
@@ -247,6 +248,21 @@ def _refuse_mode_change_with_tenants(ledger: Ledger, views: list, operating_mode
         raise HamidError(f"operatingMode {operating_mode} changes the sharing mode of {'; '.join(parts)}; "
                          "refused while tenants hold these GPUs. Start hamid with operatingMode as it was, "
                          "stop those containers or pods (the daemon releases them as they go), then change it")
+
+
+def _log_stranded(ledger: Ledger, uuids: set[str], node: str) -> None:
+    """Say at start which reservations hold a GPU this node does not have: their
+    shares count on none of its GPUs (status and inspect show them so) until
+    they are released or the node comes back with those GPUs."""
+    from ..ledger.report import missing_gpus
+
+    for r in ledger.list():
+        if not (gone := missing_gpus(r, uuids)):
+            continue
+        log.warning("reservation holds a GPU this node does not have; its share counts on none of this node's GPUs",
+                    owner=r.owner, name=r.name, missing_gpus=gone, node=node,
+                    fix="simulated GPU UUIDs derive from --node-name: start with the name the node had; with "
+                        "real GPUs, put the GPU back or stop the container or pod (its release frees the row)")
 
 
 def install_shim_for(config: Config, state_dir: Path) -> dict:

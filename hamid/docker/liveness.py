@@ -3,7 +3,11 @@
 The runtime records runc's state root (``--root``) and the container id on
 the reservation; runc keeps ``<root>/<id>/state.json`` from ``create`` until
 ``delete``. A reservation younger than the start grace period counts as
-alive even without it: the runtime reserves before it execs runc.
+alive even without it: the runtime reserves before it execs runc. Within the
+grace, a recorded bundle whose ``config.json`` is gone proves the container
+gone: containerd deletes the bundle when runc's create fails and on ``docker
+rm``, and the reservation was made from that very file, so a create that
+failed does not hold its GPU room for the whole grace.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ def docker_alive(grace_s: float) -> Callable[[Reservation], bool]:
             return True  # cannot prove it gone
         if os.path.exists(os.path.join(root, cid, "state.json")):
             return True
+        bundle = r.details.bundle
+        if bundle and not os.path.lexists(os.path.join(bundle, "config.json")):
+            return False
         return time.time() - r.created < grace_s
 
     return alive

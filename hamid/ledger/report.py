@@ -10,6 +10,19 @@ from ..placement.view import MODE_MIG, NodeView
 from .store import Reservation
 
 
+def missing_gpus(r: Reservation, uuids: Collection[str]) -> list[str]:
+    """The GPUs ``r`` holds a share of that are not among the node's ``uuids``
+    (the node was restarted under another name, from which simulated UUIDs
+    derive, or a GPU was taken out): its share counts on none of the node's
+    GPUs, so status, inspect and the web view say so beside its state."""
+    out: list[str] = []
+    for c in r.decision.containers:
+        for d in c.devices:
+            if d.uuid not in uuids and d.uuid not in out:
+                out.append(d.uuid)
+    return out
+
+
 def status_document(view: NodeView, reservations: list[Reservation], backend: str,
                     releasing: Collection[str] = ()) -> dict[str, Any]:
     """`releasing`: owners whose release is pending (a poststop marker not yet
@@ -36,5 +49,7 @@ def status_document(view: NodeView, reservations: list[Reservation], backend: st
             "mig_instances": [{"profile": s.profile, "start": s.placement.start, "size": s.placement.size}
                               for s in g.mig_used],
         })
+    uuids = {g.uuid for g in view.gpus}
     return {"node": view.name, "backend": backend, "gpus": gpus,
-            "reservations": [r.to_dict() for r in reservations], "releasing": gone}
+            "reservations": [{**r.to_dict(), "missing_gpus": missing_gpus(r, uuids)} for r in reservations],
+            "releasing": gone}

@@ -188,7 +188,7 @@ class WebFace:
         door = self.node.door()
         view = door.view()
         res = door.reservations()
-        tenants = local_tenants(self.node.name, res, self.regions)
+        tenants = local_tenants(self.node.name, res, self.regions, {g.uuid for g in view.gpus})
         status = None if self.cluster is not None else door.status(self.node.backend_label)
         return {g.uuid: g for g in view.gpus}, tenants, status
 

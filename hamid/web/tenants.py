@@ -14,8 +14,10 @@ live use, which only the node that runs them reads.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
+from ..ledger.report import missing_gpus
 from ..node.service import Reservation
 from ..node.realize import slot_name
 from ..request.model import Request
@@ -51,9 +53,11 @@ def _usage(snap) -> dict[str, dict[str, Any]]:
     return out
 
 
-def local_tenants(node: str, reservations: list[Reservation], regions: ShimRegionCollector | None) -> list[dict]:
+def local_tenants(node: str, reservations: list[Reservation], regions: ShimRegionCollector | None,
+                  gpus: Collection[str] | None = None) -> list[dict]:
     """Each reservation of this node with its containers: asked, given, and
-    (where the shim left a region) live use per GPU."""
+    (where the shim left a region) live use per GPU. ``gpus``: the node's GPU
+    UUIDs; a reservation holding one it does not have says so in its state."""
     usage: dict[str, dict[str, dict]] = {}
     if regions is not None:
         wanted = {slot_name(r, c.name) for r in reservations for c in r.decision.containers}
@@ -70,8 +74,10 @@ def local_tenants(node: str, reservations: list[Reservation], regions: ShimRegio
             conts.append({"name": c.name, "init": c.init, "asked": _asked(r.request, c.name),
                           "given": [d.to_dict() for d in c.devices],
                           "live": {d.uuid: live[d.uuid] for d in c.devices if d.uuid in live}})
+        gone = missing_gpus(r, gpus) if gpus is not None else []
+        state = f"{r.state}, GPU not on this node: {', '.join(gone)}" if gone else r.state
         out.append({"node": node, "owner": r.owner, "kind": r.kind, "namespace": ns, "name": name,
-                    "state": r.state, "created": r.created, "containers": conts})
+                    "state": state, "created": r.created, "containers": conts, "missing_gpus": gone})
     out.sort(key=lambda t: (t["namespace"], t["name"], t["owner"]))
     return out
 
