@@ -72,7 +72,7 @@ def test_the_cli_writes_values_and_a_config_hamid_run_accepts(tmp_path):
                         "--config-out", str(tmp_path / "hamid.yaml")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "no counterpart  scheduler.nodeLockExpire:" in r.stderr and "mapped" in r.stderr
-    assert r.stderr.strip().splitlines()[-1].endswith("with no counterpart")
+    assert "with no counterpart" in r.stderr.strip().splitlines()[0]  # the summary first
     values = yaml.safe_load((tmp_path / "hamid-values.yaml").read_text())
     assert values["config"]["deviceSplitCount"] == 4
     cfg = load_config(str(tmp_path / "hamid.yaml"))  # hamid run --config reads it
@@ -82,3 +82,66 @@ def test_the_cli_writes_values_and_a_config_hamid_run_accepts(tmp_path):
 def test_a_value_hamid_cannot_take_is_refused_naming_it():
     with pytest.raises(HamidError, match="deviceSplitCount"):
         translate({"devicePlugin": {"deviceSplitCount": -1}})
+
+
+def test_allowlist_model_names_in_hamis_form_name_the_gpus_nvml_reports(tmp_path):
+    """HAMi's presets write ``H100-SXM5-80GB``; NVML says ``NVIDIA H100 80GB HBM3``."""
+    from structlog.testing import capture_logs
+
+    from hamid.config import resolve_node
+    from hamid.node.capacity import capacity_views
+    from hamid.devices.simulated import SimulatedBackend, parse_simulate_spec
+
+    dev = {"nvidia": {"migProfileAllowlist": [{"models": ["H100-SXM5-80GB"], "profiles": ["1g.10gb"]},
+                                              {"models": ["X9000-12GB"], "profiles": ["1g.5gb"]}]}}
+    values, lines = translate({}, dev)
+    k = by_key(lines)
+    assert k["nvidia.migProfileAllowlist[0].models"].action == "mapped"
+    assert "NVIDIA H100 80GB HBM3" in k["nvidia.migProfileAllowlist[0].models"].detail
+    assert k["nvidia.migProfileAllowlist[1].models"].action == "warning"
+
+    cfg = load_config(None, {**values["config"], "operatingMode": "mig", "simulate": "H100:1,A100:1"})
+    gpus = SimulatedBackend(parse_simulate_spec("H100:1,A100:1"), "n", mig_enabled=True,
+                            state_file=tmp_path / "mig.json").gpus()
+    h100, a100 = capacity_views(gpus, resolve_node(cfg, "n"))
+    assert [p.name for p in h100.mig_profiles] == ["1g.10gb"]  # HAMi would forbid the others
+    assert len(a100.mig_profiles) > 1  # no entry names it: its whole table
+
+    from nodeharness import make_node
+
+    with capture_logs() as logs:
+        d = make_node(tmp_path / "st", simulate="H100:1,A100:1", mode="mig",
+                      migProfileAllowlist=values["config"]["migProfileAllowlist"])
+    d.close()
+    warned = [e for e in logs if "migProfileAllowlist names no model" in e["event"]]
+    assert [e["name"] for e in warned] == ["NVIDIA A100-SXM4-40GB"]
+
+
+def test_a_device_config_given_alone_is_read_as_one_and_said_where_it_goes(tmp_path):
+    (tmp_path / "device-config.yaml").write_text(yaml.safe_dump(DEVICE_CONFIG))
+    r = subprocess.run([*HAMID, "config", "from-hami", str(tmp_path / "device-config.yaml"),
+                        "--config-out", str(tmp_path / "hamid.yaml")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "second argument" in r.stderr and "device config" in r.stderr
+    cfg = load_config(str(tmp_path / "hamid.yaml"))
+    assert cfg.defaultMemory == 2048 and cfg.gpuCorePolicy == "force"
+    assert "0 mapped" not in r.stderr
+
+
+def test_the_report_is_summary_first_with_no_counterpart_keys_grouped_and_legacy_metrics_known():
+    many = {**VALUES, "legacyMetrics": True,
+            "devices": {"nvidia": {"defaultCores": 20, "libCudaLogLevel": 1},
+                        "mthreads": {"a": 1, "b": 2}, "ascend": {"c": 3}}}
+    values, lines = translate(many)
+    assert values["config"]["legacyMetrics"] is True and values["config"]["defaultCores"] == 20
+    k = by_key(lines)
+    assert k["legacyMetrics"].action == "mapped"
+    assert k["devices.nvidia.libCudaLogLevel"].action == "no counterpart"
+    from hamid.config.fromhami import report
+
+    out = report(lines)
+    assert out[0].startswith(f"{sum(1 for x in lines if x.action == 'mapped')} mapped")
+    actions = [ln.split()[0] for ln in out[1:]]
+    assert actions == sorted(actions, key=["warning", "mapped", "default", "no"].index)  # what matters first
+    vendor = [ln for ln in out if "another vendor" in ln]
+    assert len(vendor) == 1 and "mthreads.a" in vendor[0] and "ascend.c" in vendor[0]

@@ -263,7 +263,7 @@ def _cmd_inspect(args) -> int:
 def _cmd_config(args) -> int:
     import yaml
 
-    from ..config.fromhami import translate
+    from ..config.fromhami import is_device_config, report, translate
 
     def load(path: str) -> dict:
         try:
@@ -277,7 +277,18 @@ def _cmd_config(args) -> int:
             raise HamidError(f"{path}: expected a mapping at the top, got {type(doc).__name__}")
         return doc or {}
 
-    values, lines = translate(load(args.values), load(args.device_config) if args.device_config else None)
+    first = load(args.values)
+    device_config = load(args.device_config) if args.device_config else None
+    if is_device_config(first):
+        if device_config is not None:
+            raise HamidError(f"{args.values} is a device config (nvidia: or nodeconfig at the top), not HAMi's "
+                             f"chart values: give the values first (helm get values RELEASE -a), then "
+                             f"{args.values} as the second argument")
+        print(f"note: {args.values} is a device config (nvidia: or nodeconfig at the top), read as such: its place "
+              f"is the second argument, after HAMi's chart values (helm get values RELEASE -a), which this run "
+              f"did not translate", file=sys.stderr)
+        first, device_config = {}, first
+    values, lines = translate(first, device_config)
     text = "# hamid's chart values, translated from HAMi's by `hamid config from-hami`\n" + \
         yaml.safe_dump(values, sort_keys=False)
     if args.output:
@@ -286,11 +297,8 @@ def _cmd_config(args) -> int:
         print(text, end="")
     if args.config_out:
         Path(args.config_out).write_text(yaml.safe_dump(values.get("config") or {}, sort_keys=False))
-    for line in lines:
+    for line in report(lines):
         print(line, file=sys.stderr)
-    counts = {a: sum(1 for x in lines if x.action == a) for a in ("mapped", "default", "no counterpart")}
-    print(f"{counts['mapped']} mapped, {counts['default']} already hamid's default, "
-          f"{counts['no counterpart']} with no counterpart", file=sys.stderr)
     return 0
 
 

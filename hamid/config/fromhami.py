@@ -7,9 +7,16 @@ or the device plugin's ``config.json`` (``nodeconfig``). Output: values for
 hamid's chart (``config:`` holds hamid's config file, the same keys a Docker
 host's ``--config`` takes) and one line per HAMi key saying what became of it:
 
+``warning``         written, but likely not what was meant (an allowlist
+                    model that names no GPU: such a GPU allows every profile);
 ``mapped``          written to the hamid key named;
 ``default``         HAMi's value is hamid's default too: nothing written;
 ``no counterpart``  hamid has nothing to set, and the line says why.
+
+:func:`report` puts the summary first, then warnings, mapped and default
+lines, then the keys with no counterpart grouped by why (a chart's values
+have some 180 of them). A device config given alone, in the values' place, is
+recognised (:func:`is_device_config`) and read as the device config.
 
 The result is checked with hamid's own config schema before it is written,
 so what comes out is a config ``hamid run`` accepts.
@@ -43,7 +50,7 @@ CONFIG = {
     "scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy": "gpuSchedulerPolicy",
     "devicePlugin.deviceSplitCount": "deviceSplitCount", "devicePlugin.deviceMemoryScaling": "deviceMemoryScaling",
     "devicePlugin.deviceCoreScaling": "deviceCoreScaling", "devicePlugin.deviceListStrategy": "deviceListStrategy",
-    "devices.nvidia.gpuCorePolicy": "gpuCorePolicy",
+    "devices.nvidia.gpuCorePolicy": "gpuCorePolicy", "legacyMetrics": "legacyMetrics",
 }
 # HAMi chart value -> hamid chart value (dotted), taken whole (maps and lists too)
 CHART = {
@@ -53,7 +60,8 @@ CHART = {
 # hamid's chart defaults for those (charts/hamid/values.yaml): equal or empty HAMi values change nothing,
 # and an empty HAMi list must not wipe hamid's own (its tolerations for GPU taints)
 CHART_DEFAULTS = {"nodeSelector": {"gpu": "on"}, "webhook.failurePolicy": "Ignore"}
-WHOLE = set(CHART) | {"devicePlugin.nodeConfiguration.config"}  # leaves even when they are maps or lists
+WHOLE = set(CHART) | {"devicePlugin.nodeConfiguration.config",  # leaves even when they are maps or lists
+                       "devices.nvidia.migProfileAllowlist"}
 # device-config.yaml's nvidia: keys that are hamid config keys of the same name
 SAME_NAME = ("resourceCountName", "resourceMemoryName", "resourceMemoryPercentageName", "resourceCoreName",
              "resourcePriorityName", "defaultMemory", "defaultCores", "defaultGPUNum", "memoryFactor",
@@ -167,6 +175,12 @@ def translate(values: dict | None, device_config: dict | None = None) -> tuple[d
                              "where hamid places them")
         elif key == "devicePlugin.nodeConfiguration.config":
             _node_config(key, value, config, lines)
+        elif key.startswith("devices.nvidia.") and key.count(".") == 2 and key.split(".")[2] in SAME_NAME:
+            to_config(key, key.split(".")[2], value)
+            if key.endswith(".migProfileAllowlist"):
+                _check_allowlist(key, value, lines)
+        elif key.startswith("devices.nvidia.") and key.split(".")[2] in NVIDIA_NO_COUNTERPART:
+            lines.append(Line(key, "no counterpart", NVIDIA_NO_COUNTERPART[key.split(".")[2]]))
         elif key.split(".")[0].startswith(VENDOR_PREFIXES):
             lines.append(Line(key, "no counterpart", OTHER_VENDOR))
         else:
@@ -232,8 +246,61 @@ def _device_config(doc: dict, config: dict, lines: list[Line], to_config) -> Non
                 key = f"nvidia.{k}"
                 if k in SAME_NAME:
                     to_config(key, k, v)
+                    if k == "migProfileAllowlist":
+                        _check_allowlist(key, v, lines)
                 else:
                     lines.append(Line(key, "no counterpart",
                                       NVIDIA_NO_COUNTERPART.get(k, "not a HAMi key this translation knows; left out")))
         else:
             lines.append(Line(top, "no counterpart", OTHER_VENDOR))
+
+
+def _check_allowlist(key: str, entries: Any, lines: list[Line]) -> None:
+    """One line per allowlist model: the GPUs it names, matched as the daemon
+    matches them (:mod:`hamid.devices.modelnames`), or a warning when it names
+    none hamid knows (a GPU no entry names allows every profile)."""
+    from ..devices.modelnames import known_gpus_named
+
+    for i, e in enumerate(entries or ()):
+        for m in (e or {}).get("models") or () if isinstance(e, dict) else ():
+            where = f"{key}[{i}].models"
+            named = known_gpus_named(str(m))
+            if named:
+                lines.append(Line(where, "mapped", f"{m!r} names the GPUs NVML reports as {', '.join(named)}"))
+            else:
+                lines.append(Line(where, "warning", f"{m!r} names none of the MIG GPUs hamid knows; on a node whose "
+                                  "GPU no entry names, every MIG profile is allowed (the daemon logs such a GPU "
+                                  "at start): write the model as `hamid status` shows its name"))
+
+
+VALUES_KEYS = ("resourceName", "scheduler", "devicePlugin", "devices", "global", "schedulerName")
+
+
+def is_device_config(doc: dict) -> bool:
+    """Is ``doc`` HAMi's device-config.yaml (``nvidia:`` at the top) or the
+    device plugin's config.json (``nodeconfig``) rather than chart values?"""
+    return bool(doc) and not any(k in doc for k in VALUES_KEYS) and (
+        isinstance(doc.get("nvidia"), dict) or isinstance(doc.get("nodeconfig"), list))
+
+
+ORDER = ("warning", "mapped", "default", "no counterpart")
+
+
+def report(lines: list[Line]) -> list[str]:
+    """What the CLI prints: a summary, then the lines that matter first, and
+    the keys with no counterpart grouped by why, one line per reason."""
+    counts = {a: sum(1 for x in lines if x.action == a) for a in ORDER}
+    out = [f"{counts['mapped']} mapped, {counts['warning']} warning(s), {counts['default']} already hamid's "
+           f"default, {counts['no counterpart']} with no counterpart (grouped by why, last)"]
+    for action in ORDER[:-1]:
+        out += [str(x) for x in lines if x.action == action]
+    groups: dict[str, list[str]] = {}
+    for x in lines:
+        if x.action == "no counterpart":
+            groups.setdefault(x.detail, []).append(x.key)
+    for why, keys in sorted(groups.items(), key=lambda kv: len(kv[1])):
+        if len(keys) == 1:
+            out.append(str(Line(keys[0], "no counterpart", why)))
+        else:
+            out.append(f"{'no counterpart':<15} {len(keys)} keys: {why}: {', '.join(keys)}")
+    return out

@@ -34,7 +34,7 @@ from ..ledger import Ledger
 from ..logs import get_logger
 from .supervise import FaceHealth, supervised
 from ..node import devnodes
-from ..node.capacity import capacity_views
+from ..node.capacity import capacity_views, unlisted_mig_gpus
 from ..node.mps import find_programs as find_mps_programs
 from ..node.core import NodeCore
 from ..node.face import Face, collector_of, liveness_of
@@ -180,6 +180,12 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
                 log.error("some GPUs serve MPS but NVIDIA's MPS programs are missing: those GPUs refuse MPS shares "
                           "until they are there", why=mps_missing)
         views = capacity_views(gpus, settings, mps_missing=mps_missing is not None)
+        for g in unlisted_mig_gpus(gpus, settings.migProfileAllowlist):
+            log.warning("migProfileAllowlist names no model of this GPU: every MIG profile of its table is allowed",
+                        gpu=g.index, name=g.name, memory_mib=g.memory_mib,
+                        models=sorted({m for e in settings.migProfileAllowlist for m in e.models}),
+                        fix="add an entry whose models name this GPU (its name as reported, or HAMi's form "
+                            "such as H100-SXM5-80GB)")
         try:
             _refuse_mode_change_with_tenants(ledger, views, settings.operatingMode, state_dir)
         except BaseException:

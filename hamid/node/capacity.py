@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..devices.modelnames import model_matches
 from ..devices.types import GpuInfo
 from ..placement.view import GpuView, gpu_view_from_info, restrict_mig_profiles
 
@@ -30,3 +31,19 @@ def capacity_views(gpus: Iterable[GpuInfo], settings: Any, mps_missing: bool = F
                                                      mps_missing=mps_missing),
                                   settings.migProfileAllowlist)
             for g in gpus]
+
+
+def unlisted_mig_gpus(gpus: Iterable[GpuInfo], allowlist) -> list[GpuInfo]:
+    """The MIG-capable GPUs no entry of a non-empty ``migProfileAllowlist``
+    names: every profile of their table is allowed, which an allowlist
+    written for them under another model name would not mean."""
+    if not allowlist:
+        return []
+    out = []
+    for g in gpus:
+        if not g.mig_profiles:
+            continue
+        memory = max(p.memory_mib for p in g.mig_profiles)
+        if not any(model_matches(m, g.name, memory) for e in allowlist for m in e.models):
+            out.append(g)
+    return out

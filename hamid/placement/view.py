@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import NamedTuple
 
+from ..devices.modelnames import model_matches
 from ..devices.types import GpuInfo, MigPlacement, MigProfile
 
 MODE_SHIM = "hami-core"
@@ -116,22 +117,32 @@ def type_matches(g: GpuView, wanted: str) -> bool:
     return any(w in t for t in g.type_names)
 
 
+def allowlist_entry(g: GpuView, allowlist):
+    """The first ``migProfileAllowlist`` entry naming ``g``'s model, or None.
+    The GPU's memory is its full MIG profile's (what the largest instance
+    holds, within a few percent of the card's), which the view keeps whatever
+    mode the GPU is in."""
+    memory = max((p.memory_mib for p in g.mig_profiles), default=g.mem_total)
+    return next((e for e in allowlist if any(model_matches(m, g.name, memory) for m in e.models)), None)
+
+
 def restrict_mig_profiles(g: GpuView, allowlist) -> GpuView:
     """``g`` with only the MIG profiles a node's ``migProfileAllowlist``
-    allows for its model (the first entry whose models match the name);
-    unchanged when no entry matches or the GPU has no MIG table."""
+    allows for its model (the first entry whose models match the name, as
+    :mod:`hamid.devices.modelnames` matches HAMi's model names); unchanged
+    when no entry matches or the GPU has no MIG table."""
     if not g.mig_profiles:
         return g
-    for entry in allowlist:
-        if any(type_matches(g, m) for m in entry.models):
-            allowed = set(entry.profiles)
-            profs = tuple(p for p in g.mig_profiles if p.name in allowed)
-            mem_total, slots = g.mem_total, g.slots_total
-            if g.mode == MODE_MIG:
-                mem_total = max((p.memory_mib for p in profs), default=0)
-                slots = max((p.max_instances for p in profs), default=0)
-            return replace(g, mig_profiles=profs, mem_total=mem_total, slots_total=slots)
-    return g
+    entry = allowlist_entry(g, allowlist)
+    if entry is None:
+        return g
+    allowed = set(entry.profiles)
+    profs = tuple(p for p in g.mig_profiles if p.name in allowed)
+    mem_total, slots = g.mem_total, g.slots_total
+    if g.mode == MODE_MIG:
+        mem_total = max((p.memory_mib for p in profs), default=0)
+        slots = max((p.max_instances for p in profs), default=0)
+    return replace(g, mig_profiles=profs, mem_total=mem_total, slots_total=slots)
 
 
 @dataclass
