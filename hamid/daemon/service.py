@@ -178,7 +178,7 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
             mps_control, mps_missing = find_mps_programs(settings.mpsControl)
             if mps_missing:
                 log.error("some GPUs serve MPS but NVIDIA's MPS programs are missing: those GPUs refuse MPS shares "
-                          "until they are there", why=mps_missing)
+                          "until they are there", why=mps_missing, path=os.environ.get("PATH", ""))
         views = capacity_views(gpus, settings, mps_missing=mps_missing is not None)
         for g in unlisted_mig_gpus(gpus, settings.migProfileAllowlist):
             log.warning("migProfileAllowlist names no model of this GPU: every MIG profile of its table is allowed",

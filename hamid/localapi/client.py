@@ -24,9 +24,10 @@ class DaemonUnavailable(HamidError):
 class Conflict(HamidError):
     """The daemon's ledger refused a reservation (HTTP 409); ``reasons`` says why."""
 
-    def __init__(self, message: str, reasons=()) -> None:
+    def __init__(self, message: str, reasons=(), headline: str | None = None) -> None:
         super().__init__(message)
         self.reasons = tuple(reasons)
+        self.headline = headline  # "no room ...", "not configured ...", "not possible ..." (the daemon's)
 
 
 def _http(path: str, timeout: float, method: str, target: str, body: bytes | None) -> tuple[int, bytes]:
@@ -95,7 +96,7 @@ class LocalClient:
         except ValueError:
             raise HamidError(f"daemon answered {status} with a non-JSON body") from None
         if status == 409:
-            raise Conflict(doc.get("error", "conflict"), doc.get("reasons", ()))
+            raise Conflict(doc.get("error", "conflict"), doc.get("reasons", ()), doc.get("headline"))
         if status == 410:  # it got to the request after our deadline: it committed nothing
             raise DaemonUnavailable(f"the daemon at {self.socket} answered too late: {doc.get('error')}")
         if status >= 400:

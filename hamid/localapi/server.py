@@ -24,8 +24,9 @@ from ..logs import get_logger
 from ..serving import BodyTooLarge, read_body
 from ..node.callers import caller_details, container_details
 from ..node.identity import KINDS, Owner
-from ..node.service import Abandoned, NodeService, container_answer, refusal
+from ..node.service import Abandoned, LedgerConflict, NodeService, container_answer, refusal
 from ..placement import Decision
+from ..placement.reasons import refusal_headline
 from ..request.model import Defaults, Request
 
 log = get_logger("localapi")
@@ -33,8 +34,11 @@ log = get_logger("localapi")
 MAX_BODY = 256 * 1024  # a container's whole environment fits many times over
 
 
-def _error(status: int, message: str, reasons=()) -> JSONResponse:
-    return JSONResponse({"error": message, "reasons": list(reasons)}, status_code=status)
+def _error(status: int, message: str, reasons=(), headline: str | None = None) -> JSONResponse:
+    doc = {"error": message, "reasons": list(reasons)}
+    if headline:  # a refusal's kind (the reasons' kinds do not survive JSON)
+        doc["headline"] = headline
+    return JSONResponse(doc, status_code=status)
 
 
 async def _body(req: HttpRequest) -> dict[str, Any]:
@@ -100,7 +104,10 @@ class LocalApiFace:
                     if req.url.path == "/v1/containers" and not isinstance(e, (Abandoned, BodyTooLarge)):
                         # the Python runtime's admission: logged as the Docker face's
                         log.warning("container refused", reason=refusal(e))
-                    return _error(e.http_status, str(e), getattr(e, "reasons", ()))
+                    reasons = getattr(e, "reasons", ())
+                    # a refusal's kind rides beside the reasons, whose kinds do not survive JSON
+                    headline = refusal_headline(reasons) if isinstance(e, LedgerConflict) else None
+                    return _error(e.http_status, str(e), reasons, headline)
                 except Exception as e:  # a bug: say so, in JSON, and log it whole
                     log.exception("local API handler failed", path=req.url.path)
                     return _error(500, f"internal error in the daemon: {e!r}")

@@ -32,6 +32,7 @@ from ..errors import HamidError
 from ..ledger import Details, Ledger, LedgerConflict, Reservation, claimant_id
 from ..ledger.report import status_document
 from ..logs import get_logger
+from ..placement.reasons import refusal_headline
 from ..request.model import Defaults, Request
 from ..shimlimits.live import GpuReading, LivePass, Tenant
 from . import layout, mig, mps, regionfs, released
@@ -65,7 +66,7 @@ def container_answer(got: Admitted | None) -> dict[str, Any]:
 
 def refusal(e: HamidError) -> str:
     """How a container's refusal reads to the person who ran it (``docker run`` shows it)."""
-    return f"no room for this container: {e}" if isinstance(e, LedgerConflict) else str(e)
+    return f"{refusal_headline(e.reasons)}: {e}" if isinstance(e, LedgerConflict) else str(e)
 
 
 def _safe_dir(path: str, mode: int) -> None:

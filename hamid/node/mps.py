@@ -143,7 +143,8 @@ def find_programs(name: str) -> tuple[str | None, str | None]:
     the server beside the control program, or on ``PATH``."""
     control = find_program(name)
     if control is None:
-        where = name if os.path.isabs(name) else f"{name} on PATH ({os.environ.get('PATH', '')})"
+        # the PATH itself goes to the daemon's log only: status shows this sentence, and a PATH is long
+        where = name if os.path.isabs(name) else f"{name} on hamid's PATH"
         return None, f"{where} not found (mpsControl); {MPS_PROGRAMS_HELP}"
     beside = os.path.join(os.path.dirname(control), SERVER_PROGRAM)
     if not os.access(beside, os.X_OK) and shutil.which(SERVER_PROGRAM) is None:

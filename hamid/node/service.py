@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from ..ledger import Abandoned, Details, LedgerConflict, Reservation
+from ..ledger.report import missing_gpus
 from ..logs import get_logger
 from ..placement import Decision
 from ..request.model import Request
@@ -29,7 +30,7 @@ log = get_logger("node")
 # What faces use of the core's types: they import these from here, never the ledger or the core itself
 # (tests/test_layers.py holds them to it).
 __all__ = ["Abandoned", "Admitted", "Details", "LedgerConflict", "Liveness", "NodeDoor", "NodeService",
-           "Reservation", "container_answer", "refusal"]
+           "Reservation", "container_answer", "missing_gpus", "refusal"]
 
 # (event, owner key): event is one of admitted, committed, released, state, conflict, mps_failed
 Listener = Callable[[str, str], None]

@@ -68,7 +68,7 @@ def eligible(req: GpuRequest, g: GpuView) -> Reason | None:
     if req.nouse_uuids and g.uuid in req.nouse_uuids:
         return Reason("nouseuuid", f"GPU {g.index} ({g.uuid}) is in nouse-gpuuuid", gpu=g.index)
     if req.wants_mig and g.mode != MODE_MIG:
-        return Reason("notmig", not_mig_reason(g), gpu=g.index)
+        return Reason("notmig", not_mig_reason(g), gpu=g.index, what="mode" if g.mig_capable else "hardware")
     if req.mode in (MODE_SHIM, SHARE_MPS) and g.mode == MODE_MIG:
         return Reason("mig", f"GPU {g.index} is in MIG mode; {req.mode} was requested", gpu=g.index, asked=req.mode)
     if req.mode in (MODE_SHIM, SHARE_MPS) and req.mode not in g.serves:
@@ -80,8 +80,9 @@ def eligible(req: GpuRequest, g: GpuView) -> Reason | None:
 
 
 def mps_missing_reason(g: GpuView) -> Reason:
-    return Reason("mpsmissing", f"GPU {g.index} is set to serve mps but its node cannot run MPS: {MPS_PROGRAMS_HELP}",
-                  gpu=g.index, asked=SHARE_MPS)
+    # the help (~480 characters) is said once per refusal, by NoFit.message, not once per GPU
+    return Reason("mpsmissing", f"GPU {g.index} is set to serve mps but its node cannot run MPS (NVIDIA's MPS "
+                  "programs are missing)", gpu=g.index, asked=SHARE_MPS, what=MPS_PROGRAMS_HELP)
 
 
 def share_mode(req: GpuRequest, g: GpuView, u: "Use") -> str:

@@ -21,11 +21,13 @@ KINDS = (
     "unhealthy", "cordoned", "filtered",
     "devices",    # not among the GPUs the request names (asked: the list)
     "usetype", "nousetype", "useuuid", "nouseuuid",  # the type and UUID selectors (asked: what they say)
-    "notmig",     # a MIG request on a GPU not in MIG mode
+    "notmig",     # a MIG request on a GPU not in MIG mode (what: "mode" when it can be put in MIG mode, else
+                  # "hardware")
     "mig",        # a hami-core or MPS request on a GPU in MIG mode (asked: the mode)
     "serves",     # the GPU does not serve the share mode asked (asked: the mode) under operatingMode/deviceModes
     "onemode",    # the GPU's tenants use the other share mode (asked: the mode, what: theirs)
-    "mpsmissing", # the GPU is set to serve mps but its node lacks NVIDIA's MPS programs
+    "mpsmissing", # the GPU is set to serve mps but its node lacks NVIDIA's MPS programs (what: how to get them,
+                  # said once per refusal by NoFit.message)
     "migcreate",  # too few GPUs that can still create the profile (asked: count, free: how many can, what)
     "migprofile", # the GPU has no such profile (what)
     "migsize",    # no profile holds the memory (asked MiB)
@@ -34,6 +36,37 @@ KINDS = (
     "quota",      # the pod's namespace GPU quota (asked: the pod's total, free: what the quota leaves, what: the
                   # namespace, the ResourceQuota and the resource); HAMi's ResourceQuotaNotFit
 )
+
+
+# A refusal's headline says which of three things it is: room that frees as tenants leave, a setting of
+# this node that leaves the request out, or what the node's GPUs cannot do whatever is set.
+NO_ROOM = "no room for this container"
+NOT_CONFIGURED = "not configured on this node for this container"
+NOT_POSSIBLE = "not possible on this node"
+_CONFIGURED = {"serves", "mpsmissing", "filtered", "cordoned", "mig"}
+_IMPOSSIBLE = {"unhealthy", "devices", "usetype", "nousetype", "useuuid", "nouseuuid", "migprofile", "migsize"}
+
+
+def refusal_headline(reasons) -> str:
+    """The headline of a refusal whose per-GPU reasons are ``reasons``: "no
+    room" when any GPU lacks only room (or a reason is not a :class:`Reason`),
+    else "not configured" when a setting of the node leaves a GPU out, else
+    "not possible on this node"."""
+    configured = seen = False
+    for r in reasons:
+        kind = getattr(r, "kind", None)
+        if kind == "count":  # "needs 2 GPU(s), 1 fit": a sum of the GPUs' own reasons
+            continue
+        seen = True
+        if kind == "notmig":
+            kind = "mig" if r.what == "mode" else "migprofile"
+        if kind in _CONFIGURED:
+            configured = True
+        elif kind not in _IMPOSSIBLE:
+            return NO_ROOM
+    if not seen:
+        return NO_ROOM
+    return NOT_CONFIGURED if configured else NOT_POSSIBLE
 
 
 class Reason(str):

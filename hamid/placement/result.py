@@ -80,4 +80,10 @@ class NoFit:
         more = len(self.reasons) - limit
         if more > 0:
             lines.append(f"... and {more} more node(s)")
+        helps: list[str] = []  # a help many GPUs' reasons share (the MPS programs'), said once
+        for why in self.reasons.values():
+            for w in why:
+                if getattr(w, "kind", None) == "mpsmissing" and w.what and w.what not in helps:
+                    helps.append(w.what)
+        lines.extend(helps)
         return "\n".join(lines) if lines else "no nodes to place on"

@@ -19,6 +19,7 @@ import time
 from ..errors import HamidError
 from ..localapi.client import Conflict, DaemonUnavailable, LocalClient
 from ..node.layout import LEDGER_NAME
+from ..placement.reasons import NO_ROOM
 from ..request.docker import ENV_PREFIXES
 
 # How long the runtime waits for the daemon, and the deadline it gives it:
@@ -64,7 +65,7 @@ class NodeAccess:
         try:
             return LocalClient(self.state_dir, timeout=self._timeout).call("POST", "/v1/containers", body)
         except Conflict as e:
-            raise HamidError(f"no room for this container: {e}") from None
+            raise HamidError(f"{e.headline or NO_ROOM}: {e}") from None
         except DaemonUnavailable:
             pass
         return self._admit_locally(cid, ours, user, details)
@@ -72,7 +73,7 @@ class NodeAccess:
     def _admit_locally(self, cid: str, env: list[str], user: tuple[int, int], details: dict) -> dict:
         from ..ledger import LedgerConflict
         from ..node.callers import container_details
-        from ..node.core import container_answer
+        from ..node.core import container_answer, refusal
         from ..request.model import Defaults
 
         core = self._local()
@@ -81,7 +82,7 @@ class NodeAccess:
             got = core.admit_container(cid, env, user=user, details=container_details(details, cid),
                                        defaults=defaults)
         except LedgerConflict as e:
-            raise HamidError(f"no room for this container: {e}") from None
+            raise HamidError(refusal(e)) from None
         return container_answer(got)
 
     def release(self, key: str) -> None:

@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from ..ledger.report import missing_gpus
-from ..node.service import Reservation
+from ..node.service import Reservation, missing_gpus
 from ..node.realize import slot_name
 from ..request.model import Request
 from ..shimregion.collector import ShimRegionCollector
