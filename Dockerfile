@@ -18,7 +18,8 @@
 #   VERSION   the image's org.opencontainers.image.version label; keep it the
 #             version in pyproject.toml (tests/image checks the default).
 #   REVISION, CREATED   the commit and the RFC 3339 build time, for the
-#             org.opencontainers.image.revision and .created labels.
+#             hamid-build.json that `hamid version` and hami_build_info read and
+#             the org.opencontainers.image.revision and .created labels.
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST, PIP_NO_INDEX
 #             passed to pip as its own environment variables (a mirror, or
 #             none at all).
@@ -39,7 +40,7 @@
 ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS build
-ARG PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_NO_INDEX
+ARG PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_NO_INDEX REVISION CREATED
 RUN if ! command -v gcc >/dev/null || ! command -v make >/dev/null || [ ! -e /usr/include/stdio.h ]; then \
         apt-get update && apt-get install -y --no-install-recommends gcc make libc6-dev \
         && rm -rf /var/lib/apt/lists/*; \
@@ -61,6 +62,8 @@ RUN set -eu; \
     /opt/hamid/bin/pip install /src; \
     make -C /src CC=cc RUNTIME=/opt/hamid/bin/hamid-runtime ADMIT=/opt/hamid/bin/hamid-runtime-admit STAMP= \
         /opt/hamid/bin/hamid-runtime /opt/hamid/bin/hamid-runtime-admit; \
+    printf '{"shim_version": "%s", "revision": "%s", "build_date": "%s"}\n' "$v" "${REVISION:-unknown}" \
+        "${CREATED:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}" > /opt/hamid/hamid-build.json; \
     /opt/hamid/bin/hamid version; \
     mv /opt/hamid /out/opt/hamid
 

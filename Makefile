@@ -81,26 +81,37 @@ clean:
 # hamid-runtime and hamid-runtime-admit (C) and hamid-runtime-py side by side (the
 # runtime finds the other two beside its real path, so links work), the
 # shim at $(PREFIX)/lib/hamid/shim/libvgpu.so (where the daemon looks when no
-# shimLibrary is set), and two links in $(PREFIX)/bin: hamid and
-# hamid-runtime, the path contrib/docker/daemon.json names. Run it as root for
-# the default PREFIX; `make uninstall` removes exactly these.
+# shimLibrary is set), hamid-build.json (the commit, build time and shim
+# version `hamid version` and hami_build_info show), and two links in
+# $(PREFIX)/bin: hamid and hamid-runtime, the path contrib/docker/daemon.json
+# names. Run it as root for the default PREFIX; `make uninstall` removes
+# exactly these. DESTDIR (packaging) puts it all under $(DESTDIR)$(PREFIX),
+# made to work once moved to $(PREFIX): the venv's scripts are rewritten to
+# name $(PREFIX)/lib/hamid, the links point there, and no .pyc is compiled
+# (they would record the staging path; root writes them at first use).
 PREFIX  ?= /usr/local
+DESTDIR ?=
 HOMEDIR := $(PREFIX)/lib/hamid
+DEST    := $(DESTDIR)$(HOMEDIR)
 SHIMV    = $(shell cat shim/VERSION)
 
 install: shim
-	$(PYTHON) -m venv $(HOMEDIR)
-	$(HOMEDIR)/bin/python -m pip uninstall -q -y hamid >/dev/null 2>&1 || true
-	$(HOMEDIR)/bin/python -m pip install -q .
-	$(CC) $(FRONT_CFLAGS) -o $(HOMEDIR)/bin/hamid-runtime contrib/docker/hamid-runtime.c
-	$(CC) $(ADMIT_CFLAGS) -o $(HOMEDIR)/bin/hamid-runtime-admit contrib/docker/hamid-runtime-admit.c
-	install -d -m 0755 $(HOMEDIR)/shim $(PREFIX)/bin
-	install -m 0644 shim/build/libvgpu.so.$(SHIMV) $(HOMEDIR)/shim/
-	ln -sfn libvgpu.so.$(SHIMV) $(HOMEDIR)/shim/libvgpu.so
-	ln -sfn $(HOMEDIR)/bin/hamid $(PREFIX)/bin/hamid
-	ln -sfn $(HOMEDIR)/bin/hamid-runtime $(PREFIX)/bin/hamid-runtime
-	$(PREFIX)/bin/hamid version
+	$(PYTHON) -m venv $(DEST)
+	$(DEST)/bin/python -m pip uninstall -q -y hamid >/dev/null 2>&1 || true
+	$(DEST)/bin/python -m pip install -q $(if $(DESTDIR),--no-compile) .
+	$(CC) $(FRONT_CFLAGS) -o $(DEST)/bin/hamid-runtime contrib/docker/hamid-runtime.c
+	$(CC) $(ADMIT_CFLAGS) -o $(DEST)/bin/hamid-runtime-admit contrib/docker/hamid-runtime-admit.c
+	install -d -m 0755 $(DEST)/shim $(DESTDIR)$(PREFIX)/bin
+	install -m 0644 shim/build/libvgpu.so.$(SHIMV) $(DEST)/shim/
+	ln -sfn libvgpu.so.$(SHIMV) $(DEST)/shim/libvgpu.so
+	printf '{"shim_version": "%s", "revision": "%s", "build_date": "%s"}\n' "$(SHIMV)" \
+		"$$(git rev-parse HEAD 2>/dev/null || echo unknown)" "$$(date -u +%Y-%m-%dT%H:%M:%SZ)" > $(DEST)/hamid-build.json
+	if [ -n "$(DESTDIR)" ]; then \
+		grep -rlIZ -F "$(DEST)" $(DEST)/bin $(DEST)/pyvenv.cfg | xargs -0 -r sed -i "s|$(DEST)|$(HOMEDIR)|g"; fi
+	ln -sfn $(HOMEDIR)/bin/hamid $(DESTDIR)$(PREFIX)/bin/hamid
+	ln -sfn $(HOMEDIR)/bin/hamid-runtime $(DESTDIR)$(PREFIX)/bin/hamid-runtime
+	$(DEST)/bin/python -m hamid.cli.main version
 
 uninstall:
-	rm -f $(PREFIX)/bin/hamid $(PREFIX)/bin/hamid-runtime
-	rm -rf $(HOMEDIR)
+	rm -f $(DESTDIR)$(PREFIX)/bin/hamid $(DESTDIR)$(PREFIX)/bin/hamid-runtime
+	rm -rf $(DEST)

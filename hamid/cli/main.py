@@ -22,6 +22,18 @@ from ..errors import HamidError
 DEFAULT_STATE_DIR = "/var/lib/hamid"
 
 
+def _plan_formats() -> str:
+    """``plan --help``'s text: the cluster and workload file formats, from the
+    planner's own docstring (read, not imported: every command builds the parser)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("hamid.cluster.plan")
+    with open(spec.origin) as f:  # type: ignore[union-attr,arg-type]
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    return doc.replace("``", "`") + "\n\nExamples: docs/examples/ (cluster.yaml, workload.yaml, workload-refused.yaml)."
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hamid", description="GPU sharing without a central scheduler.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -78,7 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("--config", help="read stateDir from this config file")
     ins.add_argument("-o", "--output", choices=["table", "json"], default="table")
 
-    pl = sub.add_parser("plan", help="what-if placement of a workload on a described cluster")
+    pl = sub.add_parser("plan", help="what-if placement of a workload on a described cluster",
+                        description=_plan_formats(), formatter_class=argparse.RawDescriptionHelpFormatter)
     src = pl.add_mutually_exclusive_group(required=True)
     src.add_argument("--cluster", help="cluster file: nodes with their GPUs and config")
     src.add_argument("--live", action="store_true",
@@ -367,7 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.cmd == "version":
-            print(f"hamid {__version__}")
+            from ..buildinfo import build_info
+
+            b = build_info()
+            print(f"hamid {__version__}\nshim {b.shim_version}\ncommit {b.revision}\nbuilt {b.build_date}"
+                  f"\n(from {b.source})")
             return 0
         return {"run": _cmd_run, "status": _cmd_status, "plan": _cmd_plan, "front": _cmd_front, "webhook": _cmd_front,
                 "inspect": _cmd_inspect, "config": _cmd_config, "identity": _cmd_identity}[args.cmd](args)

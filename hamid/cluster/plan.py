@@ -23,8 +23,19 @@ Docker entries::
     name: trainer
     node: node-a           # optional: a Docker container runs on one host
     env: {HAMI_VISIBLE_DEVICES: "0", HAMI_VGPU_SPEC: "mem=4g,cores=30"}
+    ---
+    apiVersion: v1
+    kind: Pod              # as kubectl would apply it: HAMi's resources and annotations
+    metadata: {name: infer, namespace: ml, annotations: {nvidia.com/use-gputype: H100}}
+    spec:
+      containers:
+        - name: main
+          resources:
+            limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 4000, nvidia.com/gpucores: 30}
 
-Items are placed in order; each sees the ones before it. ``-o json`` prints,
+Items are placed in order; each sees the ones before it. A pod asking more
+than 100 gpucores is placed as HAMi places it (the whole GPU), with a
+warning, as the webhook warns. ``-o json`` prints,
 per item, every node considered with each GPU's capacity and use before the
 item (memory, cores, share slots, model and HAMi type, health, cordon,
 exclusivity, MIG instances) and its score for the item, so that a decision
@@ -54,7 +65,7 @@ from ..placement.usage import with_usage
 from ..placement.view import MODE_MIG, GpuView, restrict_mig_profiles
 from ..request import Defaults, RequestError, parse_docker_env, parse_pod
 from ..request.docker import whole_card_note
-from ..request.kube import ANN_DEVICE_CORDON, parse_device_cordon
+from ..request.kube import ANN_DEVICE_CORDON, clamp_message, cores_clamped, parse_device_cordon
 from ..request.model import ResourceNames
 
 
@@ -225,6 +236,10 @@ def plan(nodes: list, workload: list[dict], source: str = "the cluster file") ->
                         variants[d] = parse_pod(doc, d)
                 req = next(iter(variants.values()))
                 item["name"] = req.owner.removeprefix("pod:")
+                d0 = next(iter(variants))
+                clamped = [clamp_message(k, j, n, asked, d0.names.cores) for k, j, n, asked in cores_clamped(doc, d0)]
+                if clamped:  # placed as HAMi places it, but said: the webhook would say it too
+                    item["warnings"] = clamped
             else:
                 name = str(doc.get("name") or f"docker-{i + 1}")
                 item["name"] = name
@@ -269,7 +284,8 @@ def _score_lines(r: dict) -> list[str]:
     for node, nd in r.get("nodes", {}).items():
         cells = [f"GPU {g['index']} {g['score']:.2f}" if g["score"] is not None else f"GPU {g['index']} -"
                  for g in nd["gpus"]]
-        lines.append(f"     scores {node} (node {nd['score']:.2f}, {nd['gpu_policy']}): " + ", ".join(cells))
+        lines.append(f"     scores on {node}: node score {nd['score']:.2f}; GPU scores under gpuSchedulerPolicy "
+                     f"{nd['gpu_policy']}: " + ", ".join(cells))
     return lines
 
 
@@ -279,8 +295,10 @@ def render(results: list[dict], scores: bool = False) -> str:
     lines = []
     for r in results:
         head = f"{r['item']}. {r['kind']} {r.get('name', '?')}"
+        warned = [f"     warning: {w}" for w in r.get("warnings", ())]
         if "error" in r:
             lines.append(f"{head}: {r['error']}")
+            lines.extend(warned)
             for node, why in r.get("reasons", {}).items():
                 for w in why:
                     lines.append(f"     {node}: {w}")
@@ -290,6 +308,7 @@ def render(results: list[dict], scores: bool = False) -> str:
                 lines.extend(_score_lines(r))
             continue
         lines.append(f"{head} -> node {r['node']}")
+        lines.extend(warned)
         for c in r["containers"]:
             if not c["devices"]:
                 lines.append(f"     {c['name']}: no GPU")

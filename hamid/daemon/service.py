@@ -245,8 +245,9 @@ def _refuse_mode_change_with_tenants(ledger: Ledger, views: list, operating_mode
             continue
         for c in r.decision.containers:
             for d in c.devices:
-                if d.uuid in changed and r.owner not in held.setdefault(d.uuid, []):
-                    held[d.uuid].append(r.owner)
+                who = f"{r.name} ({r.owner})" if r.name and r.name not in r.owner else r.owner
+                if d.uuid in changed and who not in held.setdefault(d.uuid, []):
+                    held[d.uuid].append(who)
     busy = {u: owners for u, owners in held.items() if owners}
     if busy:
         parts = [f"GPU {changed[u][2]} from {changed[u][0]} to {changed[u][1]} (held by {', '.join(owners)})"

@@ -9,6 +9,7 @@ one request per connection (``Connection: close``), JSON bodies with a
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -76,6 +77,9 @@ class LocalClient:
 
     def _call(self, method: str, path: str, *, params: dict | None = None, json_body=None) :
         if not os.path.exists(self.socket):
+            state = os.path.dirname(self.socket)
+            if os.path.isdir(state) and not os.access(state, os.X_OK):  # root's 0700 state dir, seen by a user
+                raise PermissionError(errno.EACCES, "permission denied", state)
             raise DaemonUnavailable(f"no daemon socket at {self.socket}")
         if params:
             import urllib.parse

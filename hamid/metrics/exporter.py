@@ -41,6 +41,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import __version__
+from ..buildinfo import build_info
 from ..logs import get_logger
 from ..hamimetrics import BUILD_INFO_LABELS, Emitter
 
@@ -130,7 +131,9 @@ class LedgerCollector:
         build = GaugeMetricFamily("hami_build_info", "hami build metadata exposed as labels with a constant value "
                                   "of 1 (hamid's: no Go, the Python version in go_version)",
                                   labels=list(BUILD_INFO_LABELS))
-        build.add_metric([__version__, "", "", platform.python_version(), platform.python_implementation().lower(),
+        info = build_info()
+        build.add_metric([__version__, info.revision, info.build_date, platform.python_version(),
+                          platform.python_implementation().lower(),
                           f"{platform.system().lower()}/{platform.machine()}"], 1)
         yield build
         yield InfoMetricFamily("hamid_build", "hamid build", value={"version": __version__, "backend": self._backend()})

@@ -160,6 +160,10 @@ def slot_assignment(res: Reservation, container: str) -> ContainerAssignment:
 def realize(res: Reservation, facts: NodeFacts, container: str | None = None) -> ContainerEdits:
     """The edits for ``container`` of ``res`` (its only container when None)."""
     c = slot_assignment(res, container_of(res, container).name)
+    # In the host's order (NVML's index, PCI bus order), which is how CUDA numbers the container's GPUs:
+    # NVIDIA_VISIBLE_DEVICES and CUDA_DEVICE_MEMORY_LIMIT_<i> then name GPU i alike whatever order placement
+    # chose (HAMI_VISIBLE_DEVICES=0,2 placed on 2 first). The limits file names GPUs by UUID.
+    c = replace(c, devices=tuple(sorted(c.devices, key=lambda d: d.index)))
     env: dict[str, str] = {}
     nodes: list[DeviceNode] = []
     mounts: list[Mount] = []

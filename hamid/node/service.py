@@ -21,6 +21,7 @@ from ..ledger import Abandoned, Details, LedgerConflict, Reservation
 from ..ledger.report import missing_gpus
 from ..logs import get_logger
 from ..placement import Decision
+from ..request.docker import ENV_DEVICES, ENV_SPEC
 from ..request.model import Request
 from .core import Admitted, Liveness, NodeCore, container_answer, refusal
 from .identity import Owner
@@ -115,7 +116,13 @@ class NodeService:
             raise
         if got is not None:
             trio.from_thread.run_sync(self._notify, "admitted", key)
-            log.info("container admitted", id=cid[:12])
+            res = got.reservation
+            asked = {k: v[:200] for k, _, v in (e.partition("=") for e in env)
+                     if k in (ENV_DEVICES, ENV_SPEC)}
+            log.info("container admitted", id=cid[:12], name=res.name, spec=asked,
+                     gpus=[f"{d.index} {d.mig_profile}" if d.mig_profile else
+                           f"{d.index} {d.mem_mib} MiB {d.cores}%{' mps' if d.mps else ''}"
+                           for c in res.decision.containers for d in c.devices])
         return got
 
     def release_blocking(self, key: str) -> Reservation | None:

@@ -112,6 +112,10 @@ def parse_vgpu_spec(text: str) -> dict:
         item = part.strip(" ")
         if not item:
             raise RequestError(f"{whole}: empty item; accepted: {VGPU_SPEC_FORMS}")
+        words = item.split()
+        if sum(1 for w in words if "=" in w or _PROFILE.match(w)) > 1:  # "mem=4g cores=30"
+            raise RequestError(f"{whole}: separate items with commas, not spaces "
+                               f"({ENV_SPEC}={echo(','.join(words))}); accepted: {VGPU_SPEC_FORMS}")
         key, eq, value = item.partition("=")
         key, value = key.strip(" "), value.strip(" ")
         what = f"{ENV_SPEC} item {echo(item)}"
