@@ -71,3 +71,15 @@ def test_each_results_topic_has_a_readme_that_names_its_runs():
             if run.name != "README.md":
                 assert run.name in text, f"{topic.name}/README.md does not name {run.name}"
     assert not [p.name for p in RESULTS.iterdir() if p.is_file() and p.name != "README.md"], "runs outside a topic"
+
+
+def test_the_readme_alone_says_how_to_build_the_image_offline_and_install_without_a_chart_repository():
+    """No image or chart is published: the README's install section must say how to build offline
+    (the steps tests/image/test_image.py runs: wheels in .whl/, the index off, the base image loaded)
+    and what replaces `helm repo add`."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Installing on Kubernetes"):readme.index("### Kubernetes on the node")]
+    for step in ("python3 -m pip wheel --wheel-dir .whl . setuptools wheel", "docker load -i base.tar",
+                 "--build-arg PIP_NO_INDEX=1", "helm install hamid ./charts/hamid", "helm repo add",
+                 "oci://", "hamid config from-hami"):
+        assert step in section, step
