@@ -50,7 +50,7 @@ def test_a_non_root_user_is_told_about_permissions_not_a_missing_socket():
     finally:
         subprocess.run(["rm", "-rf", str(state)], check=True)
     assert r.returncode == 1, r.stderr
-    assert "permission denied" in r.stderr and "run it as root" in r.stderr, r.stderr
+    assert "Permission denied" in r.stderr and "run it as root" in r.stderr, r.stderr
     assert "no daemon socket" not in r.stderr
 
 

@@ -79,7 +79,7 @@ class LocalClient:
         if not os.path.exists(self.socket):
             state = os.path.dirname(self.socket)
             if os.path.isdir(state) and not os.access(state, os.X_OK):  # root's 0700 state dir, seen by a user
-                raise PermissionError(errno.EACCES, "permission denied", state)
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), state)
             raise DaemonUnavailable(f"no daemon socket at {self.socket}")
         if params:
             import urllib.parse
