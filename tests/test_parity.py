@@ -267,7 +267,7 @@ def test_plan_json_prints_capacity_and_score_and_table_scores(tmp_path):
     assert b["nodes"]["n"]["gpus"][1]["score"] < g0["score"]  # spread picked GPU 1, the lower score
     r = subprocess.run([*HAMID, "plan", "--cluster", str(cluster), "--workload", str(work), "--scores"],
                        capture_output=True, text=True, timeout=60)
-    assert "scores n (node 0.00, spread): GPU 0 " in r.stdout and "GPU 1 -" in r.stdout
+    assert "scores on n: node score 0.00; GPU scores under gpuSchedulerPolicy spread: GPU 0 " in r.stdout and "GPU 1 -" in r.stdout
 
 
 # --- issue 12: request-parsing defects ------------------------------------------------------
