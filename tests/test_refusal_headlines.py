@@ -60,3 +60,34 @@ def test_status_does_not_print_the_daemons_path(tmp_path, monkeypatch):
         assert "nvidia-cuda-mps-control" in missing and "/very/long/path" not in missing, missing
     finally:
         d.close()
+
+
+def test_the_headline_comes_through_the_daemons_local_api(tmp_path, free_port):
+    """With the daemon up, the runtime's refusal comes from the 409's body: its
+    ``headline`` says the kind (the reasons' kinds do not survive JSON), and
+    the daemon's log line says the same."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_daemon import start, stop
+
+    from hamid.localapi.client import Conflict, LocalClient
+
+    state = tmp_path / "state"
+    p = start(state, free_port, "--simulate", "T4")
+    try:
+        with LocalClient(state) as c:
+            with pytest.raises(Conflict) as e:
+                c.call("POST", "/v1/containers", {"id": "ab" * 32, "env": ["HAMI_VGPU_SPEC=1g.10gb"]})
+        assert e.value.headline == NOT_POSSIBLE
+        with pytest.raises(HamidError) as e2:
+            NodeAccess(state, timeout_s=10.0).admit_container("cd" * 32, ["HAMI_VGPU_SPEC=mem=100g"], (0, 0), {})
+        assert str(e2.value).startswith(NO_ROOM + ":"), str(e2.value)
+    finally:
+        err = stop(p)
+    reasons = [json.loads(line).get("reason", "") for line in err.splitlines()
+               if line.startswith("{") and json.loads(line).get("event") == "container refused"]
+    assert any(r.startswith(NOT_POSSIBLE + ":") for r in reasons), reasons
+    assert any(r.startswith(NO_ROOM + ":") for r in reasons), reasons

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..devices.types import MigPlacement
+from .reasons import Reason
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class NoFit:
         helps: list[str] = []  # a help many GPUs' reasons share (the MPS programs'), said once
         for why in self.reasons.values():
             for w in why:
-                if getattr(w, "kind", None) == "mpsmissing" and w.what and w.what not in helps:
+                if isinstance(w, Reason) and w.kind == "mpsmissing" and w.what and w.what not in helps:
                     helps.append(w.what)
         lines.extend(helps)
         return "\n".join(lines) if lines else "no nodes to place on"
