@@ -16,7 +16,13 @@ beside them, with their own label names, as HAMi's ``--legacy-metrics`` does.
 Everything HAMi has no series for is ``hamid_*``.
 
 The table below is written from HAMi's definitions (``cmd/scheduler/metrics.go``,
-``cmd/vGPUmonitor/metrics.go``) as facts: names, label names, meaning.
+``cmd/vGPUmonitor/metrics.go``, as of HAMi #2776 and #2898, August 2026) as
+facts: names, label names, meaning. The vGPU allocation series are per pod
+and GPU (a pod books the larger of its init peak and its app sum, as HAMi's
+collapsed pod usage); which container holds what is ``hamid_vgpu_allocation_info``.
+A GPU's ``device_type`` is the one HAMi registers (:func:`device_type`) in
+every series, the host's too, where HAMi's monitor prefixes ``NVIDIA-`` to
+every name: one GPU, one type, so scheduler and monitor series join.
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ ZONE = ("zone", "vGPU")  # HAMi registers its collectors with this constant labe
 
 GPU = ("node", "device_uuid", "device_index", "device_type")
 LEGACY_GPU = ("nodeid", "deviceuuid", "deviceidx", "devicetype")
-ALLOC = ("namespace", "node", "pod", "container_index", "device_uuid")
-LEGACY_ALLOC = ("podnamespace", "nodename", "podname", "containeridx", "deviceuuid")
+ALLOC = ("namespace", "node", "pod", "device_uuid")  # per pod: HAMi #2898 dropped the always-0 container_index
+LEGACY_ALLOC = ("podnamespace", "nodename", "podname", "deviceuuid")
 CTR = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
 LEGACY_CTR = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
 HOST = ("node", "device_index", "device_uuid", "device_type")
@@ -67,9 +73,9 @@ _DEFS = (
               ("node", "device_uuid", "device_index", "mig_uuid", "profile", "gpu_instance_id", "compute_instance_id",
                "placement_start", "placement_size"),
               "nodeGPUMigInstance", ("nodeid", "deviceuuid", "deviceidx", "migname")),
-    MetricDef("hami_vgpu_memory_allocated_bytes", "vGPU memory allocated from a container", ALLOC,
+    MetricDef("hami_vgpu_memory_allocated_bytes", "vGPU memory allocated from a pod", ALLOC,
               "vGPUMemoryAllocated", LEGACY_ALLOC),
-    MetricDef("hami_vgpu_core_allocated_ratio", "vGPU core allocated from a container (percent of the GPU)", ALLOC,
+    MetricDef("hami_vgpu_core_allocated_ratio", "vGPU core allocated from a pod (percent of the GPU)", ALLOC,
               "vGPUCoreAllocated", LEGACY_ALLOC),
     # vGPU monitor side: the host's GPUs (NVML) and each container's region
     MetricDef("hami_host_gpu_memory_used_bytes", "GPU device memory usage in bytes", HOST,
@@ -77,7 +83,7 @@ _DEFS = (
     MetricDef("hami_host_gpu_utilization_ratio", "GPU core utilization ratio (0-100)", HOST,
               "HostCoreUtilization", LEGACY_HOST),
     MetricDef("hami_host_gpu_memory_controller_utilization_ratio", "GPU memory controller utilization ratio (0-100)",
-              ("device_index", "device_uuid", "device_type")),
+              HOST),  # node since HAMi #2776
     MetricDef("hami_vgpu_memory_used_bytes", "vGPU device memory usage in bytes", CTR,
               "vGPU_device_memory_usage_in_bytes", LEGACY_CTR),
     MetricDef("hami_vgpu_memory_limit_bytes", "vGPU device memory limit in bytes", CTR,
@@ -103,6 +109,12 @@ _DEFS = (
     MetricDef("hami_resource_quota_limit", "resourcequota limit for a certain device", ("namespace", "quota_name")),
 )
 DEFS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
+
+def device_type(name: str) -> str:
+    """The type HAMi (v2.8 on) registers for a GPU named `name`: the name,
+    ``NVIDIA-`` prefixed when it lacks "NVIDIA" (``NVIDIA-Tesla T4``)."""
+    return name if "NVIDIA" in name.upper() else "NVIDIA-" + name
+
 
 # hami_build_info's labels (a constant 1, no zone); hamid fills the Go-specific ones with its own facts
 BUILD_INFO_LABELS = ("version", "revision", "build_date", "go_version", "compiler", "platform")

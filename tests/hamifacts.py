@@ -2,8 +2,15 @@
 
 The facts are HAMi's own (v2.9 on; the scheduler's ``cmd/scheduler/metrics.go``
 and the vGPU monitor's ``cmd/vGPUmonitor/metrics.go`` in Project-HAMi/HAMi at
-4707fb0): each series' name, its label names,
+4707fb0, read 2026-11-29, and the two changes merged after it: #2776 gave
+``hami_host_gpu_memory_controller_utilization_ratio`` the ``node`` label its
+siblings have, #2898 dropped the always-0 ``container_index``/``containeridx``
+from the four vGPU allocation series, which are per pod since): each series'
+name, its label names,
 the legacy name and legacy label names ``--legacy-metrics`` adds, and its unit.
+Beyond HAMi's own output, one GPU has one ``device_type`` in every series
+(HAMi's scheduler writes ``NVIDIA H100 ...`` where its monitor writes
+``NVIDIA-NVIDIA H100 ...``; a dashboard joining the two needs one).
 They are written here independently of hamid's own table
 (hamid/hamimetrics.py), so a renamed label or a changed unit there fails the
 check. Every HAMi series carries ``zone="vGPU"`` but ``hami_build_info``.
@@ -13,8 +20,8 @@ from __future__ import annotations
 
 GPU = ("node", "device_uuid", "device_index", "device_type")
 LGPU = ("nodeid", "deviceuuid", "deviceidx", "devicetype")
-ALLOC = ("namespace", "node", "pod", "container_index", "device_uuid")
-LALLOC = ("podnamespace", "nodename", "podname", "containeridx", "deviceuuid")
+ALLOC = ("namespace", "node", "pod", "device_uuid")  # per pod since HAMi #2898
+LALLOC = ("podnamespace", "nodename", "podname", "deviceuuid")
 CTR = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
 LCTR = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
 HOST = ("node", "device_index", "device_uuid", "device_type")
@@ -50,8 +57,7 @@ FACTS: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...] | None, str]
     # vGPU monitor (:9394 in HAMi)
     "hami_host_gpu_memory_used_bytes": (HOST, "HostGPUMemoryUsage", LHOST, "bytes"),
     "hami_host_gpu_utilization_ratio": (HOST, "HostCoreUtilization", LHOST, "percent"),
-    "hami_host_gpu_memory_controller_utilization_ratio": (("device_index", "device_uuid", "device_type"), None, None,
-                                                          "percent"),
+    "hami_host_gpu_memory_controller_utilization_ratio": (HOST, None, None, "percent"),  # node since HAMi #2776
     "hami_vgpu_memory_used_bytes": (CTR, "vGPU_device_memory_usage_in_bytes", LCTR, "bytes"),
     "hami_vgpu_memory_limit_bytes": (CTR, "vGPU_device_memory_limit_in_bytes", LCTR, "bytes"),
     "hami_container_device_memory_bytes": (CTR, "Device_memory_desc_of_container",
@@ -127,7 +133,18 @@ def problems(samples: dict, *, legacy: bool, expect: tuple[str, ...]) -> list[st
             found.append(f"{bname}: labels {sorted(lab)} value {v}; HAMi's are {sorted(blabels)}, 1")
     if not samples.get(bname):
         found.append(f"{bname}: no sample")
-    return found
+    return found + type_problems(samples)
+
+
+def type_problems(samples: dict) -> list[str]:
+    """GPUs whose ``device_type`` (legacy ``devicetype``) differs between series."""
+    seen: dict[str, dict[str, str]] = {}  # uuid -> type -> the first series that wrote it
+    for name, got in samples.items():
+        for lab, _ in got:
+            uuid, typ = lab.get("device_uuid", lab.get("deviceuuid")), lab.get("device_type", lab.get("devicetype"))
+            if uuid is not None and typ is not None:
+                seen.setdefault(uuid, {}).setdefault(typ, name)
+    return [f"{uuid}: device_type differs between series: {types}" for uuid, types in seen.items() if len(types) > 1]
 
 
 def one(samples: dict, name: str, **match: str) -> float:

@@ -65,11 +65,12 @@ def test_every_hami_series_as_hami_writes_it(tmp_path, free_port):
     assert not hf.problems(sb, legacy=False, expect=SCHEDULER + mig), hf.problems(sb, legacy=False, expect=mig)
 
     # values for the state, in HAMi's units
-    pod = dict(namespace="ml", node="node-a", pod="train")
-    assert hf.one(sa, "hami_vgpu_memory_allocated_bytes", **pod, container_index="2") == 4000 * MIB
-    assert hf.one(sa, "hami_vgpu_core_allocated_ratio", **pod, container_index="2") == 30  # percent, as HAMi's
-    assert hf.one(sa, "vGPUCoreAllocated", podnamespace="ml", podname="train", containeridx="2") == 30
-    assert hf.one(sa, "hami_vgpu_core_allocated_ratio", namespace="docker", pod="web", container_index="0") == 50
+    pod = dict(namespace="ml", node="node-a", pod="train")  # per pod (HAMi #2898), not per container
+    assert hf.one(sa, "hami_vgpu_memory_allocated_bytes", **pod) == 4000 * MIB
+    assert hf.one(sa, "hami_vgpu_core_allocated_ratio", **pod) == 30  # percent, as HAMi's
+    assert hf.one(sa, "vGPUCoreAllocated", podnamespace="ml", podname="train") == 30
+    assert hf.one(sa, "hami_vgpu_core_allocated_ratio", namespace="docker", pod="web") == 50
+    assert hf.one(sa, "hamid_vgpu_allocation_info", **pod, container="main") == 1  # which container holds it
     t4 = dict(node="node-a", device_index="1")
     t4_uuid = next(lab["device_uuid"] for lab, _ in sa["hami_gpu_memory_limit_bytes"] if lab["device_index"] == "1")
     booked = sum(v for lab, v in sa["hami_vgpu_core_allocated_ratio"] if lab["device_uuid"] == t4_uuid)
@@ -77,6 +78,10 @@ def test_every_hami_series_as_hami_writes_it(tmp_path, free_port):
     assert hf.one(sa, "hami_gpu_core_limit_ratio", **t4) == 100
     assert hf.one(sa, "hami_gpu_memory_limit_bytes", **t4, device_type="NVIDIA-Tesla T4") == 15360 * MIB
     assert hf.one(sa, "hami_host_gpu_memory_used_bytes", **t4, device_type="NVIDIA-Tesla T4") == 0
+    h100 = dict(node="node-a", device_index="0")
+    h100_type = next(lab["device_type"] for lab, _ in sa["hami_gpu_memory_limit_bytes"] if lab["device_index"] == "0")
+    assert h100_type.startswith("NVIDIA H100")  # HAMi registers a name that has NVIDIA in it as it is
+    assert hf.one(sa, "hami_host_gpu_memory_controller_utilization_ratio", **h100, device_type=h100_type) == 0
     total = hf.one(sa, "hami_gpu_memory_limit_bytes", **t4)
     used = hf.one(sa, "hami_gpu_memory_allocated_bytes", **t4, device_cores="100")
     assert hf.one(sa, "hami_node_gpu_memory_allocated_ratio", **t4) == used / total  # 0-1, as HAMi's
@@ -94,11 +99,16 @@ def test_the_checker_catches_what_differs():
         'hami_vgpu_core_allocated_ratio{namespace="a",node="n",pod="p",container="c",device_uuid="u",zone="vGPU"} 30',
         'hami_node_gpu_memory_allocated_ratio{node="n",device_uuid="u",device_index="0",device_type="t"} 40',
         'GPUDeviceCoreAllocated{nodeid="n",deviceuuid="u",deviceidx="0",devicetype="t",zone="vGPU"} 30',
+        'hami_host_gpu_utilization_ratio{node="n",device_index="0",device_uuid="u",device_type="NVIDIA-t",zone="vGPU"} 1',
+        'hami_host_gpu_memory_controller_utilization_ratio{device_index="0",device_uuid="u",device_type="t",'
+        'zone="vGPU"} 1',
     ])
     found = "\n".join(hf.problems(hf.parse(text), legacy=False, expect=("hami_gpu_shared_count",)))
     assert "hami_gpu_shared_count: no sample" in found
-    assert "hami_vgpu_core_allocated_ratio: labels" in found and "container_index" in found  # label renamed
+    assert "hami_vgpu_core_allocated_ratio: labels" in found and "'container'" in found  # a label HAMi's lacks
     assert "hami_node_gpu_memory_allocated_ratio: labels" in found  # zone missing
     assert "hami_node_gpu_memory_allocated_ratio: 40.0 is not a 0-1 fraction" in found
     assert "GPUDeviceCoreAllocated: exported with legacy metrics off" in found
     assert "hami_build_info: no sample" in found
+    assert "u: device_type differs between series" in found and "NVIDIA-t" in found
+    assert "hami_host_gpu_memory_controller_utilization_ratio: labels" in found  # no node

@@ -16,9 +16,10 @@ as the monitor exports them; hamid's own are ``hamid_*``
 
 A Docker container is labelled as HAMi would a pod: namespace ``docker``, pod
 its name (``docker run --name``, else its short id), container ``main``.
-``container_index`` is the container's position in its pod, init containers
-first (HAMi's order); ``hamid_vgpu_allocation_info`` maps it to the
-container's name and the reservation's owner key.
+``hami_vgpu_*_allocated`` are per pod and GPU, as HAMi's since #2898;
+``hamid_vgpu_allocation_info`` says which container holds what, with the
+reservation's owner key. A GPU's ``device_type`` is the same in every series,
+the host's included (:func:`hamid.hamimetrics.device_type`).
 
 Scrapes run in worker threads of their own (at most ``SCRAPE_THREADS`` at a
 time, not the process's shared pool that the local API uses) and each has a
@@ -43,7 +44,8 @@ from starlette.routing import Route
 from .. import __version__
 from ..buildinfo import build_info
 from ..logs import get_logger
-from ..hamimetrics import BUILD_INFO_LABELS, Emitter
+from ..hamimetrics import BUILD_INFO_LABELS, Emitter, device_type
+from ..placement.usage import parts
 
 log = get_logger("metrics")
 
@@ -95,22 +97,24 @@ class LedgerCollector:
                                        labels=["node", "device_uuid", "device_index", "device_type"])
         for g in view.gpus:
             mps_shares.add_metric([view.name, g.uuid, str(g.index), g.hami_type], g.mps_used)
-        alloc_info = GaugeMetricFamily("hamid_vgpu_allocation_info", "A container_index of hami_vgpu_*_allocated "
-                                       "named: the container and the reservation's owner key",
-                                       labels=["namespace", "node", "pod", "container_index", "container", "owner"])
+        alloc_info = GaugeMetricFamily("hamid_vgpu_allocation_info", "Which containers of a pod hold the GPUs of "
+                                       "its hami_vgpu_*_allocated series, and the reservation's owner key",
+                                       labels=["namespace", "node", "pod", "container", "device_uuid", "owner"])
         per_kind: dict[str, int] = {}
+        caps = {g.uuid: g for g in view.gpus}
         for r in res:
             per_kind[r.kind] = per_kind.get(r.kind, 0) + 1
             ns, pod = owner_labels(r)
-            for ci, c in enumerate(r.decision.containers):
-                if not c.devices:
-                    continue
+            # per pod and GPU, as HAMi (#2898): the pod's booking, the larger of its init peak and app sum
+            booked = {u: [p[0], p[1]] for u, p in parts(r.decision, caps).items()}
+            for c in r.decision.containers:
                 ctr = c.name if r.kind == "pod" else "main"
-                alloc_info.add_metric([ns, view.name, pod, str(ci), ctr, r.owner], 1)
                 for vi, d in enumerate(c.devices):
-                    lab = (ns, view.name, pod, str(ci), d.uuid)
-                    e.add("hami_vgpu_memory_allocated_bytes", lab, d.mem_mib * MIB)
-                    e.add("hami_vgpu_core_allocated_ratio", lab, d.cores)
+                    alloc_info.add_metric([ns, view.name, pod, ctr, d.uuid, r.owner], 1)
+                    # parts() counts a MIG instance in slices; HAMi's series carry its memory
+                    if d.mig_profile is not None and d.mig_placement is not None and d.uuid in booked:
+                        booked[d.uuid][0] += d.mem_mib
+                        booked[d.uuid][1] += d.cores
                     inst = (r.mig or {}).get(d.uuid) or {}
                     if d.mig_profile and inst.get("uuid") and d.mig_placement is not None:
                         gi, cid = str(inst.get("gi", "")), str(inst.get("ci", ""))
@@ -121,6 +125,9 @@ class LedgerCollector:
                         e.add("hami_mig_device_info", (ns, pod, ctr, str(vi), d.uuid, inst["uuid"], d.mig_profile,
                                                        gi, cid), 1,
                               legacy_values=(ns, pod, ctr, str(vi), d.uuid, gi))
+            for uuid, (mem, cores) in sorted(booked.items()):
+                e.add("hami_vgpu_memory_allocated_bytes", (ns, view.name, pod, uuid), mem * MIB)
+                e.add("hami_vgpu_core_allocated_ratio", (ns, view.name, pod, uuid), cores)
         yield from e.families(SCHEDULER_SERIES)
         yield alloc_info
         yield mps_shares
@@ -165,14 +172,14 @@ class HostCollector:
             log.warning("host GPU readings failed", error=str(err))
             readings = []
         for h in readings:
-            idx, typ = str(h.index), "NVIDIA-" + h.name  # the monitor prefixes every name, as HAMi's does
+            idx, typ = str(h.index), device_type(h.name)  # the scheduler series' type, so the two join
             lab = (self._node, idx, h.uuid, typ)
             if h.memory_used_bytes is not None:
                 e.add("hami_host_gpu_memory_used_bytes", lab, h.memory_used_bytes)
             if h.utilization_gpu is not None:
                 e.add("hami_host_gpu_utilization_ratio", lab, h.utilization_gpu)
             if h.utilization_memory is not None:
-                e.add("hami_host_gpu_memory_controller_utilization_ratio", (idx, h.uuid, typ), h.utilization_memory)
+                e.add("hami_host_gpu_memory_controller_utilization_ratio", lab, h.utilization_memory)
             for key, v in (("temp", h.temperature_c), ("power", h.power_w), ("ecc", h.ecc_uncorrected)):
                 if v is not None:
                     extra[key].add_metric(list(lab), v)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from ..devices.modelnames import model_matches
 from ..devices.types import GpuInfo, MigPlacement, MigProfile
+from ..hamimetrics import device_type
 
 MODE_SHIM = "hami-core"
 MODE_MIG = "mig"
@@ -87,7 +88,7 @@ class GpuView:
     def hami_type(self) -> str:
         """The type HAMi (v2.8 on) registers: the name, ``NVIDIA-`` prefixed
         when it lacks "NVIDIA" (``NVIDIA-Tesla T4``)."""
-        return self.name if "NVIDIA" in self.name.upper() else "NVIDIA-" + self.name
+        return device_type(self.name)
 
     def profile(self, name: str) -> MigProfile | None:
         for p in self.mig_profiles:

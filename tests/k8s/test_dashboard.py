@@ -400,7 +400,7 @@ def test_every_metric_the_dashboard_queries_is_one_the_daemons_export(tmp_path, 
             train = dict(namespace="ml", pod="train", container="main")
             assert hf.one(s, "hami_vgpu_memory_limit_bytes", **train) == 4000 << 20
             assert hf.one(s, "hami_vgpu_memory_used_bytes", **train) >= 1 << 30
-            assert hf.one(s, "hami_vgpu_core_allocated_ratio", namespace="ml", pod="train", container_index="0") == 30
+            assert hf.one(s, "hami_vgpu_core_allocated_ratio", namespace="ml", pod="train") == 30
 
     declared: set[str] = set()
     exported: dict[str, set[str]] = {}

@@ -409,11 +409,12 @@ def test_metrics_carry_the_pods_namespace_name_and_container(node, api_server):
     try:
         fams = {fam.name: fam.samples for fam in LedgerCollector(led, lambda: "sim").collect()}
         (s,) = fams["hami_vgpu_memory_allocated_bytes"]
-        # HAMi's labels: the container by its index in the pod; hamid_vgpu_allocation_info names it
-        assert (s.labels["namespace"], s.labels["pod"], s.labels["container_index"]) == ("team-a", "metered", "0")
+        # HAMi's labels (#2898 on): per pod and GPU; hamid_vgpu_allocation_info names the container
+        assert (s.labels["namespace"], s.labels["pod"], "container_index" in s.labels) == ("team-a", "metered", False)
         assert s.value == 2048 << 20
         (info,) = fams["hamid_vgpu_allocation_info"]
-        assert (info.labels["pod"], info.labels["container_index"], info.labels["container"]) == ("metered", "0", "main")
+        assert (info.labels["pod"], info.labels["container"], info.labels["device_uuid"]) == \
+            ("metered", "main", s.labels["device_uuid"])
         slot = cfg.mount("/run/hamid").host_path.rsplit("/", 1)[1]
         assert SlotLabeler(led)(slot) == ("team-a", "metered", "main")  # the region metrics' labels
     finally:
