@@ -301,6 +301,12 @@ class WebFace:
             except BodyTooLarge:
                 raise _TooLarge() from None
 
+        def login_page(status: int, message: str) -> Response:
+            """The login form with why the last try failed above it (a fixed text: nothing the caller sent)."""
+            html = self.assets["login.html"].replace(
+                b"<!--message-->", f'<p class="error" id="login-error" role="alert">{message}</p>'.encode())
+            return Response(html, status, media_type=_TYPES["html"], headers={**_HEADERS, "cache-control": "no-cache"})
+
         async def index(req: Request):
             return page("index.html")
 
@@ -321,13 +327,14 @@ class WebFace:
             try:
                 raw = await body(req)
             except _TooLarge:
-                return page("login.html", 413)
+                return login_page(413, f"The form was over {MAX_BODY} bytes; type the token alone.")
             from urllib.parse import parse_qs
 
             token = (parse_qs(raw.decode("utf-8", "replace")).get("token") or [""])[0].strip()
             if not guard.token_ok(token):
                 log.warning("web view: a wrong token was typed in", client=req.client.host if req.client else None)
-                return page("login.html", 401)
+                return login_page(401, "Wrong token: it is not the one in this daemon's webTokenFile. "
+                                       "Nothing was logged in; try again.")
             resp = RedirectResponse("/", 303, headers=_HEADERS)
             resp.set_cookie(COOKIE, guard.session_cookie(), httponly=True, samesite="strict", path="/")
             return resp

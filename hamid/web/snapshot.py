@@ -22,6 +22,8 @@ def _gpu_extra(g: GpuView) -> dict[str, Any]:
     if g.mode == MODE_MIG or g.mig_used:
         out["mig_slices"] = g.memory_slices
         out["mig_compute_slices"] = g.compute_slices
+        # the compute slices its instances hold (a profile's Ng), which the card shows instead of cores
+        out["mig_compute_used"] = sum(p.slices for p in (g.profile(m.profile) for m in g.mig_used) if p)
     return out
 
 

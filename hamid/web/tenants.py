@@ -38,7 +38,7 @@ def _asked(request: Request | None, container: str) -> dict[str, Any] | None:
     if g is None:
         return None
     return {"count": g.count, "mem_mib": g.mem_mib, "mem_percent": g.mem_percent, "cores": g.cores,
-            "mig_profile": g.mig_profile, "types": list(g.use_types), "devices": list(g.devices)}
+            "mig_profile": g.mig_profile, "mode": g.mode, "types": list(g.use_types), "devices": list(g.devices)}
 
 
 def _usage(snap) -> dict[str, dict[str, Any]]:

@@ -46,8 +46,13 @@ async def test_token_bearer_login_cookie_and_headers(tmp_path):
                 assert r.status_code == 401
                 r = await c.get("/api/state", headers={"authorization": f"Bearer {TOKEN}"})
                 assert r.status_code == 200 and r.json()["node"] == "w"
+                r = await c.get("/login")
+                assert r.status_code == 200 and 'role="alert"' not in r.text
                 r = await c.post("/login", data={"token": "nope"})
                 assert r.status_code == 401
+                # the form again, saying why: a wrong token must not look like a page that did nothing
+                assert 'role="alert"' in r.text and "Wrong token" in r.text and "webTokenFile" in r.text
+                assert "nope" not in r.text  # nothing typed in is echoed
                 r = await c.post("/login", data={"token": TOKEN})
                 assert r.status_code == 303
                 cookie = r.headers["set-cookie"]

@@ -154,6 +154,36 @@ def test_the_page_lists_what_status_cluster_lists_and_follows_changes(cluster, b
     phone.context.close()
 
 
+def test_filter_narrows_nodes_and_tenants_and_mig_is_shown_as_mig(cluster, browser):
+    page = open_page(browser, cluster["url"], viewport={"width": 1280, "height": 900})
+    page.wait_for_selector("#tenants tr[data-name='mig-job']", timeout=5000)
+    assert page.locator("#nodes-count").inner_text() == "(3 nodes, 4 GPUs)"
+    # a MIG GPU's compute is its instances' slices, not a cores figure nothing books
+    card = page.locator("details[data-node='c'] .gpu").inner_text()
+    assert "% booked" not in card and "1/7 compute slices booked" in card, card
+    # a MIG tenant's ask says it asked for MIG mode
+    asked = page.locator("#tenants tr[data-name='mig-job'] td").all_inner_texts()[5]
+    assert "mode=mig" in asked and "MIG 1g.5gb" in asked, asked
+    assert "mode=" not in page.locator("#tenants tr[data-name='trainer'] td").all_inner_texts()[5]
+
+    # the filter narrows the node count and the tenants table to the nodes it shows
+    page.fill("#node-filter", "T4")
+    page.wait_for_function("() => document.getElementById('nodes-count').textContent.includes('of 3')")
+    assert page.locator("#nodes-count").inner_text() == "(1 of 3 nodes shown, 1 GPU)"
+    assert page.locator("details.node").evaluate_all("els => els.map(e => e.dataset.node)") == ["b"]
+    nodes = page.locator("#tenants tbody tr td:first-child").all_inner_texts()
+    assert nodes and set(nodes) == {"b"}, nodes
+    assert "filtered by node" in page.locator("#tenants-count").inner_text()
+    page.fill("#node-filter", "no-such-node")
+    page.wait_for_selector("#no-tenants")
+    assert page.locator("#nodes-count").inner_text() == "(0 of 3 nodes shown, 0 GPUs)"
+    page.fill("#node-filter", "")
+    page.wait_for_function("() => document.getElementById('nodes-count').textContent === '(3 nodes, 4 GPUs)'")
+    assert {"a", "b", "c"} <= set(page.locator("#tenants tbody tr td:first-child").all_inner_texts())
+    no_errors(page)
+    page.context.close()
+
+
 def test_the_what_if_box_agrees_with_hamid_plan_live(cluster, browser, axe):
     a, root = cluster["a"], cluster["root"]
     page = open_page(browser, cluster["url"] + "#whatif", viewport={"width": 1280, "height": 900})

@@ -50,12 +50,13 @@ function gpuCard(node, g) {
   const usedSlices = (g.mig_instances || []).reduce((a, m) => a + m.size, 0);
   const mig = g.mode === "mig" && g.mig_slices;
   const memText = mig ? `${usedSlices}/${g.mig_slices} memory slices` : `${g.memory_used_mib}/${g.memory_total_mib} MiB`;
-  const coreText = `${g.cores_used}/${g.cores_total}%`;
+  // a MIG GPU's compute is its instances' compute slices: its cores figure is never booked
+  const coreText = mig ? `${g.mig_compute_used || 0}/${g.mig_compute_slices} compute slices` : `${g.cores_used}/${g.cores_total}%`;
   return `<div class="gpu" data-gpu="${esc(g.uuid)}" data-node="${esc(node)}" data-index="${g.index}" ` +
     `data-mem-used="${g.memory_used_mib}" data-mem-total="${g.memory_total_mib}" data-cores-used="${g.cores_used}">` +
     `<div class="head"><strong>GPU ${g.index} <span class="model">${esc(g.name)}</span></strong><span>${chips.join(" ")}</span></div>` +
     (mig ? bar("mem", usedSlices, g.mig_slices, "memory") : bar("mem", g.memory_used_mib, g.memory_total_mib, "memory")) + `<div class="row"><span></span><span class="mem">${memText} booked</span></div>` +
-    bar("core", g.cores_used, g.cores_total, "compute") + `<div class="row"><span></span><span class="cores">${coreText} booked, ${g.shares_used}/${g.shares_total} tenants</span></div>` +
+    (mig ? bar("core", g.mig_compute_used || 0, g.mig_compute_slices, "compute") : bar("core", g.cores_used, g.cores_total, "compute")) + `<div class="row"><span></span><span class="cores">${coreText} booked, ${g.shares_used}/${g.shares_total} tenants</span></div>` +
     slices(g) + `</div>`;
 }
 
@@ -70,11 +71,23 @@ function stateChip(s) {
   return `<span class="chip ${cls} state">${esc(s)}</span>`;
 }
 
-function renderNodes() {
+// The nodes the filter box lets through (by name or GPU model); null when it is empty.
+function shownNodes() {
   const filter = $("node-filter").value.trim().toLowerCase();
-  const members = doc.members.filter((m) => !filter || m.name.toLowerCase().includes(filter) ||
-    m.gpus.some((g) => g.name.toLowerCase().includes(filter)));
-  $("nodes-count").textContent = `(${doc.members.length} nodes, ${doc.members.reduce((a, m) => a + m.gpus.length, 0)} GPUs)`;
+  if (!filter) return null;
+  return new Set(doc.members.filter((m) => m.name.toLowerCase().includes(filter) ||
+    m.gpus.some((g) => g.name.toLowerCase().includes(filter))).map((m) => m.name));
+}
+
+const plural = (n, what) => `${n} ${what}${n === 1 ? "" : "s"}`;
+
+function renderNodes() {
+  const shown = shownNodes();
+  const members = shown ? doc.members.filter((m) => shown.has(m.name)) : doc.members;
+  const gpus = (ms) => ms.reduce((a, m) => a + m.gpus.length, 0);
+  $("nodes-count").textContent = shown
+    ? `(${members.length} of ${plural(doc.members.length, "node")} shown, ${plural(gpus(members), "GPU")})`
+    : `(${plural(doc.members.length, "node")}, ${plural(gpus(doc.members), "GPU")})`;
   const few = doc.members.length <= 12;
   const html = members.map((m) => {
     const s = m.summary;
@@ -93,6 +106,7 @@ function asked(a) {
   if (!a) return "no GPU";
   const parts = [];
   parts.push(a.count == null ? "listed GPUs" : `${a.count} GPU${a.count === 1 ? "" : "s"}`);
+  if (a.mode) parts.push(`mode=${a.mode}`);
   if (a.mig_profile) parts.push(`MIG ${a.mig_profile}`);
   else if (a.mem_mib != null) parts.push(`${a.mem_mib} MiB`);
   else if (a.mem_percent != null) parts.push(`${a.mem_percent}% memory`);
@@ -128,7 +142,9 @@ function live(t, c, now) {
 function renderTenants() {
   const now = Date.now();
   const rows = [];
-  for (const t of doc.tenants) {
+  const shown = shownNodes();
+  const tenants = shown ? doc.tenants.filter((t) => shown.has(t.node)) : doc.tenants;
+  for (const t of tenants) {
     for (const c of t.containers) {
       rows.push(`<tr data-owner="${esc(t.owner)}" data-name="${esc(t.name)}"><td data-label="Node">${esc(t.node)}</td>` +
         `<td data-label="Namespace">${esc(t.namespace)}</td><td class="name" data-label="Name">${esc(t.name)}</td>` +
@@ -139,8 +155,9 @@ function renderTenants() {
     }
   }
   const unknown = doc.tenants_unknown || [];
-  const nodes = new Set(doc.tenants.map((t) => t.node)).size;
-  $("tenants-count").textContent = `(${doc.tenants.length} on ${nodes} node${nodes === 1 ? "" : "s"})`;
+  const nodes = new Set(tenants.map((t) => t.node)).size;
+  $("tenants-count").textContent = `(${tenants.length} on ${plural(nodes, "node")}` +
+    (shown ? `, of ${doc.tenants.length} in all: filtered by node)` : ")");
   const note = unknown.length
     ? `<p class="muted" id="tenants-unknown">Not listed: the tenants of ${unknown.length} node(s) this daemon cannot ask ` +
       `(no peer API address in their gossip, no key, or no answer): ${unknown.slice(0, 10).map(esc).join(", ")}${unknown.length > 10 ? ", …" : ""}. ` +
@@ -151,7 +168,7 @@ function renderTenants() {
       `<thead><tr><th scope="col">Node</th><th scope="col">Namespace</th><th scope="col">Name</th><th scope="col">Kind</th>` +
       `<th scope="col">State</th><th scope="col">Asked</th><th scope="col">Given</th><th scope="col">Live use, throttling</th></tr></thead>` +
       `<tbody>${rows.join("")}</tbody></table>`
-    : `<p class="muted" id="no-tenants">No tenant.</p>`);
+    : `<p class="muted" id="no-tenants">${shown ? "No tenant on the nodes the filter shows." : "No tenant."}</p>`);
 }
 
 function renderHealth() {
@@ -275,7 +292,7 @@ function setupTheme() {
 document.addEventListener("DOMContentLoaded", () => {
   setupTheme();
   $("whatif-form").addEventListener("submit", whatIf);
-  $("node-filter").addEventListener("input", () => doc && renderNodes());
+  $("node-filter").addEventListener("input", () => { if (doc) { renderNodes(); renderTenants(); } });
   $("nodes-body").addEventListener("toggle", (ev) => {
     const d = ev.target;
     if (!(d instanceof HTMLDetailsElement)) return;
