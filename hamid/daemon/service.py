@@ -406,7 +406,8 @@ async def build_faces(d: Daemon):
         faces.append(PeerFace.from_config(
             d.service, c, keyring,
             identities=gossip.identity_of if gossip is not None and keyring is not None else None,
-            leader=(lambda: leading.leader_node) if leading is not None else None))
+            leader=(lambda: leading.leader_node) if leading is not None else None,
+            confirm_leader=leading.confirm_leader if leading is not None else None))
     if c.kubernetes or c.kubeconfig:
         faces.append(kubelet_face(d, api))
         faces.extend(control)

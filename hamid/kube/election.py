@@ -259,6 +259,24 @@ class LeaderElector:
             self._leader_nodes[ident] = node
         return self._leader_nodes[ident]
 
+    async def refresh(self) -> str | None:
+        """Read the Lease now (not at the next retry) and return :attr:`leader_identity`:
+        a follower learns of a new holder at once. A changed record counts as
+        observed now, as in a retry round; a leader does not read (it knows)."""
+        if self._leading:
+            return self.identity
+        try:
+            lease = await self._kube.request("GET", self._path)
+        except KubeApiError as e:
+            log.info("could not read the Lease", lease=f"{self.namespace}/{self.name}", error=str(e))
+            return self.leader_identity
+        record = LeaseRecord.from_spec(lease.get("spec"))
+        if not self._leading and record != self._observed_raw:
+            self._lease = lease
+            self._set_observed(record)
+            self._observed_raw = record
+        return self.leader_identity
+
     async def wait_leading(self) -> None:
         """Return once this daemon leads (at once if it does)."""
         while not self._leading:

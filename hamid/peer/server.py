@@ -10,7 +10,7 @@ nothing else: a caller without a key learns nothing about the node.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -69,13 +69,17 @@ class PeerFace:
     def __init__(self, node: Any, keyring: Keyring | None, listen: str, *, insecure: bool = False,
                  window_s: float = 30.0, max_body_bytes: int = 256 * 1024, max_ids: int = 65536,
                  stats: PeerStats | None = None, identities: Callable[[str], str | None] | None = None,
-                 leader: Callable[[], str | None] | None = None) -> None:
+                 leader: Callable[[], str | None] | None = None,
+                 confirm_leader: Callable[[str], Awaitable[str | None]] | None = None) -> None:
         """``identities(node)``: the public key ``node`` gossips (None: unknown);
         set, every request must carry its sender's signature, a commit records
         its sender as the reservation's placer and a release is accepted only
         from that placer. ``leader()``: the node the current leader runs on; set,
-        only that node may commit. Both unset (tests, no gossip): any key holder
-        may call."""
+        only that node may commit. ``confirm_leader(sender)``: asked when a commit
+        comes from another node than ``leader()`` names, the leader's node read
+        afresh from the Lease (right after a leader change this node's view lags
+        the new leader by up to a retry period; its first commits must not be
+        refused for that). Both unset (tests, no gossip): any key holder may call."""
         from ..cborcheck import check_cbor2
 
         check_cbor2()  # frames are CBOR with a depth limit: an old cbor2 would drop every one silently
@@ -95,18 +99,21 @@ class PeerFace:
         self.stats = stats or PeerStats()
         self.identities = identities
         self.leader = leader
+        self.confirm_leader = confirm_leader
         self.bound: str | None = None  # HOST:PORT actually bound (port 0 resolved), once serving
         self._drop_log = Throttle(10.0)
 
     @classmethod
     def from_config(cls, node: Any, config: Any, keyring: Keyring | None, *,
                     identities: Callable[[str], str | None] | None = None,
-                    leader: Callable[[], str | None] | None = None) -> "PeerFace":
+                    leader: Callable[[], str | None] | None = None,
+                    confirm_leader: Callable[[str], Awaitable[str | None]] | None = None) -> "PeerFace":
         """The face as the ``peer*`` keys of ``config`` say (``peerListen`` must be set);
         ``keyring`` is the one loaded from ``gossipKeyFile``."""
         return cls(node, keyring, config.peerListen, insecure=config.peerInsecure,
                    window_s=config.peerReplayWindow, max_body_bytes=config.peerMaxBodyBytes,
-                   max_ids=config.peerReplayCacheSize, identities=identities, leader=leader)
+                   max_ids=config.peerReplayCacheSize, identities=identities, leader=leader,
+                   confirm_leader=confirm_leader)
 
     def collector(self) -> PeerCollector:
         return PeerCollector(self.stats)
@@ -198,7 +205,7 @@ class PeerFace:
         if method == "commit_many":
             return await self._commit_many(args, sender)
         owner, decision, request, details = self._commit_args(args, "commit")
-        self._leader_only(sender)
+        await self._leader_only(sender)
         res = await self.node.commit(owner, decision, request=request, details=self._placed_by(details, sender))
         log.info("committed for a peer", owner=owner.key, node=decision.node)
         return res.to_dict()
@@ -230,9 +237,11 @@ class PeerFace:
             raise frames.FrameError("schema", f"{what}: {e}") from None
         return owner, decision, request, details
 
-    def _leader_only(self, sender: str) -> None:
+    async def _leader_only(self, sender: str) -> None:
         if self.leader is not None:
             lead = self.leader()
+            if lead != sender and self.confirm_leader is not None:
+                lead = await self.confirm_leader(sender)
             if lead != sender:
                 raise Refused(frames.FORBIDDEN, f"node {sender!r} is not the leader (this node sees "
                                                 f"{lead or 'no leader'}); only the leader commits placements")
@@ -251,7 +260,7 @@ class PeerFace:
             got = f"{len(items)} items" if type(items) is list else f"a {type(items).__name__}"
             raise frames.FrameError("schema", f"commit_many: 'items' must be a list of 1 to {frames.MAX_BATCH} "
                                               f"commits; got {got}")
-        self._leader_only(sender)
+        await self._leader_only(sender)
         verdicts: list[dict | None] = [None] * len(items)
         todo, where = [], []
         for i, item in enumerate(items):

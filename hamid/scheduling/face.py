@@ -17,6 +17,7 @@ leader.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import trio
@@ -30,6 +31,7 @@ from .quota import QuotaBook
 
 log = get_logger("control")
 
+CONFIRM_LEADER_S = 0.5  # at most one Lease read per this, to confirm a sender the peer API does not see as leader
 TRACK_LEADER_S = 0.5  # how often the leader's node is re-read from the elector's last observation (cached: no API call)
 
 
@@ -58,6 +60,8 @@ class SchedulingFace:
         self.gates: GateController | None = None
         self.extender_of = extender_of or (lambda node: None)  # a node's extender URL, from gossip
         self.leader_node: str | None = None  # the node the leader runs on (its identity may be a pod name)
+        self._confirming = trio.Lock()
+        self._confirmed_at = -CONFIRM_LEADER_S
         self.extender_tls = extender_tls
         self.extender_client_ca = extender_client_ca
         self.extender_group = extender_group
@@ -135,6 +139,23 @@ class SchedulingFace:
                                     node_policy=self.node_policy, ignored=self.ignored)
         log.info("leading: placing gated pods")
         await self.gates.run()
+
+    async def confirm_leader(self, sender: str) -> str | None:
+        """The leader's node, read afresh from the Lease when ``sender`` is not the one
+        last seen (the peer API asks before refusing a commit from ``sender``): a new
+        leader's first commits are taken once its Lease is valid, not a retry period
+        later. At most one read per ``CONFIRM_LEADER_S``, whoever asks."""
+        if sender == self.leader_node:
+            return sender
+        async with self._confirming:
+            if sender != self.leader_node and time.monotonic() - self._confirmed_at >= CONFIRM_LEADER_S:
+                self._confirmed_at = time.monotonic()
+                try:
+                    await self.elector.refresh()
+                    self.leader_node = await self.elector.leader_node()
+                except Exception as e:  # the API unreachable: the last answer stands
+                    log.info("could not read the Lease to confirm a new leader", sender=sender, error=str(e))
+        return self.leader_node
 
     async def _track_leader(self) -> None:
         """Which node the leader runs on, for followers to forward to (a pod-name identity is

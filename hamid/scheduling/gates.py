@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from ..errors import HamidError
+from ..errors import HamidError, Unreachable
 from ..logs import get_logger
 from ..node.identity import Owner
 from ..placement import Decision
@@ -133,6 +133,23 @@ class PodsByNode:
         return {n: list(at.values()) for n, at in self._by.items()}
 
 
+def refusal_reason(e: HamidError) -> str:
+    """What a node's refusal of a commit says happened, as the pod's reason shows it: its ledger
+    changed, it does not take commits from this daemon (a leader change it has not seen yet), or
+    no answer. Read off the peer client's errors by what they carry (a face never imports
+    another): ``reasons`` (the ledger's), ``kind`` (the peer API's error kind)."""
+    reasons = getattr(e, "reasons", None)
+    if reasons is not None:
+        detail = "; ".join(list(reasons)[:3]) or str(e)
+        return f"the node's ledger refused the placement moments ago (its GPUs changed since the view): {detail}"
+    if getattr(e, "kind", None) == "forbidden":
+        return ("the node did not take the commit from this daemon: it does not see it as the leader yet "
+                f"(a leader change settling): {e}")
+    if isinstance(e, Unreachable):
+        return f"the node's daemon did not answer: {e}"
+    return f"the node refused the commit: {e}"
+
+
 class GateController:
     def __init__(self, api, peer, cluster: ClusterView, *, defaults: Defaults, node_policy: str,
                  ignored: set[str], commits: int = 32, per_node: int = 8, updates: int = 8,
@@ -171,7 +188,7 @@ class GateController:
         self._last_reason: dict[str, str] = {}
         # pod uid -> (nodes whose ledgers refused its commit, when last): left out of its next choices,
         # for retry_s (a stale view is fresh again by then; a node that did not see the leader sees it)
-        self._refused: dict[str, tuple[list[str], float]] = {}
+        self._refused: dict[str, tuple[dict[str, str], float]] = {}  # pod uid -> (node -> what it said, when)
         self._again: set[str] = set()  # pod keys to look at in the next pass (a refused commit)
         self._wake = trio.Event()
         self._ranked = RankedView()
@@ -268,10 +285,10 @@ class GateController:
             return f"the pod's GPU request cannot be read: {e}"
         ns = meta.get("namespace") or "default"
         quota = self.quotas.of(ns, meta["uid"])
-        excluded, at = self._refused.get(meta["uid"], ([], 0.0))
+        excluded, at = self._refused.get(meta["uid"], ({}, 0.0))
         if excluded and time.monotonic() - at >= self.retry_s:
             del self._refused[meta["uid"]]
-            excluded = []
+            excluded = {}
         snap = self.cluster.snapshot()
         choice = choose_ranked(request, pod, snap, self._ranked, nodes, self._on_node.load, node_policy=self.node_policy,
                                ignored=self.ignored, exclude=excluded, quota=quota)
@@ -283,8 +300,9 @@ class GateController:
             from .fitsummary import summarize
 
             # kube-scheduler's summary, then where the same GPU request has room now (the
-            # nodes the pod may not use included: its selector or a taint may be what to change)
-            room = hint(request, [m.view for m in snap.members.values()])
+            # nodes the pod may not use included: its selector or a taint may be what to change;
+            # not those that just refused its commit: their reason says why, "fits now" would not)
+            room = hint(request, [m.view for n, m in snap.members.items() if n not in excluded])
             return f"{summarize(choice.reasons, len(nodes))} GPU room: {room}."
         self.quotas.book(meta["uid"], ns, choice.decision)
         self.cluster.committed(choice.decision)  # at once: the next decision of this pass chooses around it
@@ -318,14 +336,17 @@ class GateController:
                 done = await commit(self.peer, self.cluster, choice.peer, owner, decision,
                                     request=request.to_dict(), placed_by="gate", booked=True,
                                     send=self._batches.commit)
-            except HamidError as e:  # refused by the node's ledger (a stale view), or unreachable
-                log.info("commit refused; choosing again", pod=owner.name, node=decision.node, error=str(e))
-                refused = self._refused.get(uid, ([], 0.0))[0] + [decision.node]
+            except HamidError as e:  # refused by the node's ledger (a stale view), not taken from us, or unreachable
+                why = refusal_reason(e)
+                log.info("commit refused; choosing again", pod=owner.name, node=decision.node, reason=why,
+                         error=str(e))
+                refused = {**self._refused.get(uid, ({}, 0.0))[0], decision.node: why}
                 self._refused[uid] = (refused, time.monotonic())
                 if len(refused) >= ATTEMPTS:
                     del self._refused[uid]
-                    await self._unschedulable(
-                        pod, "nodes kept refusing the placement (their ledgers changed); trying again")
+                    said = "; ".join(f"{n}: {w}" for n, w in refused.items())
+                    await self._unschedulable(pod, f"{len(refused)} nodes refused the placement ({said}); "
+                                                   "trying again")
                 else:
                     self._again.add(key)
                     self._wake.set()

@@ -17,7 +17,7 @@ GPU resources left to hamid) and a hamid daemon publishes its GPUs.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
@@ -228,18 +228,21 @@ class Choice:
 
 def choose(request: Request, pod: dict, members: Mapping[str, Member], nodes: dict[str, dict],
            pods_by_node: dict[str, list[dict]], *, node_policy: str, ignored: set[str],
-           exclude: Iterable[str] = (), kube_filters: Callable | None = None, quota=None) -> Choice:
-    """The node and GPUs for ``pod``, or why not on each node. ``quota``: the pod's namespace GPU quota
-    (:class:`hamid.scheduling.quota.NamespaceQuota`), None where the namespace has none: a node whose
-    decision would take the namespace past it is left out with the reason."""
+           exclude: Mapping[str, str] | None = None, kube_filters: Callable | None = None,
+           quota=None) -> Choice:
+    """The node and GPUs for ``pod``, or why not on each node. ``exclude``: nodes that refused the
+    pod's commit moments ago, each with what happened (the reason the pod shows). ``quota``: the
+    pod's namespace GPU quota (:class:`hamid.scheduling.quota.NamespaceQuota`), None where the
+    namespace has none: a node whose decision would take the namespace past it is left out with
+    the reason."""
     if kube_filters is None:
         from .kubefit import kube_filters
     reasons: dict[str, list[str]] = {}
     views = []
-    skip = set(exclude)
+    skip = exclude or {}
     for name, node in nodes.items():
         if name in skip:
-            reasons[name] = ["placement refused moments ago by the node's ledger"]
+            reasons[name] = [skip[name]]
             continue
         k8s = kube_filters(pod, node, pods_by_node.get(name, []), ignored_resources=ignored)
         if k8s:

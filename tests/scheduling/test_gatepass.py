@@ -161,3 +161,21 @@ def test_pods_by_node_counts_placements_in_flight_until_the_informer_shows_them(
     assert index.load("node-0", placed).pods == 0  # a pod is never judged against itself
     index.update("default/p1", None)  # deleted
     assert index.load("node-0", b).pods == 0
+
+
+def test_a_node_that_refused_the_commit_shows_what_it_said():
+    """A node left out because it refused the pod's commit moments ago is listed with what happened
+    there (a leader it does not see yet, or its ledger), not a fixed "refused by the node's ledger"."""
+    docs = {f"node-{i}": _doc(i, 2, 0) for i in range(2)}
+    nodes = {f"node-{i}": _node(i, random.Random(1)) for i in range(2)}
+    for n in nodes.values():
+        n["spec"] = {}
+    pod = _pod(1, random.Random(3))
+    pod["spec"].pop("nodeSelector", None)
+    view = ClusterView(read=lambda: docs, to_view=view_from_doc)
+    said = {"node-0": "the node did not take the commit from this daemon: it does not see it as the leader yet",
+            "node-1": "the node's ledger refused the placement moments ago (its GPUs changed since the view): x"}
+    got = choose(parse_pod(pod, Defaults()), pod, view.members(), nodes, {}, node_policy="binpack", ignored=GPU,
+                 exclude=said)
+    assert got.decision is None
+    assert got.reasons == {n: [w] for n, w in said.items()}

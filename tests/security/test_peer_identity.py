@@ -27,7 +27,7 @@ from peerharness import LedgerNode, new_keyring, serving  # noqa: E402
 from hamid.keyring import Keyring, watch_key_file  # noqa: E402
 from hamid.node.identity import Owner  # noqa: E402
 from hamid.nodekey import NodeIdentity  # noqa: E402
-from hamid.peer import PeerClient, PeerProtocolError, PeerUnauthenticated, frames  # noqa: E402
+from hamid.peer import PeerClient, PeerProtocolError, PeerRefused, PeerUnauthenticated, frames  # noqa: E402
 from hamid.peer.server import PeerFace  # noqa: E402
 
 
@@ -130,3 +130,65 @@ async def test_a_rotated_key_file_takes_effect_without_a_restart(tmp_path):
             await trio.sleep(0.3)
             assert keyring.keys == [new, old]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_new_leaders_first_commits_are_taken_once_its_lease_is_valid(tmp_path, api_server, kubeconfig):
+    """Right after a leader change a node's view of the leader (its elector's last read of the
+    Lease, every retry period) still names the old one; the new leader's commits must not be
+    refused for that: the node reads the Lease again before refusing."""
+    from hamid.kube.client import api_client
+    from hamid.kube.election import LeaderElector
+    from hamid.request.model import Defaults
+    from hamid.scheduling.face import SchedulingFace
+    from hamid.scheduling.gates import refusal_reason
+    from hamid.scheduling.placer import ClusterView
+
+    def elector(ident: str, **kw) -> LeaderElector:
+        return LeaderElector(api_client(kubeconfig), identity=ident, namespace="kube-system",
+                             **{"lease_duration": 2, "renew_deadline": 1.5, "retry_period": 0.3, **kw})
+
+    keys = new_keyring(tmp_path)
+    cl = Cluster()
+    b = LedgerNode(tmp_path, "node-b")
+    # node-b's elector re-reads the Lease only every 30 s or more: its view of the leader goes stale
+    follower = elector("node-b", lease_duration=100, renew_deadline=60, retry_period=30)
+    scheduling = SchedulingFace(api=None, peer=None, cluster=ClusterView(read=dict, to_view=lambda d: d),
+                                elector=follower, mode="gate", defaults=Defaults(), node_policy="binpack", ignored=set())
+    face = PeerFace(b, keys, "127.0.0.1:0", identities=cl.identity_of, leader=lambda: scheduling.leader_node,
+                    confirm_leader=scheduling.confirm_leader)
+    old, new = elector("node-a"), elector("node-c")
+    old_term = trio.CancelScope()
+
+    async def run_in(scope, e):
+        with scope:
+            await e.run()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(run_in, old_term, old)
+        await old.wait_leading()
+        await n.start(follower.run)  # its first round reads the Lease: node-a leads
+        while follower.leader_identity is None:
+            await trio.sleep(0.02)
+        scheduling.leader_node = await follower.leader_node()
+        assert scheduling.leader_node == "node-a"
+        # node-a stops cleanly and node-c takes the Lease; node-b's elector has not looked since
+        n.start_soon(new.run)
+        old_term.cancel()
+        await new.wait_leading()
+        assert scheduling.leader_node == "node-a" and follower.leader_identity == "node-a"  # stale, as in the report
+        async with serving(face) as (addr,), PeerClient(keys, name="node-c", identity=cl.ids["node-c"]) as c, \
+                PeerClient(keys, name="node-a", identity=cl.ids["node-a"]) as a:
+            owner, decision = b.propose("p1")
+            await c.commit(addr, owner, decision)  # taken at once, not a retry period later
+            assert b.owners() == [owner.key] and scheduling.leader_node == "node-c"
+            owner2, decision2 = b.propose("p2")
+            with pytest.raises(PeerProtocolError, match="'node-a' is not the leader") as refused:  # the old one is
+                await a.commit(addr, owner2, decision2)
+            # and the pod's reason says so, not that the node's ledger refused it
+            why = refusal_reason(refused.value)
+            assert "does not see it as the leader" in why and "ledger" not in why, why
+            b.ledger.commit(Owner("docker", "hog"), b.propose("hog", "mem=15g")[1])  # the GPU fills meanwhile
+            with pytest.raises(PeerRefused) as full:
+                await c.commit(addr, owner2, decision2)
+            assert "ledger refused" in refusal_reason(full.value)
+        n.cancel_scope.cancel()
