@@ -205,6 +205,9 @@ class PodAdmission:
             self.pods.event(pod, "HamidAdmissionFailed", str(e))
             raise AdmissionError(str(e)) from None
         log.info("container tied to its pod", owner=owner.key, pod=owner.name, containers=containers, slot=slot)
+        done = res.details.container_slots
+        if all(c.name in done for c in res.decision.containers if c.devices):  # HAMi's bind phase: allocated
+            self.pods.mark_allocated(pod)
         return owner.key
 
     def _unlisted_inits(self, pod: dict[str, Any], held: dict, n: int, known: dict[str, str],

@@ -155,6 +155,24 @@ class PodDirectory:
                                  "that is not a Pod")
         return pod
 
+    def mark_allocated(self, pod: dict[str, Any]) -> None:
+        """HAMi's ``bind-phase: success`` on a pod the leader placed (:mod:`hamid.kube.bindphase`),
+        once its GPU containers are all allocated here. Best effort: a failure is logged (the
+        containers run either way) and the next start of one of them writes it again."""
+        from ..kube.bindphase import success_patch
+
+        meta = pod.get("metadata") or {}
+        patch = success_patch(meta.get("annotations") or {})
+        if patch is None:
+            return
+        ns, name = meta.get("namespace"), meta.get("name")
+        body = {"metadata": {"annotations": patch, "uid": meta.get("uid")}}  # the uid: never another pod's
+        try:
+            self._core().patch_namespaced_pod(name, ns, body, _request_timeout=10)
+            log.info("bind phase: success", pod=f"{ns}/{name}")
+        except Exception as e:
+            log.warning("could not write the pod's bind phase", pod=f"{ns}/{name}", error=str(e))
+
     def event(self, pod: dict[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
         """A core/v1 Event on the pod (best effort: a failure is logged, not raised)."""
         # blocking, from kubelet's gRPC threads: through the official client (the Event's shape is event_body's)

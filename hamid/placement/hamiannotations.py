@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import time
 
+from ..kube.bindphase import ALLOCATING, BIND_PHASE, DEVICES_TO_ALLOCATE
 from .result import Decision
 
 VGPU_NODE = "hami.io/vgpu-node"
 VGPU_TIME = "hami.io/vgpu-time"
 DEVICES_ALLOCATED = "hami.io/vgpu-devices-allocated"
-DEVICES_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
-BIND_PHASE = "hami.io/bind-phase"
 BIND_TIME = "hami.io/bind-time"
 TYPE = "NVIDIA"
 
@@ -34,4 +33,4 @@ def allocation(decision: Decision, now: float | None = None) -> dict[str, str]:
     t = str(int(now if now is not None else time.time()))
     enc = encode_devices(decision)
     return {VGPU_NODE: decision.node, VGPU_TIME: t, DEVICES_ALLOCATED: enc, DEVICES_TO_ALLOCATE: enc,
-            BIND_PHASE: "allocating", BIND_TIME: t}
+            BIND_PHASE: ALLOCATING, BIND_TIME: t}

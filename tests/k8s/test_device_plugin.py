@@ -481,3 +481,32 @@ def test_prestart_takes_the_pod_from_the_watch_not_a_get(tmp_path, api_server):
         assert gets == {}, f"pod GETs during the container starts: {gets}"
     finally:
         node.stop()
+
+
+def test_bind_phase_moves_to_success_once_the_pods_gpu_containers_are_allocated(node, api_server):
+    """As HAMi's device plugin does: the leader writes ``hami.io/bind-phase: allocating`` when it
+    places the pod; once the node has allocated every GPU container (kubelet allocates them all
+    when it admits the pod; hamid ties them to the pod at the first start), ``success`` (tools built for
+    HAMi count only ``success`` pods), and the consumed ``vgpu-devices-to-allocate`` entries erased."""
+    ann = {"hami.io/bind-phase": "allocating", "hami.io/bind-time": "1",
+           "hami.io/vgpu-devices-to-allocate": "GPU-x,NVIDIA,2048,0:;GPU-y,NVIDIA,3072,0:;;",
+           "hami.io/vgpu-devices-allocated": "GPU-x,NVIDIA,2048,0:;GPU-y,NVIDIA,3072,0:;;"}
+    pod = node.pod("phased", [{"name": "a", "limits": {RESOURCE: 1, "nvidia.com/gpumem": 2048}},
+                              {"name": "b", "limits": {RESOURCE: 1, "nvidia.com/gpumem": 3072}},
+                              {"name": "cpu-only", "limits": {}}], annotations=ann)
+
+    def annotations() -> dict:
+        return api_server.get("Pod", "default", "phased")["metadata"]["annotations"]
+
+    assert annotations()["hami.io/bind-phase"] == "allocating"
+    assert node.kubelet.admit(pod).admitted  # kubelet allocates every container of the pod at admission
+    node.kubelet.start_container(pod, "a")  # the first start ties them all to the pod: allocated
+    got = annotations()
+    assert got["hami.io/bind-phase"] == "success"
+    assert got["hami.io/vgpu-devices-to-allocate"] == ";;;"  # consumed, as HAMi leaves it
+    assert got["hami.io/vgpu-devices-allocated"] == ann["hami.io/vgpu-devices-allocated"]  # the record stays
+    # a pod no leader placed (no bind-phase) gets none written
+    plain = _gpu_pod(node, "plain", 1024)
+    assert node.kubelet.admit(plain).admitted
+    node.kubelet.start_container(plain, "main")
+    assert "hami.io/bind-phase" not in (api_server.get("Pod", "default", "plain")["metadata"].get("annotations") or {})
