@@ -76,7 +76,9 @@ class NodeEnv:
         try:
             self.api.create({"apiVersion": "v1", "kind": "Node",
                              "metadata": {"name": self.node, "labels": {"kubernetes.io/hostname": self.node}},
-                             "status": {"capacity": dict(NODE_RESOURCES), "allocatable": dict(NODE_RESOURCES)}})
+                             "status": {"capacity": dict(NODE_RESOURCES), "allocatable": dict(NODE_RESOURCES),
+                                        # Ready, as a kubelet posts it: the new Node's not-ready taint is lifted
+                                        "conditions": [{"type": "Ready", "status": "True"}]}})
         except Exception:
             pass  # already there (a restart)
         self.kubelet.start()

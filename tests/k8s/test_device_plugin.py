@@ -510,3 +510,16 @@ def test_bind_phase_moves_to_success_once_the_pods_gpu_containers_are_allocated(
     assert node.kubelet.admit(plain).admitted
     node.kubelet.start_container(plain, "main")
     assert "hami.io/bind-phase" not in (api_server.get("Pod", "default", "plain")["metadata"].get("annotations") or {})
+
+
+def test_a_pod_read_back_with_canonical_quantities_gets_its_limits(node, api_server):
+    """The API server stores ``nvidia.com/gpumem: "30000"`` as ``"30k"`` (and copies it into the requests):
+    kubelet and hamid both read it as 30000 MiB."""
+    pod = _gpu_pod(node, "canon", 30000, cores=30)
+    stored = api_server.get("Pod", "default", "canon")["spec"]["containers"][0]["resources"]
+    assert stored["limits"]["nvidia.com/gpumem"] == "30k" == stored["requests"]["nvidia.com/gpumem"]
+    got = node.kubelet.admit(pod)
+    assert got.admitted, got.message
+    lim = node.limits_of(node.kubelet.start_container(pod, "main"))
+    (dev,) = lim.devices
+    assert dev.memory_bytes == mib(30000) and dev.sm_percent == 30

@@ -214,12 +214,19 @@ def _is_extended(resource: str) -> bool:
 
 
 def _count(value: Any, where: str) -> int:
+    """An extended resource's count: a whole quantity, in any form the API server stores (it writes
+    ``1000`` as ``1k``), as kubelet's ``Quantity.Value()``."""
+    from hamid.request.quantity import quantity
+
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"{where}: {value!r} is not an integer quantity (accepted: 3 or '3')")
-    if isinstance(value, str):
-        if not re.fullmatch(r"[0-9]+", value):
-            raise ValueError(f"{where}: {value!r} is not an integer quantity (accepted: 3 or '3')")
-        value = int(value)
+        raise ValueError(f"{where}: {value!r} is not an integer quantity (accepted: 3, '3', '30k', '1e3')")
+    try:
+        q = quantity(value)
+    except ValueError:
+        raise ValueError(f"{where}: {value!r} is not an integer quantity (accepted: 3, '3', '30k', '1e3')") from None
+    if q.denominator != 1:
+        raise ValueError(f"{where}: {value!r} is not an integer quantity (accepted: 3, '3', '30k', '1e3')")
+    value = int(q)
     if value < 0:
         raise ValueError(f"{where}: {value} is negative")
     return value

@@ -1609,3 +1609,70 @@ def test_a_burst_of_new_connections_waits_in_the_listen_queue_not_a_syn_retransm
         api_server._server._handle_request_noblock = real
         for s in socks:
             s.close()
+
+
+# -- what a real control plane showed that the stand-in used to hide ---------------------------
+
+
+def test_quantities_are_stored_canonical_and_limits_copied_into_requests(api_server, v1):
+    """As a real kube-apiserver 1.36 does: ``nvidia.com/gpumem: "30000"`` comes back as ``"30k"``, and an
+    extended resource given only as a limit is a request too (so anything reading pods parses quantities)."""
+    from apiserver import canonical_quantity
+
+    body = pod("q")
+    body["spec"]["containers"][0]["resources"] = {"limits": {
+        "nvidia.com/gpu": "1", "nvidia.com/gpumem": "30000", "nvidia.com/gpucores": "30", "cpu": "0.5",
+        "memory": "1024Mi"}}
+    v1.create_namespaced_pod("default", body)
+    got = api_server.get("Pod", "default", "q")["spec"]["containers"][0]["resources"]
+    want = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "30k", "nvidia.com/gpucores": "30", "cpu": "500m",
+            "memory": "1Gi"}
+    assert got == {"limits": want, "requests": want}
+    cases = {"0": "0", "1000": "1k", "1500": "1500", "4096": "4096", "2.5": "2500m", "1e3": "1e3", "30e3": "30e3",
+             "1536Mi": "1536Mi", "2048Mi": "2Gi", "1.5Ki": "1536", "100m": "100m", "12G": "12G", "-1000": "-1k"}
+    assert {k: canonical_quantity(k) for k in cases} == cases
+
+
+def test_a_new_node_is_not_ready_tainted_until_the_controller_sees_it_ready(api_server, v1):
+    def taints(name: str) -> list:
+        return (api_server.get("Node", None, name).get("spec") or {}).get("taints") or []
+
+    not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    made = v1.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n-new"}})
+    assert made.spec.taints[0].key == "node.kubernetes.io/not-ready"  # in the create's answer already
+    time.sleep(0.5)
+    assert taints("n-new") == [not_ready]  # no Ready condition: it stays
+    api_server.set_status("Node", None, "n-new", {"conditions": [{"type": "Ready", "status": "True"}]})
+    deadline = time.monotonic() + 5
+    while taints("n-new") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert taints("n-new") == []
+    # created Ready (a kubelet posting its status at registration): tainted first, lifted moments later
+    v1.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n-ready"},
+                    "spec": {"taints": [{"key": "gpu", "value": "x", "effect": "NoSchedule"}]},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    assert not_ready in taints("n-ready")
+    deadline = time.monotonic() + 5
+    while not_ready in taints("n-ready") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert taints("n-ready") == [{"key": "gpu", "value": "x", "effect": "NoSchedule"}]
+
+
+def test_after_a_restart_rbac_answers_403_for_a_moment(secure_api, tmp_path):
+    api = secure_api
+    api.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "hamid", "namespace": "kube-system"}})
+    api.create(rbac("ClusterRole", "reader", rules=[{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]))
+    api.create(binding("ClusterRoleBinding", "reader", "ClusterRole", "reader", [SA_SUBJECT]))
+    api.create(pod("p"))
+    sa = client.CoreV1Api(client_for(api, tmp_path, api.issue_token("kube-system", "hamid")))
+    admin = client.CoreV1Api(client_for(api, tmp_path))
+    url = api.url
+    assert [p.metadata.name for p in sa.list_namespaced_pod("default").items] == ["p"]
+    api.restart(rbac_sync_s=1.0)
+    assert api.url == url
+    with pytest.raises(client.ApiException) as e:
+        sa.list_namespaced_pod("default")
+    assert e.value.status == 403 and status_of(e.value)["reason"] == "Forbidden"
+    assert [p.metadata.name for p in admin.list_namespaced_pod("default").items] == ["p"]  # system:masters
+    time.sleep(1.1)
+    assert [p.metadata.name for p in sa.list_namespaced_pod("default").items] == ["p"]  # caches synced

@@ -19,8 +19,21 @@ def node(api, name: str, *, cpu="2", memory="4Gi", pods="10", labels=None, taint
     body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}},
             "spec": {"taints": taints or [], **({"unschedulable": True} if unschedulable else {})},
             "status": {"allocatable": {"cpu": cpu, "memory": memory, "pods": pods, **extra},
-                       "capacity": {"cpu": cpu, "memory": memory, "pods": pods, **extra}}}
-    return api.create(body)
+                       "capacity": {"cpu": cpu, "memory": memory, "pods": pods, **extra},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    api.create(body)
+    return ready_node(api, name)
+
+
+def ready_node(api, name: str) -> dict:
+    """The Node once the node lifecycle controller has lifted its not-ready taint (a new Node has it)."""
+    deadline = time.monotonic() + 5
+    while True:
+        got = api.get("Node", None, name)
+        if not any(t.get("key") == "node.kubernetes.io/not-ready" for t in got["spec"].get("taints") or ()):
+            return got
+        assert time.monotonic() < deadline, f"node {name} still has the not-ready taint"
+        time.sleep(0.02)
 
 
 def pod(api, name: str, *, cpu=None, memory=None, node_name=None, init=None, ports=None, res=None, **spec) -> dict:

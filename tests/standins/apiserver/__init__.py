@@ -182,13 +182,26 @@ What it does, as the real server does:
 * pods: defaults at create (``status.phase: Pending``, ``restartPolicy``,
   ``terminationGracePeriodSeconds``, ``dnsPolicy``, ``schedulerName``,
   container ``imagePullPolicy``/``terminationMessagePath``/``…Policy``,
-  requests copied from limits where missing); an update may change only what
+  requests copied from limits where missing, extended resources'
+  included); every container's quantities stored in canonical form, as
+  the real server decodes and writes them (``nvidia.com/gpumem: "30000"``
+  is stored and read back as ``"30k"``, ``0.5`` as ``500m``, ``1024Mi`` as
+  ``1Gi``); an update may change only what
   the real pod validation allows (container images, ``activeDeadlineSeconds``,
   added tolerations, removed ``schedulingGates``; node selector and affinity
   only while gated, the narrowing rules left to :attr:`ApiServer.pod_update_hooks`);
   ``binding`` sets ``spec.nodeName`` and the ``PodScheduled`` condition and is
   409 when the pod is bound, being deleted or gated; the main resource ignores
   ``status`` and ``status`` ignores everything but status, labels and annotations.
+* nodes: a new Node gets the ``node.kubernetes.io/not-ready:NoSchedule``
+  taint (the TaintNodesByCondition admission plugin); the node lifecycle
+  controller's part is played too: ``NOT_READY_LIFT_S`` after a write shows
+  the Node ``Ready`` (``status.conditions``), the taint is removed by a later
+  write (a watch sees the Node tainted first).
+* restart (:meth:`ApiServer.restart`): the same objects on the same port,
+  every connection and watch ended, and for ``RBAC_SYNC_S`` (a second) RBAC
+  answers 403 to everyone outside system:masters, as a restarted server does
+  until its informers have synced.
 * scheduling gates (KEP-3521/3838, GA 1.30): gates only at creation (with
   ``spec.nodeName`` forbidden beside them), then only removed, in any order;
   while the old pod is gated ``nodeSelector`` may only gain entries and the

@@ -58,6 +58,8 @@ class ResourceType:
     defaults: Callable[[dict], None] | None = None  # at create and update, and after each webhook patch
     prepare_create: Callable[[ApiServer, dict], None] | None = None  # after admission
     prepare_update: Callable[[ApiServer, dict, dict], None] | None = None  # (new, old): after mutating admission
+    # a controller's reaction to an object as written (create, update, status): it acts later, through the API
+    controller: Callable[[ApiServer, dict], None] | None = None
     validate: Callable[[dict], list] | None = None
     validate_update: Callable[[ApiServer, dict, dict], list] | None = None
     storage: str | None = None  # another type's key whose objects this one shows (converted)
@@ -175,6 +177,49 @@ def _name_errors(name: str, rule: str, path: str = "metadata.name") -> list[tupl
     return causes
 
 
+# -- quantities ---------------------------------------------------------------
+
+_BINARY_SUFFIX = re.compile(r"(Ki|Mi|Gi|Ti|Pi|Ei)$")
+_EXPONENT_SUFFIX = re.compile(r"[eE][+-]?[0-9]+$")
+_DECIMAL_SUFFIX = {-9: "n", -6: "u", -3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
+
+
+def canonical_quantity(value):
+    """A quantity as the real server stores it (apimachinery's ``Quantity.String()``, the form
+    kept from parsing): decimal ``30000`` is ``30k``, ``0.5`` is ``500m``, ``1500`` stays;
+    binary ``1024Mi`` is ``1Gi``, one not a whole multiple of 1024 is written in units; an
+    exponent form keeps ``e``. What does not parse is left for validation."""
+    from hamid.request.quantity import NANO, nanos
+
+    try:
+        n = nanos(value)
+    except ValueError:
+        return value
+    if n == 0:
+        return "0"
+    s, sign, a = str(value), "-" if n < 0 else "", abs(n)
+    if _BINARY_SUFFIX.search(s) and a % NANO == 0 and a // NANO >= 1024:
+        v = a // NANO
+        for k, suffix in ((60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")):
+            if v % (1 << k) == 0:
+                return f"{sign}{v >> k}{suffix}"
+        return f"{sign}{v}"
+    exp, m = -9, a
+    while m % 1000 == 0 and exp < 18:
+        m //= 1000
+        exp += 3
+    if _EXPONENT_SUFFIX.search(s) and not _BINARY_SUFFIX.search(s):
+        return f"{sign}{m}" + (f"e{exp}" if exp else "")
+    return f"{sign}{m}{_DECIMAL_SUFFIX[exp]}"
+
+
+def _canonical_resources(c: dict) -> None:
+    res = c.get("resources") or {}
+    for part in ("limits", "requests"):
+        if isinstance(res.get(part), dict):
+            res[part] = {k: canonical_quantity(v) for k, v in res[part].items()}
+
+
 # -- pods ---------------------------------------------------------------------
 
 
@@ -203,6 +248,7 @@ def _pod_defaults(pod: dict) -> None:
                 requests = res.setdefault("requests", {})
                 for k, v in limits.items():
                     requests.setdefault(k, v)
+            _canonical_resources(c)  # decoded and written back: quantities in canonical form
 
 
 def _pod_prepare_create(server: ApiServer, pod: dict) -> None:
@@ -550,9 +596,55 @@ def _namespace_prepare_create(server: ApiServer, obj: dict) -> None:
     obj.setdefault("metadata", {}).setdefault("labels", {})["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
 
 
+NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+NOT_READY_LIFT_S = 0.2  # how long after a node is Ready the stand-in's node lifecycle controller lifts the taint
+
+
+def _node_ready(obj: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (obj.get("status") or {}).get("conditions") or ())
+
+
 def _node_prepare_create(server: ApiServer, obj: dict) -> None:
     labels = obj.setdefault("metadata", {}).setdefault("labels", {})
     labels.setdefault("kubernetes.io/hostname", obj["metadata"]["name"])
+    # the TaintNodesByCondition admission plugin: every new Node is not-ready until the node
+    # lifecycle controller sees it Ready
+    taints = obj.setdefault("spec", {}).setdefault("taints", [])
+    if not any(t.get("key") == NOT_READY_TAINT["key"] and t.get("effect") == "NoSchedule" for t in taints):
+        taints.append(dict(NOT_READY_TAINT))
+
+
+def _node_controller(server: ApiServer, node: dict) -> None:
+    if _node_ready(node) and any(t.get("key") == NOT_READY_TAINT["key"]
+                                 for t in (node.get("spec") or {}).get("taints") or ()):
+        _lift_not_ready_soon(server, node["metadata"]["name"])
+
+
+def _lift_not_ready_soon(server: ApiServer, name: str) -> None:
+    """The node lifecycle controller (kube-controller-manager): it removes the not-ready taint of a
+    Node that is Ready, moments after it sees it so (a watch event later, not in the same write)."""
+    import threading
+
+    def lift() -> None:
+        try:
+            node = server.get("Node", None, name)
+        except Exception:
+            return  # deleted meanwhile
+        taints = (node.get("spec") or {}).get("taints") or []
+        if not _node_ready(node) or not any(t.get("key") == NOT_READY_TAINT["key"] for t in taints):
+            return
+        node["spec"]["taints"] = [t for t in taints if t.get("key") != NOT_READY_TAINT["key"]]
+        if not node["spec"]["taints"]:
+            del node["spec"]["taints"]
+        try:
+            server.update(node)
+        except Exception:
+            _lift_not_ready_soon(server, name)  # a conflicting write: the controller tries again
+
+    t = threading.Timer(NOT_READY_LIFT_S, lift)
+    t.daemon = True
+    t.start()
 
 
 # events: the core Event is the storage shape; events.k8s.io/v1 is converted.
@@ -1001,7 +1093,8 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
                  validate_update=_pod_validate_update),
     ResourceType("", "v1", "Node", "nodes", False, ("no",), (), ("status",),
                  {"spec.unschedulable": lambda o: bool(_get(o, "spec.unschedulable"))},
-                 NODE_MERGE_KEYS, prepare_create=_node_prepare_create, return_deleted_object=False),
+                 NODE_MERGE_KEYS, prepare_create=_node_prepare_create, controller=_node_controller,
+                 return_deleted_object=False),
     ResourceType("", "v1", "Event", "events", True, ("ev",), (), (), _EVENT_FIELDS, META_MERGE_KEYS),
     ResourceType("events.k8s.io", "v1", "Event", "events", True, ("ev",), (), (), _EVENT_V1_FIELDS,
                  META_MERGE_KEYS, storage="events", to_storage=_event_to_storage,

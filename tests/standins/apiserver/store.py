@@ -39,6 +39,9 @@ class _Snapshot:
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
+RBAC_SYNC_S = 1.0  # after a restart, how long RBAC answers 403 before its caches sync (the real one: about 1 s)
+
+
 class ApiServer:
     """The stand-in; ``with ApiServer() as api:`` or :meth:`start`/:meth:`stop`.
 
@@ -108,6 +111,7 @@ class ApiServer:
                 names.append(host)
             self._tls_names = list(dict.fromkeys([*names, *tls_names]))
         self._stopped = False
+        self._rbac_synced_at = 0.0  # restart(): until then, RBAC denies all but system:masters
         self._watch_epoch = 0  # close_watches() ends every stream started in an earlier epoch
         self._watches_held = 0  # while > 0, new watch requests wait (hold_watches)
         self._server: ThreadingHTTPServer | None = None
@@ -151,6 +155,22 @@ class ApiServer:
             self._server.server_close()
             self._thread.join(5)
             self._server = None
+
+    def restart(self, rbac_sync_s: float = RBAC_SYNC_S) -> ApiServer:
+        """Stop serving and serve again on the same port with the same objects, as a kube-apiserver
+        restarted over the same etcd: open connections and watches end; for ``rbac_sync_s`` after,
+        until its RBAC informers have synced, the authorizer knows no role and answers 403 to
+        everyone outside system:masters (the real one does for about a second). Nothing may take
+        that 403 as final."""
+        port = self.port
+        self.close_watches()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(5)
+        self._port = port
+        self._rbac_synced_at = time.monotonic() + rbac_sync_s
+        return self.start()
 
     def __enter__(self) -> ApiServer:
         return self.start()
@@ -377,6 +397,8 @@ class ApiServer:
         authorizer before RBAC), else RBAC over the stored roles and bindings."""
         if MASTERS in (user.get("groups") or []):
             return True, ""
+        if time.monotonic() < self._rbac_synced_at:  # restarted: RBAC's caches not synced yet, no role known
+            return False, ""
         return rbac_decide(self._rbac(), user, attrs)
 
     def check(self, user: Mapping, attrs: RequestAttributes) -> None:
@@ -610,7 +632,10 @@ class ApiServer:
             smeta["resourceVersion"] = str(self._bump())
             self._objects[key] = stored
             self._record("ADDED", rt.storage_key, stored, None)
-            return self._view(rt, stored)
+            view = self._view(rt, stored)
+        if rt.controller:
+            rt.controller(self, view)
+        return view
 
     def _check_kind(self, rt: ResourceType, body: dict) -> None:
         api_version, kind = body.get("apiVersion"), body.get("kind")
@@ -659,7 +684,10 @@ class ApiServer:
                 meta_s["resourceVersion"] = str(self._bump())
                 self._objects[key] = stored_new
                 self._record("MODIFIED", rt.storage_key, stored_new, stored)
-                return self._view(rt, stored_new)
+                view = self._view(rt, stored_new)
+            if rt.controller:
+                rt.controller(self, view)
+            return view
 
     def _updated(self, rt: ResourceType, ns: str, name: str, mutate: Callable[[dict], dict],
                  subresource: str | None, old: dict) -> dict:
