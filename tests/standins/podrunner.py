@@ -1271,7 +1271,8 @@ class PodRunner:
                       taints: list[dict] | None = None, capacity: Mapping[str, str] | None = None) -> dict:
         """The Node object kubelet registers when missing: hostname/os/arch labels
         plus ``labels``, ``taints``, capacity, the host's bridge address as
-        InternalIP, Ready, kubelet's nodeInfo. On an existing node, ``labels`` are
+        InternalIP, Ready, kubelet's nodeInfo; returned once the API server's node
+        lifecycle controller has lifted the new Node's not-ready taint. On an existing node, ``labels`` are
         added and ``taints`` replace its taints (``kubectl label``/``taint``)."""
         try:
             node = self.api.get("Node", None, name)
@@ -1303,7 +1304,17 @@ class PodRunner:
         except Exception as e:
             if not _is_api_error(e, 409):
                 raise
-        return self.api.get("Node", None, name)
+        # a new Node is not-ready tainted until the node lifecycle controller sees it Ready (moments
+        # later): kubelet's registration is over once it has, as the DaemonSet's pods wait for that
+        deadline = time.monotonic() + 10
+        while True:
+            got = self.api.get("Node", None, name)
+            if not any(t.get("key") == "node.kubernetes.io/not-ready" for t in (got.get("spec") or {}).get("taints")
+                       or ()):
+                return got
+            if time.monotonic() > deadline:
+                raise AssertionError(f"node {name}: the not-ready taint was never lifted")
+            time.sleep(0.02)
 
     def host_path(self, node: str, path: str) -> Path:
         """The directory on this machine that is ``path`` on ``node``."""
