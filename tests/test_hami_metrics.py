@@ -99,7 +99,8 @@ def test_the_checker_catches_what_differs():
         'hami_vgpu_core_allocated_ratio{namespace="a",node="n",pod="p",container="c",device_uuid="u",zone="vGPU"} 30',
         'hami_node_gpu_memory_allocated_ratio{node="n",device_uuid="u",device_index="0",device_type="t"} 40',
         'GPUDeviceCoreAllocated{nodeid="n",deviceuuid="u",deviceidx="0",devicetype="t",zone="vGPU"} 30',
-        'hami_host_gpu_utilization_ratio{node="n",device_index="0",device_uuid="u",device_type="NVIDIA-t",zone="vGPU"} 1',
+        'hami_host_gpu_utilization_ratio{node="n",device_index="0",device_uuid="u",device_type="NVIDIA-t",'
+        'zone="vGPU"} 1',
         'hami_host_gpu_memory_controller_utilization_ratio{device_index="0",device_uuid="u",device_type="t",'
         'zone="vGPU"} 1',
     ])

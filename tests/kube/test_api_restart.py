@@ -29,7 +29,8 @@ def secure_api():
 
 def _service_account(api, tmp_path) -> str:
     """A kubeconfig for kube-system/hamid allowed what the daemon's informers and elector use."""
-    api.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "hamid", "namespace": "kube-system"}})
+    api.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "hamid", "namespace": "kube-system"}})
     api.create({"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole", "metadata": {"name": "hamid"}, "rules": [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]})

@@ -1660,7 +1660,8 @@ def test_a_new_node_is_not_ready_tainted_until_the_controller_sees_it_ready(api_
 
 def test_after_a_restart_rbac_answers_403_for_a_moment(secure_api, tmp_path):
     api = secure_api
-    api.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "hamid", "namespace": "kube-system"}})
+    api.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "hamid", "namespace": "kube-system"}})
     api.create(rbac("ClusterRole", "reader", rules=[{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]))
     api.create(binding("ClusterRoleBinding", "reader", "ClusterRole", "reader", [SA_SUBJECT]))
     api.create(pod("p"))
