@@ -203,30 +203,39 @@ def filed(limit=None, policy="force", priority=None) -> dict:
 def _reader(stream, lines: list, ready: threading.Event):
     for ln in stream:
         lines.append(ln)
-        if ln.startswith("READY"):
+        if ln.startswith(("READY", "LOADED")):
             ready.set()
     ready.set()  # EOF: the process ended (a failure shows in its return code)
 
 
 def live_pass(tenants):
-    """One pass of the daemon's live pass over the file-mode tenants (all on GPU 0)."""
+    """One pass of the daemon's live pass over the file-mode tenants (all on GPU 0), fed as the daemon feeds
+    it (NodeCore.priority_pass): NVML's processes on the GPU mapped to tenants by the host's pid map (each
+    tenant's mount namespace shows its limits file at the fixed path), the regions' charges and launch
+    stamps."""
+    from hamid.shimlimits.hostpids import owners
     from hamid.shimlimits.live import GpuReading, Tenant
-    from limits_work import region_gpu_time
+    from limits_work import REGION_LAST_KERNEL_OFF, region_gpu_time
+    b = BUSY.busy().get(NV.uuid)
+    files = {str(Path(t["env"]["HAMID_BENCH_LIMITS_DIR"]) / "hamid.limits"): t for t in tenants}
+    on = ((b.pids or frozenset()) | b.busy_pids) if b else frozenset()
+    whose = owners(on, {f: f for f in files})
     ts = []
-    for t in tenants:
+    for f, t in files.items():
         e = t["env"]
         lim = int(e["HAMID_BENCH_LIMIT"])
-        ts.append(Tenant(limits=str(Path(e["HAMID_BENCH_LIMITS_DIR"]) / "hamid.limits"), device=0,
-                         priority=int(e["HAMID_BENCH_PRIORITY"]), pids=(t["pid"],),
-                         charged_ns=region_gpu_time(e["CUDA_DEVICE_MEMORY_SHARED_CACHE"]),
-                         charged=lim > 0 and e["HAMID_BENCH_POLICY"] != "disable"))
-    b = BUSY.busy().get(NV.uuid)
+        region = e["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+        ts.append(Tenant(limits=f, device=0, priority=int(e["HAMID_BENCH_PRIORITY"]),
+                         pids=tuple(sorted(p for p in on if whose.get(p) == f)),
+                         charged_ns=region_gpu_time(region), charged=lim > 0 and e["HAMID_BENCH_POLICY"] != "disable",
+                         last_kernel_ns=region_gpu_time(region, REGION_LAST_KERNEL_OFF) or None))
     reading = GpuReading(b.busy_pct, b.busy_pids) if b else GpuReading(None)
     n = LIVE.run(time.monotonic(), {NV.uuid: (reading, ts)})
     PASSES.append({"t": time.time(), "busy": None if b is None else b.busy_pct,
                    "busy_pids": None if b is None else sorted(b.busy_pids),
+                   "pids": {Path(t.limits).parent.name: list(t.pids) for t in ts},
                    "charged": [t.charged_ns for t in ts], "factor": LIVE.factor(NV.uuid),
-                   "shared": LIVE.shared(NV.uuid), "written": n})
+                   "shared": LIVE.shared(NV.uuid), "written": n, "untrusted": dict(LIVE.untrusted)})
 
 
 METRICS_S = 1.0  # a scrape a second (Prometheus scrapes every 15-60 s; more points for the same run)
@@ -279,43 +288,70 @@ class Scraper:
         return statistics.mean(v) if v else None
 
 
+LATE_STARTUP_S = 4.0  # a late tenant's CUDA start-up and warm-up (its modules are loaded before it is released)
+
+
 def together(specs, secs):
     """Runs the (class, env) specs at once: each warms up, and once all are ready they start on one clock and
     are measured over the same window; returns their results. File-mode tenants run in their own mount
     namespace, and the daemon's live pass runs every LIVE_PASS_S while any of them does."""
     ps, outs, errs, readies = [], [], [], []
-    # a spec may carry a third item, a delay (s): that tenant starts so much later and all end together
+    # a spec may carry a third item, a delay (s): that tenant starts so much later and all end together; and a
+    # fourth, late: that tenant (its modules loaded) touches the GPU only so much later (its CUDA start-up and
+    # warm-up are its first kernels, as a container that arrives) and runs at once after its warm-up
     delays = [sp[2] if len(sp) > 2 else 0 for sp in specs]
+    lates = [bool(sp[3]) if len(sp) > 3 else False for sp in specs]
     specs = [sp[:2] for sp in specs]
-    for (c, e), d in zip(specs, delays):
-        argv = [*WORKER, c, str(secs + max(delays) - d), "-"]
+    spawn = []
+    # a late tenant's CUDA start-up and warm-up take a few seconds: the others run on meanwhile
+    extra = LATE_STARTUP_S if any(lates) else 0.0
+    for (c, e), d, late in zip(specs, delays, lates):
+        argv = [*WORKER, c, str(secs + max(delays) - d + (0.0 if late else extra)), "late" if late else "-"]
         if "HAMID_BENCH_LIMITS_DIR" in e:
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                     'mount --bind "$0" ' + LIMITS_DIR + ' && exec "$@"', e["HAMID_BENCH_LIMITS_DIR"], *argv]
         cpus = set(range(PIN0 + len(ps) * PIN_N, PIN0 + (len(ps) + 1) * PIN_N)) & CPUS
         pre = (lambda c=cpus: os.sched_setaffinity(0, c)) if PIN and cpus else None
-        p = subprocess.Popen(argv, env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, preexec_fn=pre)
         o, er, rd = [], [], threading.Event()
-        threading.Thread(target=_reader, args=(p.stdout, o, rd), daemon=True).start()
-        threading.Thread(target=_reader, args=(p.stderr, er, threading.Event()), daemon=True).start()
-        ps.append(p), outs.append(o), errs.append(er), readies.append(rd)
+
+        def popen(argv=argv, e=e, pre=pre, o=o, er=er, rd=rd):
+            p = subprocess.Popen(argv, env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, preexec_fn=pre)
+            threading.Thread(target=_reader, args=(p.stdout, o, rd), daemon=True).start()
+            threading.Thread(target=_reader, args=(p.stderr, er, threading.Event()), daemon=True).start()
+            return p
+        ps.append(popen())
+        outs.append(o), errs.append(er), readies.append(rd)
     deadline = time.time() + 240
     for rd in readies:
         rd.wait(max(0.0, deadline - time.time()))
     pids = []
-    for (c, _e), p, o, er in zip(specs, ps, outs, errs):
-        ready = [ln for ln in o if ln.startswith("READY")]
+    for (c, _e), p, o, er, late in zip(specs, ps, outs, errs, lates):
+        ready = [ln for ln in o if ln.startswith("LOADED" if late else "READY")]
         if not ready:
             for q in ps:
                 q.kill()
             raise RuntimeError(f"{c} never got ready (rc={p.poll()}): {''.join(er)[-2000:]}")
         pids.append(int(ready[0].split()[1]))
     start = time.time_ns() + int(0.3e9)
-    for p, d in zip(ps, delays):
-        p.stdin.write(f"{start + int(d * 1e9)}\n")
-        p.stdin.flush()
-    filed_t = [{"env": e, "pid": pid} for (c, e), pid in zip(specs, pids) if "HAMID_BENCH_LIMITS_DIR" in e]
+    for p, d, late in zip(ps, delays, lates):
+        if not late:
+            p.stdin.write(f"{start + int(d * 1e9)}\n")
+            p.stdin.flush()
+    filed_t = [{"env": e, "pid": pid} for (c, e), pid, late in zip(specs, pids, lates)
+               if "HAMID_BENCH_LIMITS_DIR" in e and not late]
+    spawned_at: dict = {}
+
+    def spawner():  # the late tenants, each released at its delay after the common start
+        for i in sorted((i for i in range(len(ps)) if lates[i]), key=lambda i: delays[i]):
+            time.sleep(max(0.0, start / 1e9 + delays[i] - time.time()))
+            spawned_at[i] = time.time()
+            ps[i].stdin.write("go\n")
+            ps[i].stdin.flush()
+            if "HAMID_BENCH_LIMITS_DIR" in specs[i][1]:
+                filed_t.append({"env": specs[i][1], "pid": pids[i]})
+    st = threading.Thread(target=spawner, daemon=True)
+    st.start()
     stop = threading.Event()
 
     def passes():
@@ -338,7 +374,8 @@ def together(specs, secs):
             scr = None
     res = []
     try:
-        for (c, e), p, o, er in zip(specs, ps, outs, errs):
+        st.join(timeout=max(delays) + 5)
+        for i, ((c, e), p, o, er) in enumerate(zip(specs, ps, outs, errs)):
             rc = p.wait(timeout=secs + 120)
             time.sleep(0.05)
             if rc != 0:
@@ -352,6 +389,9 @@ def together(specs, secs):
             r["limit"] = e.get("HAMID_BENCH_LIMIT", e.get("CUDA_DEVICE_SM_LIMIT"))
             r["priority"] = e.get("HAMID_BENCH_PRIORITY", e.get("CUDA_TASK_PRIORITY"))
             r["mode"] = "file" if "HAMID_BENCH_LIMITS_DIR" in e else "env"
+            kern = [ln for ln in o if ln.startswith("KERNELS")]
+            r["kernels_t"] = float(kern[0].split()[1]) if kern else None
+            r["spawned_t"] = spawned_at.get(i)
             if scr is not None and r["mode"] == "file":
                 r["metrics_share"] = scr.container(Path(e["HAMID_BENCH_LIMITS_DIR"]).name, r["t0"], r["t1"])
                 r["metrics_host"] = scr.host(r["t0"], r["t1"])
@@ -583,6 +623,62 @@ def staggered(name, specs, secs, delay):
     log(ROWS[-1])
 
 
+# The isolation case's starts: the GEMM tenant's start minus its neighbours' (s), staggered both ways by 0-3 s; a
+# run takes the next one in turn
+ISO_OFFSETS = (-3.0, 2.0, -1.0, 0.5, 3.0, -2.0, 1.0, -0.5)
+ISO_OFF: list = []  # --iso-offsets: other starts
+ISO_NEIGHBOURS = {"dyn": [("dyn", 70)], "small": [("small", 70)], "hfgen": [("hfgen", 70)],
+                  "trio": [("dyn", 30), ("train", 50)]}
+
+
+@step
+def isolation(nb, runs, secs, policy):
+    """Issue 37's point B: a GEMM tenant (the daemon's limits file, policy ``policy``, 30 %; 20 % in the trio)
+    and neighbour(s) that launch kernels (their own limits files, the same policy), the daemon's live pass
+    running. The later side's processes start ISO_OFFSETS s after the other side's measurement began (0-3 s
+    either way; their CUDA start-up and warm-up are their first kernels, as a container that arrives), so a
+    GEMM tenant that starts first runs alone, unheld, until its neighbour's first kernels. Read from the
+    GEMM tenant's per-second launches against its unlimited steady rate alone in this call, over its whole
+    seconds from one second after both sides' first kernels (one second to react): the mean and the largest
+    second. Pass: the mean at most the limit + 5 points, every run."""
+    lim = 20 if nb == "trio" else 30
+    ensure_unl(("gemm",), 8)
+    out = R.setdefault("isolation", {}).setdefault(f"{nb} {policy}", {"runs": [], "limit": lim})
+    for i in range(runs):
+        off = (ISO_OFF or ISO_OFFSETS)[i % len(ISO_OFF or ISO_OFFSETS)]
+        late_g = off < 0
+        n0 = len(PASSES)
+        specs = [("gemm", filed(limit=lim, policy=policy), -off if late_g else 0.0, late_g),
+                 *[(c, filed(limit=nl, policy=policy), 0.0 if late_g else off, not late_g)
+                   for c, nl in ISO_NEIGHBOURS[nb]]]
+        res = together(specs, secs)
+        g = res[0]
+        # both sides' first kernels: the late side's KERNELS line; the other side's ran in its warm-up
+        late_k = g["kernels_t"] if late_g else max(r["kernels_t"] for r in res[1:])
+        from_t = max(g["t0"], late_k) + 1.0
+        first = max(1, int(from_t - g["t0"]) + (0 if (from_t - g["t0"]).is_integer() else 1))
+        ps = g["per_s"][first:int(g["t1"] - g["t0"])]
+        shares = [100 * x / UNL_STEADY["gemm"] for x in ps]
+        mean = statistics.mean(shares) if shares else None
+        ok = mean is not None and mean <= lim + 5
+        out["runs"].append({"offset": off, "gemm": g, "neighbours": res[1:], "from_s": first, "shares": shares,
+                            "mean": mean, "max_s": max(shares) if shares else None, "pass": ok,
+                            "alone_before": [100 * x / UNL_STEADY["gemm"] for x in g["per_s"][:first]],
+                            "passes": PASSES[n0:]})
+        ROWS.append(f"| isolation gemm@{lim} beside {nb} ({policy}; gemm's side {'later' if late_g else 'first'} "
+                    f"by {abs(off):g} s; read from its second {first}) | {lim} | "
+                    f"{fmt(UNL.get('gemm'))} | {fmt(g['nvml_share'])} | {fmt(g['shim_share'])} | "
+                    f"{fmt(g['dev_share'])} | {fmt(mean)} (max s {fmt(max(shares) if shares else None)}; neighbours "
+                    f"{' / '.join(fmt(r['shim_share']) for r in res[1:])}) | {'pass' if ok else 'FAIL'} |")
+        log(ROWS[-1])
+        save_now()
+    means = [r["mean"] for r in out["runs"]]
+    out["pass"] = all(r["pass"] for r in out["runs"])
+    ROWS.append(f"| isolation gemm@{lim} beside {nb} ({policy}): {len(means)} runs | {lim} | - | - | - | - | "
+                f"{' '.join(fmt(m) for m in means)} | {'pass' if out['pass'] else 'FAIL'} |")
+    log(ROWS[-1])
+
+
 @step
 def metrics(classes, lim, secs):
     """Point 5: the daemon's /metrics (Scraper) against NVML, each class alone in file mode at lim %:
@@ -771,6 +867,9 @@ def main():
     ap.add_argument("--free-pairs", action="store_true",
                     help="sharing: also run each mix with every tenant unlimited (what time slicing costs the sum)")
     ap.add_argument("--mixes", default="", help="pairs case: only these mixes (comma-separated names)")
+    ap.add_argument("--iso", default="dyn,small,hfgen,trio", help="the isolation case's neighbours")
+    ap.add_argument("--iso-offsets", default="", help="the isolation case's offsets (s, comma-separated)")
+    ap.add_argument("--iso-runs", type=int, default=8, help="the isolation case's runs per neighbour")
     ap.add_argument("--metrics-classes", default="gemm,dyn,train", help="the metrics case's classes")
     a = ap.parse_args()
     for kv in a.env:
@@ -786,6 +885,7 @@ def main():
         own = CPUS - set(range(PIN0, PIN0 + 3 * PIN_N))
         if own:
             os.sched_setaffinity(0, own)
+    ISO_OFF.extend(float(x) for x in a.iso_offsets.split(",") if x)
     if a.free_pairs:
         FREE_PAIRS.append(True)
     variants = {}
@@ -847,6 +947,7 @@ def main():
            "staggered": lambda: [staggered(n, sp, a.share_secs, 5) for n, sp in
                                  (("gemm+dyn", [("gemm", 30), ("dyn", 70)]), ("dyn+gemm", [("dyn", 30), ("gemm", 70)]),
                                   ("dyn+dyn", [("dyn", 30), ("dyn", 70)]))],
+           "isolation": lambda: [isolation(n, a.iso_runs, a.secs, a.policy) for n in a.iso.split(",")],
            "metrics": lambda: metrics(a.metrics_classes.split(","), int(a.limits.split(",")[0]), a.secs),
            "repeat": lambda: repeat(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs, a.rounds,
                                     variants)}

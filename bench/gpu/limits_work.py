@@ -5,12 +5,14 @@ one JSON line: its rate (units/s), its pid, its measurement window (wall
 clock) and, when the shim's region is set, the GPU time the shim accounted in
 that window (read from the region file: hamid_region.h, device 0).
 
-  python3 limits_work.py <class> <seconds> <start_epoch_ns | ->
+  python3 limits_work.py <class> <seconds> <start_epoch_ns | - | late>
 
 With "-" it prints "READY <pid>" once warmed up and reads the start time (epoch
 ns) from its stdin: the bench starts tenants that share the GPU on one clock
 only once all of them are ready (a fixed lead left a slow warm-up, such as
-dynamic shapes under a limit, measuring alone).
+dynamic shapes under a limit, measuring alone). With "late" it prints "LOADED
+<pid>" once its modules are imported, touches no GPU until a line arrives on its
+stdin, then starts CUDA, warms up and runs at once (a container that arrives).
 
 Classes (each its own kind of GPU work, none tuned to the limiter):
   gemm     one large bf16 GEMM (8192^3), repeated: long kernels, queue full
@@ -31,6 +33,8 @@ Classes (each its own kind of GPU work, none tuned to the limiter):
            GPU 1 % busy on the H200: CPU-bound elsewhere, not a test of a GPU limit.)
   conv     convolutional inference (5 conv layers, 3x3, 64..256 channels, fp16) on a batch of
            8, 16, 32 or 64 images of 96 or 128 pixels drawn anew each step (cuDNN picks per shape)
+  hfgen    Hugging Face transformers generate() (a small GPT-2, random weights), one prompt at a time:
+           launch-bound, the GPU a few percent busy; its rate is in tokens
   idle     a CUDA context and no work (a neighbour that is held, or gone quiet); with
            HAMID_BENCH_IDLE_NVML=1 it polls NVML every 100 ms as the shim's monitor does
            (process utilization, device samples): what such polling costs a tenant beside it
@@ -47,6 +51,7 @@ import torch
 
 REGION_GPU_TIME_OFF = 256 + 56  # hamid_region.devices[0].gpu_time_ns (hamid_region.h)
 REGION_THROTTLE_OFF = 256 + 64  # hamid_region.devices[0].throttle_ns: the time launches were held back
+REGION_LAST_KERNEL_OFF = 256 + 72  # hamid_region.devices[0].last_kernel_realtime_ns: a recent launch (wall clock)
 
 
 def region_read(off=REGION_GPU_TIME_OFF):
@@ -88,8 +93,10 @@ def make(cls, seed=7):
         return step
     if cls == "dyn":
         d, layers = 2048, 4
-        ws = [(torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d), torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d))
-              for _ in range(layers)]
+        # drawn on the GPU (on the CPU, 200 M weights took seconds of a late tenant's start-up)
+        with torch.device(dev):
+            ws = [(torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d), torch.nn.Linear(d, 4 * d),
+                   torch.nn.Linear(4 * d, d)) for _ in range(layers)]
         mods = torch.nn.ModuleList([torch.nn.ModuleList(w) for w in ws]).to(dev, torch.bfloat16)
         emb = torch.randn(32000, d, device=dev, dtype=torch.bfloat16)
 
@@ -220,12 +227,36 @@ def make(cls, seed=7):
             g.replay()
             return 1
         return step
+    if cls == "hfgen":
+        # a Hugging Face transformers generate() server: a small GPT-2 built from its config (random weights, no
+        # download), greedy generation of 32 tokens for one prompt of 16..64 tokens drawn each step; launch-bound
+        # (the GPU a few percent busy), the neighbour HAMi's recent_kernel counts and NVML's samples rarely see
+        from transformers import GPT2Config, GPT2LMHeadModel
+        cfg = GPT2Config(n_layer=6, n_embd=512, n_head=8, vocab_size=8192, n_positions=256)
+        with torch.device(dev):
+            model = GPT2LMHeadModel(cfg).eval()
+        model.generation_config.pad_token_id = 0
+
+        @torch.no_grad()
+        def step():
+            ids = torch.randint(1, cfg.vocab_size, (1, rng.randrange(16, 65)), device=dev)
+            model.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False)
+            return 32  # tokens
+        return step
     raise SystemExit(f"unknown class {cls}")
 
 
 def main():
     cls, seconds, start_arg = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    if start_arg == "late":  # loaded, no CUDA yet: CUDA, the warm-up and the run follow a line on stdin
+        if cls == "hfgen":
+            import transformers  # noqa: F401 - its import takes seconds: before the release, as torch's
+        print(f"LOADED {os.getpid()}", flush=True)
+        sys.stdin.readline()
     torch.cuda.init()
+    torch.zeros(1, device="cuda")  # the process's first kernel (a fill)
+    # its first kernels ran by now: a late tenant's neighbours are judged from here (issue 37's isolation case)
+    print(f"KERNELS {time.time()}", flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     if cls == "switch":
         parts = ["gemm", "small", "dyn", "train"]
@@ -241,7 +272,7 @@ def main():
         print(f"READY {os.getpid()}", flush=True)
         start_ns = int(sys.stdin.readline())
     else:
-        start_ns = int(start_arg)
+        start_ns = 0 if start_arg == "late" else int(start_arg)
     while time.time_ns() < start_ns:
         time.sleep(0.0005)
     g0, h0 = region_read(), region_read(REGION_THROTTLE_OFF)

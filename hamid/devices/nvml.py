@@ -120,8 +120,8 @@ class NvmlBackend:
     def busy(self) -> dict[str, BusyReading]:
         """Per GPU (UUID), since the previous call: the mean of NVML's device utilization samples
         (nvmlDeviceGetSamples, GPU utilization: the share of each sample period a kernel ran) and the pids of
-        its process utilization samples with smUtil > 0. A GPU that answers neither, or had no sample since,
-        is left out (nothing known)."""
+        its process utilization samples with smUtil > 0, and the pids of the processes with a context on it. A
+        GPU that answers neither, or had no sample since, is left out (nothing known)."""
         out: dict[str, BusyReading] = {}
         with self._lock:
             for i in range(pynvml.nvmlDeviceGetCount()):
@@ -136,13 +136,17 @@ class NvmlBackend:
                         procs = []  # no process sample since: nobody busy
                 except pynvml.NVMLError:
                     continue
+                try:  # who is on the GPU (the host's pid map says whose they are: hamid/shimlimits/hostpids.py)
+                    on = frozenset(p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))
+                except pynvml.NVMLError:
+                    on = None
                 fresh = [s for s in samples if s.timeStamp > last_dev]
                 self._busy_ts[uuid] = (max([last_dev, *(s.timeStamp for s in samples)]),
                                        max([last_proc, *(p.timeStamp for p in procs)]))
                 if not fresh or not last_dev:  # the first call only sets where the next one starts
                     continue
                 out[uuid] = BusyReading(busy_pct=sum(s.sampleValue.uiVal for s in fresh) / len(fresh),
-                                        busy_pids=frozenset(p.pid for p in procs if p.smUtil > 0))
+                                        busy_pids=frozenset(p.pid for p in procs if p.smUtil > 0), pids=on)
         return out
 
     def gpus(self) -> list[GpuInfo]:

@@ -107,6 +107,7 @@ class BusyReading:
 
     busy_pct: float  # device-wide: the mean of NVML's GPU utilization samples since then
     busy_pids: frozenset[int]  # pids with a process utilization sample of smUtil > 0 since then
+    pids: frozenset[int] | None = None  # every process with a context on it now (host pids); None: not known
 
 
 @dataclass(frozen=True)

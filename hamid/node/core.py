@@ -497,14 +497,17 @@ class NodeCore:
 
     def priority_pass(self) -> int:
         """The live part of every limits file (hamid/shimlimits/live.py), once a second: per GPU, the hold
-        lists (HAMi's task priority: 0 high, 1 low, unset 1; the NVML pids of the higher-priority containers'
-        processes, read from their regions) and the sharing correction (each container's charged GPU time
-        from its region against NVML's device-wide busy share). Written in place, only what changed; returns
-        how many fields were written."""
+        lists (HAMi's task priority: 0 high, 1 low, unset 1; the host pids of the higher-priority containers'
+        processes), whether another container launched kernels recently (policy default) and the sharing
+        correction (each container's charged GPU time from its region against NVML's device-wide busy share).
+        Whose processes are on a GPU comes from NVML's process list and the host's pid map
+        (hamid/shimlimits/hostpids.py), never from a region. Written in place, only what changed; returns how
+        many fields were written."""
         from ..shimlimits import LimitsFormatError, decode
+        from ..shimlimits.hostpids import owners
         from ..shimregion import RegionError, read_region
 
-        on_gpu: dict[str, list[Tenant]] = {}
+        found = []  # (uuid, limits file, device index, priority, region device usage or None, charged)
         for res in self.ledger.list():
             if res.state not in ("allocated", "running") or not res.decision:
                 continue
@@ -525,23 +528,31 @@ class NodeCore:
                     snap = read_region(os.path.join(layout.region_dir(self.state_dir, slot), "vgpu.cache"))
                 except (RegionError, OSError):
                     snap = None  # no process has started CUDA yet (or the region is refused)
-                procs = snap.processes if snap else ()
                 for i, d in enumerate(slot_assignment(res, c.name).devices):
-                    pids = tuple(sorted({p.nvml_pid for p in procs if p.nvml_pid > 0 and i in p.used_bytes}))
-                    du = snap.device(i) if snap else None
                     charged = (i < len(lim.devices) and lim.devices[i].sm_percent > 0 and not lim.mps
                                and lim.sm_policy != "disable")
-                    on_gpu.setdefault(d.uuid, []).append(Tenant(
-                        limits=str(limits), device=i, priority=prio, pids=pids,
-                        charged_ns=None if du is None else du.gpu_time_ns, charged=charged))
+                    found.append((d.uuid, str(limits), i, prio, snap.device(i) if snap else None, charged))
         try:
             readings = self.backend.busy()
-        except Exception as e:  # no reading: no sharing correction this pass (the hold lists still go)
+        except Exception as e:  # no reading: no sharing correction, no pids this pass
             log.warning("GPU busy shares not read", error=str(e)[:300])
             readings = {}
+        on: dict[str, frozenset[int]] = {u: (r.pids or frozenset()) | r.busy_pids for u, r in readings.items()}
+        whose = owners({p for ps in on.values() for p in ps}, {lim: lim for _, lim, _, _, _, _ in found})
+        on_gpu: dict[str, list[Tenant]] = {}
+        for uuid, limits, i, prio, du, charged in found:
+            pids = tuple(sorted(p for p in on.get(uuid, ()) if whose.get(p) == limits))
+            on_gpu.setdefault(uuid, []).append(Tenant(
+                limits=limits, device=i, priority=prio, pids=pids,
+                charged_ns=None if du is None else du.gpu_time_ns, charged=charged,
+                last_kernel_ns=(du.last_kernel_realtime_ns or None) if du is not None else None))
         return self._live.run(time.monotonic(), {
             u: (GpuReading(readings[u].busy_pct, readings[u].busy_pids) if u in readings else GpuReading(None), ts)
             for u, ts in on_gpu.items()})
+
+    def untrusted_regions(self) -> dict[str, int]:
+        """Regions whose charges disagreed with NVML, by reason, since start (the live pass's count)."""
+        return dict(self._live.untrusted)
 
     # --- MPS control daemons ----------------------------------------------------
 

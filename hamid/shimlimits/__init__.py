@@ -6,7 +6,7 @@ bytes and back, with every value checked, and writing it atomically. The
 daemon writes one per container and mounts it read-only at
 :data:`hamid.node.layout.LIMITS_IN_CONTAINER`; the shim then takes its limits from it and from
 nothing else. The file's live part (priority hold lists, the sharing
-correction) is rewritten in place once a second by :mod:`.live` from what its
+correction, whether another container is active) is rewritten in place once a second by :mod:`.live` from what its
 caller read. It never reads a region and never talks to the GPU.
 """
 
@@ -19,7 +19,7 @@ from hamid.shimlimits.codec import (
     limits_size,
     max_hold,
 )
-from hamid.shimlimits.writer import write_hold_pids, write_limits_file, write_share
+from hamid.shimlimits.writer import write_hold_pids, write_limits_file, write_others_active, write_share
 
 __all__ = [
     "ContainerLimits",
@@ -31,5 +31,6 @@ __all__ = [
     "max_hold",
     "write_hold_pids",
     "write_limits_file",
+    "write_others_active",
     "write_share",
 ]

@@ -81,7 +81,8 @@ def _consts() -> dict[str, int]:
     names = ("HAMID_LIMITS_MAGIC", "HAMID_LIMITS_ABI_VERSION", "HAMID_LIMITS_ABI_MIN", "HAMID_LIMITS_MAX_DEVICES",
              "HAMID_LIMITS_MAX_HOLD",
              "HAMID_LIMITS_MAX_SLOTS", "HAMID_LIMITS_UUID_LEN", "HAMID_LIMITS_PATH_LEN", "HAMID_LIMITS_FLAG_PRIORITY",
-             "HAMID_LIMITS_FLAG_MPS", "HAMID_LIMITS_SHARE_MIN", "HAMID_LIMITS_SHARE_MAX")
+             "HAMID_LIMITS_FLAG_MPS", "HAMID_LIMITS_SHARE_MIN", "HAMID_LIMITS_SHARE_MAX",
+             "HAMID_LIMITS_ACTIVE_WINDOW_S")
     return {n: int(getattr(lib, n)) for n in names}
 
 
@@ -270,6 +271,19 @@ def share_offset(device: int) -> int:
     ffi = _ffi()
     return (ffi.offsetof("struct hamid_limits", "devices") + device * ffi.sizeof("struct hamid_limits_device")
             + ffi.offsetof("struct hamid_limits_device", "share_milli"))
+
+
+def others_offset(device: int) -> int:
+    """Where device ``device``'s live others_active (uint32, ABI 4) is in the file."""
+    hold_pids_offset(device)  # checks the index
+    ffi = _ffi()
+    return (ffi.offsetof("struct hamid_limits", "devices") + device * ffi.sizeof("struct hamid_limits_device")
+            + ffi.offsetof("struct hamid_limits_device", "others_active"))
+
+
+def active_window_s() -> int:
+    """How long after its last kernels another container counts as active (HAMi's recent_kernel window)."""
+    return _consts()["HAMID_LIMITS_ACTIVE_WINDOW_S"]
 
 
 def share_range() -> tuple[int, int]:

@@ -1,19 +1,38 @@
 """The live part of the containers' limits files, one GPU at a time: the
-priority hold lists and the sharing correction.
+priority hold lists, whether another container is active, and the sharing
+correction.
 
 Owns the daemon's once-a-second pass over the containers that time-share each
 GPU (:class:`LivePass`): what each container's file must say now, and writing
 it (writer.py) only when it changed. The caller gathers the inputs (who the
-containers on a GPU are, their priorities, their processes' NVML pids, the GPU
-time each one's region has charged, and NVML's device-wide busy share since
-the previous pass); this module reads no region and asks no GPU, so the daemon
+containers on a GPU are, their priorities, their processes' host pids from
+the host's pid map (hostpids.py), what each one's region says (charged GPU
+time, last launch), and NVML's device-wide busy share and busy pids since the
+previous pass); this module reads no region and asks no GPU, so the daemon
 (NodeCore.priority_pass) and the GPU bench (bench/gpu/limits_bench.py) run the
 very same pass.
 
+What a container writes (its region) is never trusted with a decision about
+another container. The pids in hold lists and the pids whose busy samples make
+a neighbour active come from the host's pid map, never from a region. A
+region's launch stamp may only make its neighbours *limited* (to the limit
+each booked: harmless if false). A region's charge enters the sharing
+correction only while it agrees with NVML (see _untrusted), and the
+correction itself stays within 1 .. 1 + SHARE_BOUND, so that no report moves a
+neighbour's limit down by more than the correction's own error, nor any
+container's up at all.
+
 Hold lists (HAMi's task priority: 0 high, 1 low, unset 1): each container's
-file lists, per GPU, the NVML pids of the processes of the containers on that
-GPU with a higher priority; the shim holds its launches while one of them runs
-kernels.
+file lists, per GPU, the host pids of the processes of the containers on that
+GPU with a higher priority, never its own; the shim holds its launches while
+one of them runs kernels.
+
+Others active (policy default, HAMi's recent_kernel rule: a container's limit
+applies while another container on the GPU launched kernels within
+ACTIVE_WINDOW_S, however little GPU time it used): 1 in a container's file
+while another container's host pids had a busy NVML sample, or its region's
+launch stamp is, within the window, or a busy process of no container of ours
+was seen within it; else 0.
 
 The sharing correction (share_milli). Each shim charges its kernels a measured
 cost and learns, while its process runs alone, how far that falls from NVML's
@@ -37,19 +56,22 @@ within STEADY of its previous share): a container that starts or stops has
 charged at launch what the GPU runs in the next pass. A new mix starts again
 from 1 (a factor learned for other containers says nothing about these).
 When fewer than two are busy, or the pass cannot know (NVML did not answer,
-a process of nobody's ran, a busy container is not charged), the files say
-none (0) and the shims' own feedback holds (the shim learns only alone).
+a process of nobody's ran, a busy container is not charged, a region is not
+trusted), the files say none (0) and the shims' own feedback holds (the shim
+learns only alone).
 """
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hamid.errors import HamidError
 from hamid.logs import get_logger
-from hamid.shimlimits.codec import max_hold, share_range
-from hamid.shimlimits.writer import write_hold_pids, write_share
+from hamid.shimlimits.codec import active_window_s, max_hold, share_range
+from hamid.shimlimits.writer import write_hold_pids, write_others_active, write_share
 
 log = get_logger("shimlimits")
 
@@ -70,6 +92,17 @@ BUSY_PCT_MIN = 5.0
 # A pass learns only when every busy container's charged share is within this factor of its share in the
 # previous pass (see _share_for); a limit-bound container's share moves by a few percent between passes.
 STEADY = 1.5
+# The sharing correction stays within 1 .. 1 + this (share_bounds): the time-slicing overhead a pair pays (7-8 % of
+# the GPU on the H200, 2026-11-26: two unlimited tenants summed to 91-92 % of their alone rates), the
+# correction's own error. Its sum cannot tell whose report is off, and a tenant may write any charge into
+# its region: unbounded, a tenant charging itself a small steady amount drove the factor to 4.0 and a
+# neighbour at 30 % down to 7.5 %; bounded, no report moves a neighbour's limit by more than this.
+SHARE_BOUND = 0.08
+# A region charging more than the device was busy by this many points over a pass is not believed.
+OVER_BUSY_PTS = 5.0
+# HAMi's recent_kernel window (hamid_limits.h HAMID_LIMITS_ACTIVE_WINDOW_S): a container counts as active
+# this long after its last kernels
+ACTIVE_WINDOW_S = float(active_window_s())
 
 
 @dataclass(frozen=True)
@@ -79,9 +112,10 @@ class Tenant:
     limits: str  # the container's limits file on the host
     device: int  # the GPU's index in that file (the container's CUDA ordinal)
     priority: int = 1  # HAMi's: 0 high, 1 low (unset)
-    pids: tuple[int, ...] = ()  # NVML pids of its processes using this GPU
+    pids: tuple[int, ...] = ()  # host pids of its processes on this GPU, from the host's pid map (hostpids.py)
     charged_ns: int | None = None  # its region's gpu_time_ns on this device (cumulative); None: no region yet
     charged: bool = True  # its shim charges its kernels here (a compute limit, policy not disable)
+    last_kernel_ns: int | None = None  # its region's launch stamp (wall clock ns); None: none. Untrusted
 
 
 @dataclass(frozen=True)
@@ -95,14 +129,23 @@ class GpuReading:
 def next_factor(f: float, charged_ns: Sequence[int], interval_ns: float, busy_pct: float) -> float:
     """The factor after one shared pass: ``f`` moved (in log, LEARN_RATE of the way) towards making the sum of
     ``charged_ns`` (each already charged with ``f``) equal ``busy_pct`` of ``interval_ns``, each step within
-    STEP_MAX, the result within the file's share range."""
+    STEP_MAX, the result within share_bounds()."""
     total = sum(charged_ns)
     if total <= 0 or interval_ns <= 0:
         raise HamidError(f"next_factor: charges {list(charged_ns)} over {interval_ns} ns: nothing to compare")
     ratio = busy_pct / 100.0 * interval_ns / total
     step = min(STEP_MAX, max(1.0 / STEP_MAX, ratio ** LEARN_RATE))
+    lo, hi = share_bounds()
+    return min(hi, max(lo, f * step))
+
+
+def share_bounds() -> tuple[float, float]:
+    """The factors a pass may write: 1 up to 1 + SHARE_BOUND, within the file's range. Never under 1: a factor
+    under 1 lets every container on the GPU run over its limit, and a tenant that inflates its own charges
+    would buy that for all (on the H200, 2026-11-29, a small-kernel neighbour's charges over the busy time
+    took a GEMM tenant's factor to its floor and the tenant 5-10 points over its limit)."""
     lo, hi = share_range()
-    return min(hi / 1000.0, max(lo / 1000.0, f * step))
+    return max(lo / 1000.0, 1.0), min(hi / 1000.0, 1.0 + SHARE_BOUND)
 
 
 @dataclass
@@ -111,6 +154,8 @@ class _Gpu:
     mix: frozenset = frozenset()  # the busy containers (file, device) the factor was learned for
     rates: dict = field(default_factory=dict)  # (file, device) -> its charged share in the previous pass
     shared: bool = False
+    busy_at: dict = field(default_factory=dict)  # (file, device) -> monotonic s its host pids were last busy
+    stranger_at: float | None = None  # monotonic s a busy process of no container of ours was last seen
 
 
 @dataclass
@@ -121,6 +166,9 @@ class LivePass:
     _last: dict[tuple[str, int], tuple[float, int]] = field(default_factory=dict)  # (file, dev) -> (t, charged)
     _hold: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     _share: dict[tuple[str, int], int] = field(default_factory=dict)
+    _others: dict[tuple[str, int], bool] = field(default_factory=dict)
+    _doubted: set = field(default_factory=set)  # (file, device) whose region was not trusted in the last pass
+    untrusted: Counter = field(default_factory=Counter)  # reason -> regions not trusted (passes), for /metrics
 
     def factor(self, uuid: str) -> float:
         """The GPU's learned factor (1.0 before any shared pass)."""
@@ -130,26 +178,61 @@ class LivePass:
         """Whether the last pass found the GPU shared and corrected it."""
         return self._gpus.get(uuid, _Gpu()).shared
 
-    def run(self, now: float, gpus: Mapping[str, tuple[GpuReading, Sequence[Tenant]]]) -> int:
-        """One pass at monotonic time ``now`` (s) over ``gpus`` (uuid -> its reading and its tenants); writes
-        what changed; returns how many live fields were written."""
+    def run(self, now: float, gpus: Mapping[str, tuple[GpuReading, Sequence[Tenant]]], *,
+            wall: float | None = None) -> int:
+        """One pass at monotonic time ``now`` (s; ``wall``: the wall clock, s, for the regions' launch stamps)
+        over ``gpus`` (uuid -> its reading and its tenants); writes what changed; returns how many live fields
+        were written."""
+        wall = time.time() if wall is None else wall
         written = 0
         seen: set[tuple[str, int]] = set()
         for uuid, (reading, tenants) in gpus.items():
             share = self._share_for(uuid, now, reading, tenants)
+            active = self._active(uuid, now, wall, reading, tenants)
             for t in tenants:
                 key = (t.limits, t.device)
                 seen.add(key)
-                hold = sorted({p for o in tenants if o.priority < t.priority for p in o.pids})[:max_hold()]
+                own = set(t.pids)
+                hold = sorted({p for o in tenants if o.priority < t.priority and o is not t
+                               for p in o.pids if p not in own})[:max_hold()]
                 if self._hold.get(key) != hold:
                     written += self._write(key, write_hold_pids, hold, self._hold)
                 if self._share.get(key) != share:
                     written += self._write(key, write_share, share, self._share)
-        for key in [k for k in self._last if k not in seen]:  # containers gone are forgotten
+                others = any(active.get((o.limits, o.device), False) for o in tenants if o is not t) or (
+                    self._gpus[uuid].stranger_at is not None and now - self._gpus[uuid].stranger_at < ACTIVE_WINDOW_S)
+                if self._others.get(key) != others:
+                    written += self._write(key, write_others_active, others, self._others)
+        for key in [k for k in set(self._last) | set(self._hold) if k not in seen]:  # containers gone: forgotten
             self._last.pop(key, None)
             self._hold.pop(key, None)
             self._share.pop(key, None)
+            self._others.pop(key, None)
+            self._doubted.discard(key)
+            for g in self._gpus.values():
+                g.busy_at.pop(key, None)
         return written
+
+    def _active(self, uuid: str, now: float, wall: float, reading: GpuReading,
+                tenants: Sequence[Tenant]) -> dict[tuple[str, int], bool]:
+        """Which containers on the GPU launched kernels within ACTIVE_WINDOW_S: their host pids in NVML's busy
+        samples (remembered), or their region's launch stamp (a container may claim activity it did not
+        have: that only holds its neighbours to their own limits)."""
+        g = self._gpus.setdefault(uuid, _Gpu())
+        busy = reading.busy_pids or frozenset()
+        ours: set[int] = set()
+        out = {}
+        for t in tenants:
+            key = (t.limits, t.device)
+            ours.update(t.pids)
+            if busy & set(t.pids):
+                g.busy_at[key] = now
+            at = g.busy_at.get(key)
+            stamp = t.last_kernel_ns is not None and 0 <= wall - t.last_kernel_ns / 1e9 < ACTIVE_WINDOW_S
+            out[key] = stamp or (at is not None and now - at < ACTIVE_WINDOW_S)
+        if busy - ours:
+            g.stranger_at = now
+        return out
 
     @staticmethod
     def _write(key: tuple[str, int], fn, value, memo: dict) -> int:
@@ -166,6 +249,7 @@ class LivePass:
         g = self._gpus.setdefault(uuid, _Gpu())
         deltas: list[tuple[Tenant, int, float]] = []
         known = True
+        doubted = set()
         for t in tenants:
             key = (t.limits, t.device)
             prev = self._last.get(key)
@@ -173,10 +257,22 @@ class LivePass:
                 known = False
                 continue
             self._last[key] = (now, t.charged_ns)
-            if prev is None or now <= prev[0] or t.charged_ns < prev[1]:
-                known = False  # a new container, or a new region: no interval to compare yet
+            if prev is None or now <= prev[0]:
+                known = False  # a new container: no interval to compare yet
+                continue
+            why = self._untrusted(t, t.charged_ns - prev[1], (now - prev[0]) * 1e9, reading)
+            if why:
+                doubted.add(key)
+                self.untrusted[why] += 1
+                if key not in self._doubted:
+                    log.warning("region not trusted: its charges left out of the sharing correction", gpu=uuid,
+                                limits=t.limits, device=t.device, reason=why,
+                                charged_ms=round((t.charged_ns - prev[1]) / 1e6, 1),
+                                busy_pct=reading.busy_pct)
+                known = False
                 continue
             deltas.append((t, t.charged_ns - prev[1], (now - prev[0]) * 1e9))
+        self._doubted = (self._doubted - {(t.limits, t.device) for t in tenants}) | doubted  # warned once a spell
         busy = [(t, d, iv) for t, d, iv in deltas if d >= BUSY_MIN * iv]
         # each container's rate of raw charges: what it charged over the factor its file said during the pass
         # (written by the previous pass; 0: none, the shim's own charges). A new factor moves every charge,
@@ -213,3 +309,16 @@ class LivePass:
                       charged_pct=round(100 * sum(d / iv for _, d, iv in deltas), 1),
                       factor=f"{was:.3f}->{g.factor:.3f}")
         return round(g.factor * 1000)
+
+    @staticmethod
+    def _untrusted(t: Tenant, delta: int, interval_ns: float, reading: GpuReading) -> str | None:
+        """Why the region's charge over the pass disagrees with NVML (a reason for /metrics), or None. A
+        cumulative count that went back; more GPU time than the device was busy; charges while none of
+        the container's processes is on the GPU (the host's pid map of NVML's processes)."""
+        if delta < 0:
+            return "went-back"
+        if reading.busy_pct is not None and delta > (reading.busy_pct + OVER_BUSY_PTS) / 100.0 * interval_ns:
+            return "over-busy"
+        if delta >= BUSY_MIN * interval_ns and not t.pids:
+            return "no-process"
+        return None

@@ -9,8 +9,10 @@ file's owner is whoever runs this (the daemon: root), which the shim checks.
 
 And the file's live parts, :func:`write_hold_pids` (a GPU's list of
 higher-priority processes, NVML pids, whose busy kernels hold this container's
-launches back) and :func:`write_share` (the sharing correction of the
-container's charge on a GPU, hamid/shimlimits/live.py). They change while the
+launches back), :func:`write_share` (the sharing correction of the
+container's charge on a GPU, hamid/shimlimits/live.py) and
+:func:`write_others_active` (another container on the GPU launched kernels
+recently: policy default limits). They change while the
 container runs, and a bind mount of one file keeps the inode it was given, so
 they are written in place (one pwrite each), on a regular file of the expected
 size and owner only.
@@ -26,8 +28,8 @@ from hamid.errors import HamidError
 from hamid.logs import get_logger
 import struct
 
-from hamid.shimlimits.codec import (ContainerLimits, encode, hold_pids_offset, limits_size, max_hold, share_offset,
-                                    share_range)
+from hamid.shimlimits.codec import (ContainerLimits, encode, hold_pids_offset, limits_size, max_hold, others_offset,
+                                    share_offset, share_range)
 
 log = get_logger("shimlimits")
 
@@ -95,6 +97,14 @@ def write_share(path: str | os.PathLike[str], device: int, share_milli: int) -> 
             share_milli == 0 or lo <= share_milli <= hi):
         raise HamidError(f"share_milli={share_milli!r}: expected 0 (none) or {lo}..{hi}")
     _pwrite_live(path, struct.pack("<I", share_milli), share_offset(device), "the sharing correction")
+
+
+def write_others_active(path: str | os.PathLike[str], device: int, active: bool) -> None:
+    """Say in device ``device``'s live part whether another container on that GPU launched kernels within the
+    window (policy default limits while it does), in place."""
+    if not isinstance(active, bool):
+        raise HamidError(f"others_active={active!r}: expected True or False")
+    _pwrite_live(path, struct.pack("<I", int(active)), others_offset(device), "others_active")
 
 
 def _pwrite_live(path: str | os.PathLike[str], data: bytes, offset: int, what: str) -> None:

@@ -28,6 +28,10 @@ hamid.hamimetrics, legacy names with ``legacy``):
   hamid_vgpu_process_memory_used_bytes per process (extra label pid)
   hamid_vgpu_region_refusals_total     files skipped (label reason: symlink, type, count,
                                        owner, links, size, unreadable, budget)
+  hamid_vgpu_region_untrusted_total    passes of the daemon's live pass in which a region's
+                                       charges disagreed with NVML and were left out (label
+                                       reason: over-busy, went-back, no-process;
+                                       hamid/shimlimits/live.py)
 The labeler maps a container directory name to (namespace, pod, container);
 the default splits HAMi's `<podUID>_<container>` and leaves namespace empty.
 
@@ -47,7 +51,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -80,8 +84,10 @@ _LOGGED_MAX = 4096  # distinct (path, reason) pairs logged; later ones are only 
 
 class ShimRegionCollector(Collector):
     def __init__(self, containers_root: str | Path, labeler: Labeler = default_labeler,
-                 budget_s: float = SCRAPE_BUDGET_S, *, legacy: bool = False) -> None:
+                 budget_s: float = SCRAPE_BUDGET_S, *, legacy: bool = False,
+                 untrusted: Callable[[], Mapping[str, int]] | None = None) -> None:
         self.root = Path(containers_root)
+        self.untrusted = untrusted  # the live pass's count of regions it did not trust, by reason
         self.legacy = legacy  # HAMi's pre-2.9 names beside the hami_* ones
         self.labeler = labeler
         self.budget_s = budget_s
@@ -224,13 +230,20 @@ class ShimRegionCollector(Collector):
         yield from g.values()
         yield from c.values()
         yield refused
+        doubted = CounterMetricFamily("hamid_vgpu_region_untrusted",
+                                      "live passes in which a region's charges disagreed with NVML, by reason",
+                                      labels=["reason"])
+        for reason, n in sorted((self.untrusted() if self.untrusted else {}).items()):
+            doubted.add_metric([reason], n)
+        yield doubted
 
 
 def register_collector(
     registry: CollectorRegistry, containers_root: str | Path, labeler: Labeler = default_labeler,
     budget_s: float = SCRAPE_BUDGET_S, legacy: bool = False,
+    untrusted: Callable[[], Mapping[str, int]] | None = None,
 ) -> ShimRegionCollector:
     """Register a collector of every region under `containers_root`; returns it."""
-    col = ShimRegionCollector(containers_root, labeler, budget_s, legacy=legacy)
+    col = ShimRegionCollector(containers_root, labeler, budget_s, legacy=legacy, untrusted=untrusted)
     registry.register(col)
     return col

@@ -20,6 +20,7 @@
  * ABI 2: sm_policy, devices[].hold_pids (a reader still accepts ABI 1 files,
  * which meant force and have no hold list).
  * ABI 3: devices[].share_milli (live, like hold_pids; 0 in older files).
+ * ABI 4: devices[].others_active (live; was pad_dev, 0 in older files).
  * All integers are little-endian as the writer's machine stores them (the
  * daemon and the container share the host).
  */
@@ -43,7 +44,7 @@
 
 /* HAMID_CDEF_BEGIN */
 #define HAMID_LIMITS_MAGIC 0x48414d49444c4d31
-#define HAMID_LIMITS_ABI_VERSION 3
+#define HAMID_LIMITS_ABI_VERSION 4
 #define HAMID_LIMITS_ABI_MIN 1
 #define HAMID_LIMITS_POLICY_DEFAULT 0
 #define HAMID_LIMITS_POLICY_FORCE 1
@@ -60,6 +61,9 @@
    CUDA_MPS_PIPE_DIRECTORY to HAMID_MPS_PIPE_DIR, and runs no compute limiter of its own
    (MPS partitions the SMs). A shim that predates it refuses the file (unknown flag). */
 #define HAMID_LIMITS_FLAG_MPS 2
+/* devices[].others_active: 0 = the daemon saw no other container on this GPU launch kernels within
+   HAMID_LIMITS_ACTIVE_WINDOW_S seconds, 1 = it did (policy default: limit now) */
+#define HAMID_LIMITS_ACTIVE_WINDOW_S 10
 /* devices[].share_milli: 0 = none (the charge as the shim measures it), else
    HAMID_LIMITS_SHARE_MIN..HAMID_LIMITS_SHARE_MAX (1/1000; see hamid/shimlimits/live.py) */
 #define HAMID_LIMITS_SHARE_MIN 250
@@ -83,7 +87,10 @@ struct hamid_limits_device {
                                    (1/1000: every kernel is charged its measured cost times share_milli/1000),
                                    learned from NVML's device-wide busy time against the sum of all the
                                    containers' accounting; 0 = none (alone, or nothing learned) */
-    uint32_t pad_dev;
+    uint32_t others_active;     /* ABI 4, live: 1 while another container on this GPU launched kernels within
+                                   HAMID_LIMITS_ACTIVE_WINDOW_S (the daemon's view: those containers' host pids
+                                   in NVML's busy samples, their regions' launch stamps); 0 = not seen. Policy
+                                   default limits while it is 1 (HAMi's recent_kernel rule) */
     uint64_t reserved[5];
 };
 

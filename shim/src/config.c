@@ -180,6 +180,7 @@ static void config_from_file(const struct hamid_limits *l)
     snprintf(g_cfg.region_path, sizeof g_cfg.region_path, "%s", l->region_path);
     g_cfg.hold_capable = l->abi_version >= 2 && !(g_cfg.has_priority && g_cfg.priority <= 0);
     g_cfg.live_file = l->abi_version >= 2;
+    g_cfg.live_others = l->abi_version >= 4;
     /* ABI 1 files predate the policy: they always limited (force) */
     g_cfg.sm_policy = l->abi_version < 2 ? HAMID_POLICY_FORCE : (int)l->sm_policy;
     if (l->flags & HAMID_LIMITS_FLAG_MPS) {

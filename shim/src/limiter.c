@@ -145,9 +145,13 @@ static int g_capture_active;
 static pthread_once_t g_lim_once = PTHREAD_ONCE_INIT;
 static int g_lim_ready;
 static __thread uint32_t t_launches[HAMID_MAX_DEVICES];
+static __thread uint64_t t_stamp[HAMID_MAX_DEVICES]; /* mono ns this thread last stamped the region */
+#define STAMP_NS 100000000ull
 static uint32_t g_est_epoch; /* moves when an estimate changes by more than a quarter */
 /* the monitor's (see "the monitor" below) */
 static int32_t g_contended[HAMID_MAX_DEVICES];   /* 1: limit now (policy default) */
+static uint64_t g_limit_since[HAMID_MAX_DEVICES]; /* mono ns the limit last began to apply (policy default) */
+static int32_t g_others_flag[HAMID_MAX_DEVICES];  /* the daemon's others_active (limits file, ABI 4) */
 static int32_t g_mon_ord[HAMID_MAX_DEVICES];     /* CUDA ordinal + 1 of a limited launch on the device; 0 none */
 static uint32_t g_k_gap[HAMID_MAX_DEVICES];      /* 1/1000 */
 static uint32_t g_k_all[HAMID_MAX_DEVICES];      /* 1/1000 */
@@ -503,6 +507,29 @@ static void slot_admit(struct hamid_device *d, int rdev, uint64_t est, int may_w
     }
 }
 
+/*
+ * Policy default, running free: the process's queue on the GPU is kept under FREE_QUEUE_NS of its charged
+ * work (its charges against the newest of its samples seen finished), because whatever is queued when the
+ * limit begins to apply runs unheld: a GEMM loop queues a second or more (bench/gpu/results/isolation/README.md).
+ * 100 ms keeps any GPU-bound loop fed. It waits only while a sample is in flight (the one thing that says the
+ * queue moved), at most FREE_WAIT_NS.
+ */
+#define FREE_QUEUE_NS 100000000ull
+#define FREE_WAIT_NS 200000000ull
+#define FREE_NO_QUEUE ((CUstream)(intptr_t)-1) /* charge()'s caller is the settling of owed charges, not a launch */
+static void poll_pending_force(uint64_t now, int force);
+static void free_queue_wait(int rdev, uint64_t now)
+{
+    uint64_t start = now;
+    while (A_LD(&g_cum[rdev]) > A_LD(&g_cum_done[rdev]) + FREE_QUEUE_NS && A_LD(&g_npend) &&
+           now - start < FREE_WAIT_NS && !A_LD(&g_contended[rdev]) && !A_LD(&g_capture_active)) {
+        poll_pending_force(now, 1);
+        sleep_until(now + 1000000ull);
+        now = mono_ns();
+    }
+    if (now > start) __atomic_fetch_add(&g_region->devices[rdev].throttle_ns, now - start, __ATOMIC_RELAXED);
+}
+
 static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_wait, CUstream st, int provisional)
 {
     struct hamid_device *d = &g_region->devices[rdev];
@@ -520,6 +547,10 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
     A_ST(&g_last_charge[rdev], now);
     uint64_t credit = now - last > IDLE_GAP_NS ? IDLE_CREDIT_NS : CREDIT_NS;
     int64_t floor_t = (int64_t)now - (int64_t)(credit * 100 / pct);
+    /* policy default: no credit from before the limit began to apply (a container that ran alone under its
+       limit's rate must not spend that in the first moments beside its neighbour) */
+    int64_t since = (int64_t)A_LD(&g_limit_since[rdev]);
+    if (g_cfg.sm_policy == HAMID_POLICY_DEFAULT && since > floor_t) floor_t = since;
     int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED), base, nt;
     do {
         base = old > floor_t ? old : floor_t;
@@ -531,6 +562,7 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
         int64_t cap = (int64_t)now + g_cfg.sm_ahead_ns;
         while (nt > cap && !__atomic_compare_exchange_n(&d->tat_ns, &nt, cap, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
         }
+        if (st != FREE_NO_QUEUE) free_queue_wait(rdev, now);
         return;
     }
     if (!may_wait || g_cfg.sm_observe_only) return;
@@ -695,7 +727,7 @@ static void record_sample(const struct sample *p, uint64_t m, uint64_t gap, uint
         uint64_t pns = __atomic_exchange_n(&e->prov_ns, 0, __ATOMIC_RELAXED);
         if (est * pn > pns) owed += est * pn - pns;
     }
-    if (owed) charge(p->rdev, p->pct, corrected(p->rdev, owed), now, 0, NULL, 1);
+    if (owed) charge(p->rdev, p->pct, corrected(p->rdev, owed), now, 0, FREE_NO_QUEUE, 1);
 }
 
 /*
@@ -713,6 +745,7 @@ static void record_sample(const struct sample *p, uint64_t m, uint64_t gap, uint
  * for its queue to drain to about LAG_KEEP_NS, and its charges follow what the GPU ran. Not-ready at `now`
  * proves the lateness (no clock of the GPU needed).
  */
+#define GAP_MAX_NS 50000ull /* 50 us: the most of a sample taken as launch latency (see poll_pending_force) */
 #define LAG_KEEP_NS 20000000ll /* 20 ms: several of the driver's time slices, so the queue never runs dry */
 static void catch_up(struct sample *p, uint64_t now)
 {
@@ -767,7 +800,11 @@ static void poll_pending_force(uint64_t now, int force)
                 /* A sample that began on an idle stream holds the kernel and some of the launch's own latency
                    (at most idle_ns): the kernel is charged the rest, and the latency part as the gap, which
                    the monitor's measured-busy feedback weighs (k_gap). */
-                uint64_t m = (uint64_t)((double)ms * 1e6), lo = m > p->idle_ns + 500 ? m - p->idle_ns : 500;
+                /* at most GAP_MAX_NS of it: a launch's own latency is microseconds; a launch call that took
+                   longer (its thread descheduled, the driver busy with a neighbour's context) ran the kernel
+                   meanwhile, and taking all of it off undercharged a GEMM beside launch-bound neighbours */
+                uint64_t idle = p->idle_ns < GAP_MAX_NS ? p->idle_ns : GAP_MAX_NS;
+                uint64_t m = (uint64_t)((double)ms * 1e6), lo = m > idle + 500 ? m - idle : 500;
                 record_sample(p, lo, m > lo ? m - lo : 0, now);
             }
         }
@@ -839,11 +876,14 @@ static int sample_begin(struct lctx *L, CUstream s, int ptsz)
  * forked child) that reads NVML's per-process utilization samples
  * (nvmlDeviceGetProcessUtilization) of each limited device every MON_GAP_NS:
  *
- * Contention, for GPU_CORE_UTILIZATION_POLICY=default (HAMi's rule: limit only
- * while another container shares the GPU): a process that is not this
- * container's (its NVML pid is in no live slot of the region) had a sample
- * with smUtil > 0 within CONTEND_NS. Unknown (no NVML, the call fails) counts
- * as contended: a limit that cannot tell is a limit that holds.
+ * Contention, for GPU_CORE_UTILIZATION_POLICY=default (HAMi's rule: limit
+ * while another container launched kernels recently): a process that is not
+ * this container's (its NVML pid is in no live slot of the region) had a
+ * sample with smUtil > 0 within CONTEND_NS, or the daemon's live
+ * others_active says so (it sees every container's launches, which a
+ * launch-bound neighbour's rare NVML samples hide from this watch). Unknown
+ * (no NVML, the call fails) counts as contended: a limit that cannot tell is
+ * a limit that holds.
  *
  * Feedback (k_gap, k_all): a kernel sample that began on an idle stream holds
  * the kernel and part of the launch latency (between lo and lo + gap, see
@@ -915,25 +955,39 @@ struct mon_dev {
 
 HIDDEN int limiter_contended(int rdev) { return A_LD(&g_contended[rdev]); }
 
+/* Policy default: the limit applies from now. Whatever the process did alone is not carried into it: the
+   schedule may not lie before this moment (no burst credit earned while free), and its free queue was kept
+   short (free_queue_wait). */
+static void limiter_set_contended(int rdev, int c, uint64_t now)
+{
+    if (c && !A_LD(&g_contended[rdev])) A_ST(&g_limit_since[rdev], now);
+    A_ST(&g_contended[rdev], c);
+}
+
 /*
  * Priority (HAMi's: while a higher-priority container has kernels running on
  * the GPU, lower-priority ones are held back). The daemon writes, in place,
- * into this container's limits file the NVML pids of the higher-priority
- * containers' processes on each GPU (hold_pids; it reads them from their
- * regions); the monitor re-reads them every poll, and a busy sample of one
+ * into this container's limits file the host pids of the higher-priority
+ * containers' processes on each GPU (hold_pids; from the host's pid map,
+ * never a region); the monitor re-reads them every poll, and a busy sample of one
  * of them holds this container's launches for HOLD_NS (NVML shows a busy
  * neighbour about once a second). Work already queued runs on.
  */
 #define HOLD_NS 2000000000ull
 
-/* The file's live part of device rdev: hold_pids and (ABI 3) share_milli, one pread (they are adjacent). */
+/* The file's live part of device rdev: hold_pids, (ABI 3) share_milli and (ABI 4) others_active, one pread
+   (they are adjacent). */
 struct live_part {
     int32_t hold[HAMID_LIMITS_MAX_HOLD];
     uint32_t share_milli;
+    uint32_t others_active;
 };
 _Static_assert(offsetof(struct hamid_limits_device, share_milli) ==
                    offsetof(struct hamid_limits_device, hold_pids) + sizeof(int32_t) * HAMID_LIMITS_MAX_HOLD,
                "share_milli follows hold_pids");
+_Static_assert(offsetof(struct hamid_limits_device, others_active) ==
+                   offsetof(struct hamid_limits_device, share_milli) + sizeof(uint32_t),
+               "others_active follows share_milli");
 
 static int live_read(int rdev, struct live_part *out)
 {
@@ -1055,8 +1109,16 @@ static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
     int nhold = 0;
     struct live_part lp;
     if (g_cfg.live_file && live_read(rdev, &lp) == 0) {
+        /* never this container's own processes: a list that named them would hold the container whenever it
+           is busy itself (the daemon builds the lists from the host's pid map and leaves them out too) */
         for (int i = 0; g_cfg.hold_capable && i < HAMID_LIMITS_MAX_HOLD; i++)
-            if (lp.hold[i] > 0) hold[nhold++] = lp.hold[i];
+            if (lp.hold[i] > 0 && lp.hold[i] != nvmlpid_self() && !region_nvml_pid_ours(lp.hold[i]))
+                hold[nhold++] = lp.hold[i];
+        int oa = g_cfg.live_others && lp.others_active == 1;
+        if (oa != A_LD(&g_others_flag[rdev]))
+            LOG_INFO("device %d: the daemon says another container %s", rdev,
+                     oa ? "launched kernels recently" : "is idle");
+        A_ST(&g_others_flag[rdev], oa);
         /* the daemon's sharing correction; a value out of range (the file was checked at start, this part is
            live) is taken as none */
         uint32_t sh = lp.share_milli;
@@ -1087,12 +1149,14 @@ static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
     m->ring_pos = (m->ring_pos + 1) % CHARGE_RING;
     if (m->ring_n < CHARGE_RING) m->ring_n++;
     dev_samples(h, m);
-    int c = m->other_busy_ns && now - m->other_busy_ns < CONTEND_NS;
+    /* HAMi's rule: another container launched kernels recently, by this process's NVML watch or the daemon's
+       word (a wrong "yes" only holds this container to the limit it booked) */
+    int c = (m->other_busy_ns && now - m->other_busy_ns < CONTEND_NS) || A_LD(&g_others_flag[rdev]);
     if (c != A_LD(&g_contended[rdev]))
         LOG_INFO("device %d: %s (NVML: %u samples since the last poll)", rdev,
                  c ? "another container is busy: limited" : "no other container busy: not limited (policy default)",
                  n);
-    A_ST(&g_contended[rdev], c);
+    limiter_set_contended(rdev, c, now);
     if (m->span1 - m->span0 >= FEEDBACK_NS / 1000) {
         /* the window: what the device's samples cover, and what was charged over the same stretch of time */
         double lo0, gap0, lo1, gap1;
@@ -1142,7 +1206,7 @@ HIDDEN void limiter_monitor_poll(void)
     uint64_t now = mono_ns();
     for (int rdev = 0; rdev < HAMID_MAX_DEVICES; rdev++) {
         if (!A_LD(&g_mon_ord[rdev])) continue;
-        if (mon_poll(rdev, &g_mon[rdev], now) != 0) A_ST(&g_contended[rdev], 1);
+        if (mon_poll(rdev, &g_mon[rdev], now) != 0) limiter_set_contended(rdev, 1, now);
     }
 }
 
@@ -1215,9 +1279,12 @@ static int pre_launch(struct lctx *L, uint64_t key, uint64_t fn, CUstream s, int
     uint32_t n = A_LD(&e->launches) + 1; /* racy on purpose: it only paces sampling */
     A_ST(&e->launches, n);
     struct hamid_device *d = &g_region->devices[rdev];
-    if (UNLIKELY(++t_launches[rdev] >= 64)) { /* region counters, batched per thread */
+    /* region counters, batched per thread; the launch stamp at least every STAMP_NS (the daemon tells the
+       container's neighbours it launched kernels recently: a sparse launcher must show up too) */
+    if (UNLIKELY(++t_launches[rdev] >= 64 || now - t_stamp[rdev] >= STAMP_NS)) {
         __atomic_fetch_add(&d->launches, t_launches[rdev], __ATOMIC_RELAXED);
         t_launches[rdev] = 0;
+        t_stamp[rdev] = now;
         A_ST(&d->last_kernel_realtime_ns, real_ns());
     }
     uint32_t got = A_LD(&e->samples);
@@ -1397,6 +1464,8 @@ HIDDEN void limiter_after_fork_child(void)
     memset(g_mon, 0, sizeof g_mon);
     memset(g_mon_ord, 0, sizeof g_mon_ord);
     memset(g_held_until, 0, sizeof g_held_until);
+    memset(g_others_flag, 0, sizeof g_others_flag);
+    memset(g_limit_since, 0, sizeof g_limit_since);
     memset(g_share, 0, sizeof g_share); /* re-read by the child's monitor */
     memset(g_last_charge, 0, sizeof g_last_charge);
     g_mon_once = (pthread_once_t)PTHREAD_ONCE_INIT;

@@ -67,6 +67,8 @@ static int check(const struct hamid_limits *l, char *err, size_t errlen)
             (d->share_milli < HAMID_LIMITS_SHARE_MIN || d->share_milli > HAMID_LIMITS_SHARE_MAX))
             FAIL("%s: device %u: share_milli %u, expected 0 (none) or %d..%d", p, i, d->share_milli,
                  HAMID_LIMITS_SHARE_MIN, HAMID_LIMITS_SHARE_MAX);
+        if (l->abi_version >= 4 && d->others_active > 1)
+            FAIL("%s: device %u: others_active %u, expected 0 or 1", p, i, d->others_active);
         unsigned prev = 0;
         for (uint32_t s = 0; s < d->nslots; s++) {
             unsigned a = d->slots[s][0], b = d->slots[s][1];

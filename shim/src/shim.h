@@ -68,6 +68,7 @@ struct shim_config {
     int hold_capable;
     /* The file's live part (ABI >= 2: hold_pids; ABI >= 3: share_milli) is re-read by the monitor. */
     int live_file;
+    int live_others; /* ABI >= 4: the live part says whether another container launched kernels recently */
     /* Fail closed: a limit that cannot be parsed, or a limits file that is
      * there but not right, refuses CUDA (shim_refused()). */
     int refused;

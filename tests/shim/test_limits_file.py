@@ -107,7 +107,7 @@ def test_bad_values_are_named(bad, needle):
 @pytest.mark.parametrize("mutate,needle", [
     (lambda b: b[:-1], "8191 bytes"),
     (lambda b: b"\0" * 8 + b[8:], "bad magic"),
-    (lambda b: b[:8] + struct.pack("<I", 4) + b[12:], "ABI 4"),
+    (lambda b: b[:8] + struct.pack("<I", 5) + b[12:], "ABI 5"),
     (lambda b: b[:SM_POLICY_OFF] + struct.pack("<I", 3) + b[SM_POLICY_OFF + 4:], "sm_policy 3"),
     (lambda b: b[:16] + struct.pack("<I", 99) + b[20:], "device_count 99"),
 ])
@@ -431,3 +431,72 @@ def test_a_share_out_of_range_is_refused_by_writer_and_shim(built, shim, limits)
     os.close(fd)
     out, err, rc = run([str(built.shimtest), "direct", "init"], bare_env(built, shim))
     assert "share_milli 9000, expected 0 (none) or 250..4000" in err, (out, err)
+
+
+@pytest.mark.parametrize("active,expect", [(False, None), (True, 0.30)], ids=["idle", "active"])
+def test_policy_default_limits_while_the_daemon_says_another_container_is_active(built, shim, limits, tmp_path,
+                                                                                 active, expect):
+    """others_active (ABI 4, live): the daemon's word that another container on the GPU launched kernels within
+    HAMi's window, which this process's NVML watch may not see (a launch-bound neighbour's samples are rare).
+    Policy default, NVML showing nobody busy: held to the limit while the file says 1, free while it says 0."""
+    from hamid.shimlimits import write_others_active
+    limits(mem=0, sm=30, sm_policy="default")
+    write_others_active(built.limits_path, 0, active)
+    util = tmp_path / "nvml_util"
+    util.write_text("")  # NVML answers, nobody busy
+    e = bare_env(built, shim)
+    e["FAKE_NVML_UTIL"] = str(util)
+    bare_out, _, _ = run([str(built.shimtest), "direct", "init", "run:1.0:400:k"],
+                         {k: v for k, v in e.items() if k != "LD_PRELOAD"})
+    out, err, rc = run([str(built.shimtest), "direct", "init", "run:0.4:400:k", "run:1.2:400:k"], e)
+    bare_n, bare_ns = (int(x) for x in [ln for ln in bare_out if ln.startswith("run ")][0].split()[1:3])
+    n, ns = (int(x) for x in [ln.split() for ln in out if ln.startswith("run ")][-1][1:3])
+    got = (n / ns) / (bare_n / bare_ns)
+    if expect is None:
+        assert got > 0.85, (got, err[-2000:])
+    else:
+        assert abs(got - expect) <= 0.07, (got, err[-2000:])
+
+
+def test_others_active_out_of_range_is_refused_by_writer_and_shim(built, shim, limits):
+    from hamid.shimlimits import write_others_active
+    from hamid.shimlimits.codec import others_offset
+    limits(mem=0, sm=50)
+    for bad in (1, 0, "yes", None):
+        with pytest.raises(HamidError, match="expected True or False"):
+            write_others_active(built.limits_path, 0, bad)
+    raw = bytearray(built.limits_path.read_bytes())
+    raw[others_offset(0):others_offset(0) + 4] = struct.pack("<I", 7)
+    built.limits_path.unlink()
+    fd = os.open(built.limits_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, bytes(raw))
+    os.close(fd)
+    out, err, rc = run([str(built.shimtest), "direct", "init"], bare_env(built, shim))
+    assert "others_active 7, expected 0 or 1" in err, (out, err)
+
+
+@root_only
+def test_a_hold_list_naming_the_process_itself_never_holds_it(built, shim, limits, tmp_path):
+    """A hold list that names the container's own process (a daemon that got it wrong, a file from before the
+    host's pid map): the shim leaves its own pids out, so a busy process is never held behind itself."""
+    from hamid.shimlimits import write_hold_pids
+    limits(mem=0, sm=0, priority=1)
+    util = tmp_path / "nvml_util"
+    util.write_text("")
+    e = bare_env(built, shim)
+    e["FAKE_NVML_UTIL"] = str(util)
+    p = subprocess.Popen([str(built.shimtest), "direct", "init", "launch:2:400:k", "wait", "run:0.5:400:k"], env=e,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    while (ln := p.stdout.readline()) and ln.strip() != "ready":
+        lines.append(ln)
+    assert ln, (lines, p.stderr.read())
+    write_hold_pids(built.limits_path, 0, [p.pid])
+    util.write_text(f"{p.pid} 80\n")  # the process itself, busy
+    import time
+    time.sleep(0.3)  # the monitor has read the list and seen the sample
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    out, err = p.communicate(timeout=30)
+    n, ns, longest = (int(x) for x in [ln for ln in out.splitlines() if ln.startswith("run ")][0].split()[1:4])
+    assert longest < 0.2e9 and ns < 0.8e9, (n, ns, longest, err)

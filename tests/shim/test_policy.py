@@ -86,55 +86,6 @@ def test_a_bad_policy_refuses_cuda_and_names_the_accepted_values(shim, bad):
     assert f"GPU_CORE_UTILIZATION_POLICY={bad}" in r.stderr and "default, force or disable" in r.stderr
 
 
-def test_the_daemon_lists_higher_priority_processes_in_lower_priority_limits_files(built, tmp_path):
-    """NodeCore.priority_pass: two containers on one GPU, priority 0 and 1; once the high one's process has a
-    context (its NVML pid in its region), the low one's limits file lists that pid (device 0), the high
-    one's lists nobody; a second pass with nothing changed writes nothing."""
-    import struct
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from nodeharness import make_node
-
-    from hamid.node import layout
-    from hamid.node.identity import Owner
-    from hamid.node.realize import slot_name
-    from hamid.request import parse_docker_env
-    from hamid.shimlimits.codec import hold_pids_offset, max_hold
-    from shimharness import Shim
-
-    d = make_node(tmp_path / "s", regionTmpfs=False)
-    try:
-        got = {}
-        for cid, prio in (("hi", 0), ("lo", 1)):
-            req = parse_docker_env(["HAMI_VISIBLE_DEVICES=0", f"HAMI_VGPU_SPEC=mem=1g,cores=40,priority={prio}"], cid)
-            got[cid] = d.core.admit(Owner("docker", cid), req).reservation
-        state = tmp_path / "s"
-
-        def files(cid):
-            slot = slot_name(got[cid], "main")
-            return Path(layout.region_dir(state, slot)) / "vgpu.cache", Path(layout.limits_file(state, slot))
-
-        def hold(cid):
-            raw = files(cid)[1].read_bytes()[hold_pids_offset(0):hold_pids_offset(0) + 4 * max_hold()]
-            return [p for p in struct.unpack(f"<{max_hold()}i", raw) if p]
-
-        d.core.priority_pass()
-        assert hold("lo") == [] and hold("hi") == []  # nobody has started CUDA yet
-        p = Shim(built, tmp_path).spawn("direct", "init", "alloc:mem:64m", "wait",
-                                        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(files("hi")[0]))
-        wait_ready(p)
-        try:
-            assert d.core.priority_pass() >= 1
-            assert hold("lo") == [p.pid] and hold("hi") == []
-            assert d.core.priority_pass() == 0
-        finally:
-            finish(p)
-    finally:
-        d.close()
-
-
 def test_samples_of_a_process_gone_before_this_one_began_are_not_a_neighbour(shim, bare, tmp_path):
     """NVML keeps seconds of per-process samples: a neighbour busy 5 s ago (before this process started; the
     bench's unlimited run just before a limited one) must not make `default` limit a process that is alone

@@ -1,0 +1,47 @@
+"""Which container a host process belongs to, from the host's own records.
+
+Owns mapping host pids (as NVML reports them: the daemon sees the host's pid
+namespace) to the containers this node started. A process belongs to a
+container when the file at the limits file's fixed path inside containers
+(LIMITS_IN_CONTAINER), looked up through the process's own root
+(/proc/<pid>/root, the kernel's view of its mount namespace), is that
+container's limits file on the host: the same device and inode, which a bind
+mount keeps. A container can mount only what it can reach and never reaches
+another container's limits file, so it can neither make one of its processes
+look like a neighbour's nor a neighbour's look like its own. The map is read
+anew at every call, so a pid the kernel hands to another process belongs to
+whoever holds it now. Nothing here reads a region (what a container writes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+from hamid.shimlimits.codec import LIMITS_IN_CONTAINER
+
+
+def _ident(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:  # gone, or a process whose root we may not look into
+        return None
+    return st.st_dev, st.st_ino
+
+
+def owners(pids: Iterable[int], files: Mapping[str, str], *, proc: str = "/proc",
+           inside: str = LIMITS_IN_CONTAINER) -> dict[int, str | None]:
+    """Each of ``pids`` (host pids) -> the key in ``files`` (key -> that container's limits file on the host)
+    whose file the process sees at ``inside``, or None: a process of no container of ours, or one gone."""
+    by_ident: dict[tuple[int, int], str] = {}
+    for key, path in files.items():
+        ident = _ident(path)
+        if ident is not None:
+            by_ident[ident] = key
+    out: dict[int, str | None] = {}
+    for pid in pids:
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            continue
+        ident = _ident(f"{proc}/{pid}/root{inside}")
+        out[pid] = by_ident.get(ident) if ident is not None else None
+    return out

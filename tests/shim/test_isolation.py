@@ -1,0 +1,227 @@
+"""Issue 37: no decision about one container from data another container can write.
+
+Owns the proof, on real limits files (the writer's own) and the daemon's real live pass, that what a tenant
+writes into its own region (charges of any size or shape, any pids) neither lowers a neighbour's share below
+its limit by more than the band, nor puts any pid into a neighbour's hold list; that hold lists and the
+"another container is active" signal come from the host's pid map (a process's mount namespace, as the kernel
+reports it through /proc/<pid>/root); and that a region disagreeing with NVML is counted and not trusted.
+
+The processes of the "containers" are real processes in mount namespaces of their own (unshare, root), each
+seeing its container's limits file at the fixed path, as a container of the daemon does. NVML's process list
+and busy samples are the one stand-in (no GPU here): the test says which host pids NVML reports, as the real
+NvmlBackend.busy() would.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hamid.devices.types import BusyReading
+from hamid.shimlimits import ContainerLimits, DeviceLimits, write_limits_file
+from hamid.shimlimits.codec import LIMITS_IN_CONTAINER, hold_pids_offset, max_hold, others_offset, share_offset
+from hamid.shimlimits.hostpids import owners
+from hamid.shimlimits.live import SHARE_BOUND, GpuReading, LivePass, Tenant
+
+GPU = "GPU-11111111-2222-3333-4444-555555555555"
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces with bind mounts need root (CI is root)")
+
+
+def share_of(path) -> int:
+    return struct.unpack_from("<I", Path(path).read_bytes(), share_offset(0))[0]
+
+
+def others_of(path) -> int:
+    return struct.unpack_from("<I", Path(path).read_bytes(), others_offset(0))[0]
+
+
+def hold_of(path) -> list[int]:
+    raw = Path(path).read_bytes()[hold_pids_offset(0):hold_pids_offset(0) + 4 * max_hold()]
+    return [p for p in struct.unpack(f"<{max_hold()}i", raw) if p]
+
+
+def limits_file(path: Path, sm: int = 30) -> Path:
+    write_limits_file(path, ContainerLimits(devices=(DeviceLimits(GPU, sm_percent=sm),), region_path="/r"))
+    return path
+
+
+# ---- forged charges: the sharing correction and "others active" --------------------------------------------
+
+def forged(kind: str, t: int) -> float:
+    """The liar's charge over pass t (s of GPU time per s), whatever it really runs."""
+    return {"zero": 0.0, "tiny": 0.03, "huge": 3.0, "oscillating": 0.02 if t % 2 else 0.95}[kind]
+
+
+@pytest.mark.parametrize("kind", ["zero", "tiny", "huge", "oscillating", "backwards"])
+def test_a_tenants_forged_charges_move_no_neighbours_limit_beyond_the_band(tmp_path, kind):
+    """A victim held to 30 % (its shim honest: its charges are its GPU time times the factor its file says)
+    beside a tenant that runs 60 % of the GPU without the shim and writes what it likes into its region. Over
+    30 passes the victim's GPU time stays within 5 points of its limit, never over it (the factor within
+    1 .. 1 + the bound); its file
+    says another container is active (the liar's host pids are busy in NVML) whatever the liar's region says;
+    and a region that disagrees with NVML (more than the device was busy, a count going back) is counted."""
+    victim, liar = limits_file(tmp_path / "v.limits"), limits_file(tmp_path / "l.limits", sm=70)
+    live = LivePass()
+    charged = [0, 0]
+    shares = []
+    for t in range(1, 31):
+        f = share_of(victim) / 1000 or 1.0
+        true_v = 0.30 / f
+        charged[0] += int(0.30e9)
+        if kind == "backwards":
+            charged[1] = max(0, charged[1] + int((0.5 if t % 3 else -2.0) * 1e9))
+        else:
+            charged[1] += int(forged(kind, t) * 1e9)
+        busy = min(100.0, 100 * (true_v + 0.60))
+        live.run(float(t), {GPU: (GpuReading(busy, frozenset({101, 202})),
+                                  [Tenant(str(victim), 0, 1, (101,), charged[0]),
+                                   Tenant(str(liar), 0, 1, (202,), charged[1], last_kernel_ns=None)])},
+                 wall=1e9 + t)
+        shares.append(100 * true_v)
+    assert all(25 <= s <= 30 + 1e-9 for s in shares), shares
+    assert 1.0 <= live.factor(GPU) <= 1 + SHARE_BOUND + 1e-9
+    assert others_of(victim) == 1 and others_of(liar) == 1
+    if kind == "huge":
+        assert live.untrusted["over-busy"] >= 25
+    if kind == "backwards":
+        assert live.untrusted["went-back"] >= 5
+
+
+def test_charges_with_no_process_on_the_gpu_are_not_trusted(tmp_path):
+    """A region charging GPU time while none of its container's processes is on the GPU (NVML's process list
+    mapped by the host) is a forgery: counted, and the pass learns nothing from it."""
+    a, b = limits_file(tmp_path / "a.limits"), limits_file(tmp_path / "b.limits")
+    live = LivePass()
+    for t in range(1, 8):
+        live.run(float(t), {GPU: (GpuReading(90.0, frozenset({101})),
+                                  [Tenant(str(a), 0, 1, (101,), int(0.3e9 * t)),
+                                   Tenant(str(b), 0, 1, (), int(0.05e9 * t))])})
+    assert live.untrusted["no-process"] >= 5
+    assert share_of(a) == 0 and live.factor(GPU) == 1.0
+
+
+def test_others_active_follows_hamis_window(tmp_path):
+    """Policy default's signal, HAMi's recent_kernel rule: a neighbour that launched kernels (its region's
+    launch stamp, or its host pids busy in NVML, however rarely) within the window makes a container's file
+    say 1; after the window with neither, 0. A stamp only ever says "active", never hides a busy process."""
+    a, b = limits_file(tmp_path / "a.limits"), limits_file(tmp_path / "b.limits")
+    live = LivePass()
+
+    def at(t, busy=frozenset(), stamp=None):
+        live.run(t, {GPU: (GpuReading(10.0, busy), [Tenant(str(a), 0, 1, (101,)),
+                                                     Tenant(str(b), 0, 1, (202,), last_kernel_ns=stamp)])},
+                 wall=1000.0 + t)
+        return others_of(a), others_of(b)
+
+    assert at(1.0) == (0, 0)  # nobody launched anything
+    assert at(2.0, stamp=int((1000.0 + 1.5) * 1e9)) == (1, 0)  # b's stamp: a is limited, b is not
+    assert at(11.0, stamp=int((1000.0 + 1.5) * 1e9)) == (1, 0)  # 9.5 s later: still within the window
+    assert at(12.0, stamp=int((1000.0 + 1.5) * 1e9)) == (0, 0)  # 10.5 s: b is idle
+    assert at(13.0, busy=frozenset({202}), stamp=None) == (1, 0)  # one busy NVML sample of b's pid, no stamp
+    assert at(22.5) == (1, 0)
+    assert at(23.5) == (0, 0)
+    assert at(24.0, busy=frozenset({999})) == (1, 1)  # a busy process of nobody's: everyone limited
+
+
+def test_hold_lists_never_name_a_containers_own_pids(tmp_path):
+    """Even a caller that hands the pass one pid under two containers: a container's own pids are never in
+    its hold list (the shim checks too)."""
+    hi, lo = limits_file(tmp_path / "hi.limits"), limits_file(tmp_path / "lo.limits")
+    LivePass().run(1.0, {GPU: (GpuReading(None), [Tenant(str(hi), 0, 0, (11, 22)), Tenant(str(lo), 0, 1, (22, 33))])})
+    assert hold_of(lo) == [11] and hold_of(hi) == []
+
+
+# ---- the host's pid map, through the daemon ---------------------------------------------------------------
+
+def in_container(limits: Path) -> subprocess.Popen:
+    """A process in a mount namespace of its own that sees ``limits`` at the fixed path, as a container of the
+    daemon's does (a tmpfs over /usr/local keeps the host's tree untouched)."""
+    top = "/" + LIMITS_IN_CONTAINER.strip("/").split("/")[0] + "/" + LIMITS_IN_CONTAINER.strip("/").split("/")[1]
+    script = (f'mount -t tmpfs none {top} && mkdir -p "$(dirname {LIMITS_IN_CONTAINER})" && '
+              f'touch {LIMITS_IN_CONTAINER} && mount --bind "$0" {LIMITS_IN_CONTAINER} && echo ok && exec sleep 60')
+    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(limits)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ok", p.stderr.read()
+    return p
+
+
+@root_only
+def test_the_host_pid_map_reads_the_kernels_view_not_the_containers(tmp_path):
+    a, b = limits_file(tmp_path / "a.limits"), limits_file(tmp_path / "b.limits")
+    pa, pb = in_container(a), in_container(b)
+    try:
+        got = owners([pa.pid, pb.pid, os.getpid(), 1, 999_999_999], {"a": str(a), "b": str(b)})
+        assert got == {pa.pid: "a", pb.pid: "b", os.getpid(): None, 1: None, 999_999_999: None}
+    finally:
+        for p in (pa, pb):
+            p.kill()
+            p.wait()
+    # a pid gone (and perhaps handed to another process) belongs to whoever holds it now: here, nobody
+    assert owners([pa.pid], {"a": str(a)}) == {pa.pid: None}
+
+
+@root_only
+def test_a_forged_region_puts_no_pid_into_a_neighbours_hold_list(built, tmp_path):
+    """NodeCore.priority_pass, two containers on one GPU (priority 0 and 1). The high one's region claims the
+    low one's own process, pids 2..16, 4242 and 1,000 more; NVML reports the high one's real process, the low
+    one's, and 1,000 processes of nobody's. The low one's hold list is exactly the high one's real pid; the
+    high one's is empty; and once the high one's process is gone, nobody is listed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from nodeharness import make_node
+
+    from hamid.node import layout
+    from hamid.node.identity import Owner
+    from hamid.node.realize import slot_assignment, slot_name
+    from hamid.request import parse_docker_env
+    from hamid.shimregion.reader import _consts, _ffi, region_struct_size
+
+    d = make_node(tmp_path / "s", regionTmpfs=False)
+    procs = []
+    try:
+        got = {}
+        for cid, prio in (("hi", 0), ("lo", 1)):
+            req = parse_docker_env(["HAMI_VISIBLE_DEVICES=0", f"HAMI_VGPU_SPEC=mem=1g,cores=40,priority={prio}"], cid)
+            got[cid] = d.core.admit(Owner("docker", cid), req).reservation
+        state = tmp_path / "s"
+        lim = {cid: Path(layout.limits_file(state, slot_name(got[cid], "main"))) for cid in got}
+        uuid = slot_assignment(got["hi"], "main").devices[0].uuid
+        hi_p, lo_p = in_container(lim["hi"]), in_container(lim["lo"])
+        procs += [hi_p, lo_p]
+        strangers = frozenset(range(3_000_000, 3_001_000))  # no such processes: nobody's
+
+        ffi, c = _ffi(), _consts()  # the high one's region, forged
+        buf = bytearray(region_struct_size())
+        r = ffi.from_buffer("struct hamid_region *", buf)
+        r.magic, r.abi_version, r.struct_size = c["HAMID_REGION_MAGIC"], c["HAMID_REGION_ABI_VERSION"], len(buf)
+        r.device_count, r.max_procs = 1, c["HAMID_MAX_PROCS"]
+        claimed = [lo_p.pid, *range(2, 17), 4242, *range(5000, 5000 + 1000)][:c["HAMID_MAX_PROCS"]]
+        for i, pid in enumerate(claimed):
+            r.procs[i].pid = r.procs[i].nvml_pid = pid
+            r.procs[i].flags = 1  # active
+            r.procs[i].used[0] = 64 << 20  # on device 0
+        r.proc_high_water = len(claimed)
+        ffi.release(r)
+        region = Path(layout.region_dir(state, slot_name(got["hi"], "main"))) / "vgpu.cache"
+        region.write_bytes(bytes(buf))
+
+        reading = {"now": BusyReading(busy_pct=50.0, busy_pids=frozenset({hi_p.pid}),
+                                      pids=frozenset({hi_p.pid, lo_p.pid}) | strangers)}
+        d.core.backend.busy = lambda: {uuid: reading["now"]}  # NVML's view (the stand-in)
+        d.core.priority_pass()
+        assert hold_of(lim["lo"]) == [hi_p.pid] and hold_of(lim["hi"]) == []
+        hi_p.kill()
+        hi_p.wait()
+        reading["now"] = BusyReading(busy_pct=50.0, busy_pids=frozenset(), pids=frozenset({hi_p.pid, lo_p.pid}))
+        d.core.priority_pass()
+        assert hold_of(lim["lo"]) == [] and hold_of(lim["hi"]) == []
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        d.close()
