@@ -219,7 +219,7 @@ def live_pass(tenants):
     b = BUSY.busy().get(NV.uuid)
     files = {str(Path(t["env"]["HAMID_BENCH_LIMITS_DIR"]) / "hamid.limits"): t for t in tenants}
     on = ((b.pids or frozenset()) | b.busy_pids) if b else frozenset()
-    whose = owners(on, {f: f for f in files})
+    whose = owners(on, {f: f for f in files}, f"{LIMITS_DIR}/hamid.limits")
     ts = []
     for f, t in files.items():
         e = t["env"]
@@ -302,7 +302,6 @@ def together(specs, secs):
     delays = [sp[2] if len(sp) > 2 else 0 for sp in specs]
     lates = [bool(sp[3]) if len(sp) > 3 else False for sp in specs]
     specs = [sp[:2] for sp in specs]
-    spawn = []
     # a late tenant's CUDA start-up and warm-up take a few seconds: the others run on meanwhile
     extra = LATE_STARTUP_S if any(lates) else 0.0
     for (c, e), d, late in zip(specs, delays, lates):

@@ -538,7 +538,8 @@ class NodeCore:
             log.warning("GPU busy shares not read", error=str(e)[:300])
             readings = {}
         on: dict[str, frozenset[int]] = {u: (r.pids or frozenset()) | r.busy_pids for u, r in readings.items()}
-        whose = owners({p for ps in on.values() for p in ps}, {lim: lim for _, lim, _, _, _, _ in found})
+        whose = owners({p for ps in on.values() for p in ps}, {lim: lim for _, lim, _, _, _, _ in found},
+                       layout.LIMITS_IN_CONTAINER)
         on_gpu: dict[str, list[Tenant]] = {}
         for uuid, limits, i, prio, du, charged in found:
             pids = tuple(sorted(p for p in on.get(uuid, ()) if whose.get(p) == limits))

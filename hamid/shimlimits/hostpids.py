@@ -3,7 +3,7 @@
 Owns mapping host pids (as NVML reports them: the daemon sees the host's pid
 namespace) to the containers this node started. A process belongs to a
 container when the file at the limits file's fixed path inside containers
-(LIMITS_IN_CONTAINER), looked up through the process's own root
+(hamid.node.layout.LIMITS_IN_CONTAINER, given by the caller), looked up through the process's own root
 (/proc/<pid>/root, the kernel's view of its mount namespace), is that
 container's limits file on the host: the same device and inode, which a bind
 mount keeps. A container can mount only what it can reach and never reaches
@@ -18,8 +18,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from hamid.shimlimits.codec import LIMITS_IN_CONTAINER
-
 
 def _ident(path: str) -> tuple[int, int] | None:
     try:
@@ -29,10 +27,11 @@ def _ident(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def owners(pids: Iterable[int], files: Mapping[str, str], *, proc: str = "/proc",
-           inside: str = LIMITS_IN_CONTAINER) -> dict[int, str | None]:
+def owners(pids: Iterable[int], files: Mapping[str, str], inside: str, *,
+           proc: str = "/proc") -> dict[int, str | None]:
     """Each of ``pids`` (host pids) -> the key in ``files`` (key -> that container's limits file on the host)
-    whose file the process sees at ``inside``, or None: a process of no container of ours, or one gone."""
+    whose file the process sees at ``inside`` (the limits file's path in containers), or None: a process of no
+    container of ours, or one gone."""
     by_ident: dict[tuple[int, int], str] = {}
     for key, path in files.items():
         ident = _ident(path)

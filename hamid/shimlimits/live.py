@@ -199,8 +199,9 @@ class LivePass:
                     written += self._write(key, write_hold_pids, hold, self._hold)
                 if self._share.get(key) != share:
                     written += self._write(key, write_share, share, self._share)
+                stranger = self._gpus[uuid].stranger_at
                 others = any(active.get((o.limits, o.device), False) for o in tenants if o is not t) or (
-                    self._gpus[uuid].stranger_at is not None and now - self._gpus[uuid].stranger_at < ACTIVE_WINDOW_S)
+                    stranger is not None and now - stranger < ACTIVE_WINDOW_S)
                 if self._others.get(key) != others:
                     written += self._write(key, write_others_active, others, self._others)
         for key in [k for k in set(self._last) | set(self._hold) if k not in seen]:  # containers gone: forgotten

@@ -18,14 +18,14 @@ import os
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from hamid.devices.types import BusyReading
 from hamid.shimlimits import ContainerLimits, DeviceLimits, write_limits_file
-from hamid.shimlimits.codec import LIMITS_IN_CONTAINER, hold_pids_offset, max_hold, others_offset, share_offset
+from hamid.node.layout import LIMITS_IN_CONTAINER
+from hamid.shimlimits.codec import hold_pids_offset, max_hold, others_offset, share_offset
 from hamid.shimlimits.hostpids import owners
 from hamid.shimlimits.live import SHARE_BOUND, GpuReading, LivePass, Tenant
 
@@ -156,14 +156,14 @@ def test_the_host_pid_map_reads_the_kernels_view_not_the_containers(tmp_path):
     a, b = limits_file(tmp_path / "a.limits"), limits_file(tmp_path / "b.limits")
     pa, pb = in_container(a), in_container(b)
     try:
-        got = owners([pa.pid, pb.pid, os.getpid(), 1, 999_999_999], {"a": str(a), "b": str(b)})
+        got = owners([pa.pid, pb.pid, os.getpid(), 1, 999_999_999], {"a": str(a), "b": str(b)}, LIMITS_IN_CONTAINER)
         assert got == {pa.pid: "a", pb.pid: "b", os.getpid(): None, 1: None, 999_999_999: None}
     finally:
         for p in (pa, pb):
             p.kill()
             p.wait()
     # a pid gone (and perhaps handed to another process) belongs to whoever holds it now: here, nobody
-    assert owners([pa.pid], {"a": str(a)}) == {pa.pid: None}
+    assert owners([pa.pid], {"a": str(a)}, LIMITS_IN_CONTAINER) == {pa.pid: None}
 
 
 @root_only
