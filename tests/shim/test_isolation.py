@@ -225,3 +225,24 @@ def test_a_forged_region_puts_no_pid_into_a_neighbours_hold_list(built, tmp_path
             p.kill()
             p.wait()
         d.close()
+
+
+def test_untrusted_regions_are_counted_in_metrics(tmp_path):
+    """The live pass's count of regions it did not trust, by reason, as /metrics serves it (the daemon
+    registers the region collector with NodeCore.untrusted_regions)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hamid.shimregion import register_collector
+    a, b = limits_file(tmp_path / "a.limits"), limits_file(tmp_path / "b.limits")
+    live = LivePass()
+    for t in range(1, 5):  # b charges three times the interval: more than the device was busy
+        live.run(float(t), {GPU: (GpuReading(50.0, frozenset({101, 202})),
+                                  [Tenant(str(a), 0, 1, (101,), int(0.3e9 * t)),
+                                   Tenant(str(b), 0, 1, (202,), int(3e9 * t))])})
+    reg = CollectorRegistry()
+    (tmp_path / "containers").mkdir()
+    register_collector(reg, tmp_path / "containers", untrusted=lambda: dict(live.untrusted))
+    got = {s.labels["reason"]: s.value for fam in text_string_to_metric_families(generate_latest(reg).decode())
+           for s in fam.samples if s.name == "hamid_vgpu_region_untrusted_total"}
+    assert got == {"over-busy": 3.0}
