@@ -67,7 +67,8 @@ lint: venv
 # with the grpcio-tools pinned in the test extra (tests/k8s/test_protos.py
 # checks the committed ones are current). Run from the repository root so the
 # generated imports read `from hamid.kubelet.api import ...`.
-PROTOS    := hamid/kubelet/api/deviceplugin.proto hamid/kubelet/api/podresources.proto
+PROTOS    := hamid/kubelet/api/deviceplugin.proto hamid/kubelet/api/podresources.proto \
+             hamid/dra/api/dra.proto hamid/dra/api/pluginregistration.proto
 PROTO_OUT ?= .
 
 proto:

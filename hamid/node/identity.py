@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import HamidError
 
-KINDS = ("docker", "pod")
+KINDS = ("docker", "pod", "claim")  # claim: a DRA ResourceClaim, by its UID
 
 # Pod UIDs are RFC 4122 UUIDs; Docker ids are 64 hex digits (runc accepts a
 # little more). One pattern covers both and keeps keys safe as file names.
