@@ -160,6 +160,16 @@ class NodeSettings(BaseModel):
     filterDevices: FilterDevices = FilterDevices()
     """GPUs to leave alone; empty by default (use every GPU)."""
 
+    draDevices: str = Field("", pattern=r"^[A-Za-z0-9,._ -]{0,4096}$")
+    """GPUs this node serves through Dynamic Resource Allocation (driver
+    ``gpu.hamid.io``, docs/dra.md) instead of the device plugin: ``all``, or
+    a comma-separated list of indexes and UUIDs (``0,1`` or ``GPU-...``);
+    empty (the default): DRA off, every GPU is the device plugin's. A GPU is
+    never served by both: the device plugin leaves these out of what it
+    advertises to kubelet. Set per node in ``nodeconfig`` to turn DRA on for
+    some nodes only. Needs ``kubernetes`` (the slices are published through
+    the API server)."""
+
     defaultMemory: int = Field(0, ge=0)
     """MiB given to a container that asks for GPUs but no memory. 0 means the
     whole card, HAMi's default, so a plain ``nvidia.com/gpu: 1`` behaves as it

@@ -411,6 +411,8 @@ async def build_faces(d: Daemon):
             confirm_leader=leading.confirm_leader if leading is not None else None))
     if c.kubernetes or c.kubeconfig:
         faces.append(kubelet_face(d, api))
+        if d.settings.draDevices.strip():
+            faces.append(dra_face(d, api))
         faces.extend(control)
     registry.register(d.face_health.collector())
     if c.webListen:
@@ -501,7 +503,17 @@ def kubelet_face(d: Daemon, api):
     c = d.config
     return KubeletFace(d.service, kubelet_dir=c.kubeletDir, resource=c.resourceCountName,
                        strategy=c.deviceListStrategy, cdi_dir=c.cdiSpecDir, defaults=request_defaults(d),
-                       api=api, health_interval=c.healthCheckInterval)
+                       api=api, health_interval=c.healthCheckInterval, dra_devices=d.settings.draDevices)
+
+
+def dra_face(d: Daemon, api):
+    """The DRA driver ``gpu.hamid.io`` for the GPUs of ``draDevices``."""
+    from ..dra.face import DraFace
+
+    c = d.config
+    return DraFace(d.service, kubelet_dir=c.kubeletDir, cdi_dir=c.cdiSpecDir, api=api, devices=d.settings.draDevices,
+                   defaults=request_defaults(d), health_interval=c.healthCheckInterval,
+                   driver_version=d.backend.description if d.backend.kind == "nvml" else None)
 
 
 class _Task:

@@ -24,7 +24,6 @@ only frees what a lost unprepare left behind.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 import trio
@@ -32,8 +31,8 @@ import trio
 from ..errors import HamidError
 from ..kube.rest import AsyncKube, KubeApiError
 from ..logs import get_logger
+from ..node.dragpus import dra_gpus
 from ..node.service import NodeService, Reservation
-from ..placement.view import GpuView
 from ..request.model import Defaults
 from . import names
 from .api import dra_pb2 as pb
@@ -47,26 +46,6 @@ log = get_logger("dra")
 
 CLAIMS = f"/apis/{names.GROUP_VERSION}/namespaces/{{ns}}/resourceclaims/{{name}}"
 _SEMVER_PART = re.compile(r"[0-9]+")
-
-
-class DraConfigError(HamidError):
-    """``draDevices`` names GPUs this node does not have."""
-
-
-def dra_gpus(spec: str | Iterable[str], gpus: Iterable[GpuView]) -> frozenset[str]:
-    """The UUIDs of the GPUs ``spec`` names (``all``, or a list or comma-separated string of indexes and UUIDs)."""
-    items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    gpus = list(gpus)
-    if items == ["all"]:
-        return frozenset(g.uuid for g in gpus)
-    out = set()
-    for item in items:
-        g = next((g for g in gpus if item in (g.uuid, str(g.index))), None)
-        if g is None:
-            raise DraConfigError(f"draDevices: {item!r} is not a GPU of this node; accepted: all, or indexes "
-                                 f"({', '.join(str(g.index) for g in gpus)}) and UUIDs of its GPUs")
-        out.add(g.uuid)
-    return frozenset(out)
 
 
 def semver(driver: str | None) -> str | None:

@@ -42,6 +42,7 @@ from ..dirwatch import DirWatch
 from ..kube.informer import Informer
 from ..kube.rest import AsyncKube, KubeApiError
 from ..logs import get_logger
+from ..node.dragpus import dra_gpus
 from ..node.service import NodeService, Reservation
 from ..request.model import Defaults
 from .admission import AdmissionError, PodAdmission
@@ -63,8 +64,9 @@ class KubeletFace:
 
     def __init__(self, node: NodeService, *, kubelet_dir: str, resource: str, strategy: str, cdi_dir: str,
                  defaults: Defaults, api: Any, health_interval: float = 5.0, check_interval: float = 1.0,
-                 watch_timeout_s: int = 300) -> None:
+                 watch_timeout_s: int = 300, dra_devices: str = "") -> None:
         self.defaults = defaults
+        self.dra_devices = dra_devices  # draDevices: GPUs served by the DRA face, never advertised here
         self.node = node
         self.dir = os.path.join(kubelet_dir, DEVICE_PLUGINS_DIR)
         self.resource = resource
@@ -294,7 +296,8 @@ class KubeletFace:
     def _read_devices(self) -> list[pb.Device]:
         view = self.door.view()
         health = {g.uuid: g.healthy for g in self.door.gpus()}
-        return advertised(view.gpus, health)
+        dra = dra_gpus(self.dra_devices, view.gpus)
+        return advertised([g for g in view.gpus if g.uuid not in dra], health)
 
     async def _watch_health(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         events = self.node.health_events()

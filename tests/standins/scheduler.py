@@ -107,6 +107,10 @@ from kubernetes.utils import parse_quantity
 
 from hamid.logs import get_logger
 
+from dynamicresources import (EXTENDED_ANNOTATION, GROUP_PATH, REASON_CLAIMS, REASON_WRONG_NODE, Allocator,
+                              ClaimController, Unresolved, Usage, allocated_node, extended_claim, extended_requests,
+                              pod_claims)
+
 log = get_logger("tests.k8s.scheduler")
 
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -647,6 +651,8 @@ class SchedulerStandIn:
         self._ext_http = httpx.Client()
         self._watch_clients: list[httpx.Client] = []
         self.passes = 0
+        self._dra: Allocator | None = None
+        self._dra_plans: dict = {}
         self.instance = f"{DEFAULT_SCHEDULER}-{socket.gethostname()}"
 
     # -- lifecycle -------------------------------------------------------------
@@ -753,6 +759,7 @@ class SchedulerStandIn:
         """One pass over every pending pod (the loop runs these)."""
         nodes = self._list("/api/v1/nodes")
         pods = self._list("/api/v1/pods")
+        self._dra = self._dra_state(pods)
         states = {n["metadata"]["name"]: NodeState(n) for n in sorted(nodes, key=lambda n: n["metadata"]["name"])}
         pending = []
         for p in pods:
@@ -777,14 +784,108 @@ class SchedulerStandIn:
                 return
             self._schedule_one(p, states)
 
+    # -- dynamic resources (dynamicresources.py) -------------------------------
+
+    def _dra_state(self, pods: list[dict]) -> Allocator | None:
+        """This pass's DRA view, after the claim controller's pass; None where the API has no resource.k8s.io."""
+        r = self._http.get(f"{GROUP_PATH}/resourceslices")
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        slices = r.json()["items"]
+        ClaimController(self._http).run_pass(pods, self._list(f"{GROUP_PATH}/resourceclaims"))
+        return Allocator(slices, self._list(f"{GROUP_PATH}/deviceclasses"),
+                         self._list(f"{GROUP_PATH}/resourceclaims"))
+
+    def _dra_filter(self, pod: dict, st: NodeState) -> tuple[list[str], set[str]]:
+        """DynamicResources' Filter on one node: (reasons, extended resources it serves there); the
+        allocation it found is kept for PreBind."""
+        dra = self._dra
+        if dra is None:
+            return [], set()
+        claims = pod_claims(pod, dra.claims)  # Unresolved: PreFilter failed (raised to the caller)
+        ext = extended_requests(pod, dra.extended_classes(), st.allocatable())
+        if not claims and not ext:
+            return [], set()
+        usage = Usage(set(dra.usage.exclusive), {k: dict(v) for k, v in dra.usage.consumed.items()},
+                      {k: dict(v) for k, v in dra.usage.counters.items()}, set(dra.usage.counted))
+        plan = []
+        for _, claim in claims:
+            where = allocated_node(claim)
+            if where is not None:
+                if where not in ("", st.name):
+                    return [REASON_WRONG_NODE], set()
+                continue
+            got = dra.allocate_claim(claim.get("spec") or {}, st.node, usage)
+            if got is None:
+                return [REASON_CLAIMS], set()
+            plan.append((claim, got))
+        ext_plan = None
+        if ext:
+            spec, mappings = extended_claim(pod, ext)
+            got = dra.allocate_claim(spec, st.node, usage)
+            if got is None:
+                return [REASON_CLAIMS], set()
+            ext_plan = (spec, mappings, got)
+        self._dra_plans[st.name] = (plan, ext_plan, usage, [c for _, c in claims])
+        return [], {r for _, r, _, _ in ext}
+
+    def _dra_prebind(self, pod: dict, node: str) -> None:
+        """Write the claims' allocation and the pod's reservation into them (PreBind), and remember it."""
+        if self._dra is None or node not in self._dra_plans:
+            return
+        plan, ext_plan, usage, claims = self._dra_plans[node]
+        meta = pod["metadata"]
+        me = {"resource": "pods", "name": meta["name"], "uid": meta["uid"]}
+        for claim in claims:
+            status = dict(claim.get("status") or {})
+            alloc = next((a for c, a in plan if c is claim), None)
+            if alloc is not None:
+                status["allocation"] = alloc
+            reserved = list(status.get("reservedFor") or [])
+            if me not in reserved:
+                reserved.append(me)
+            status["reservedFor"] = reserved
+            cm = claim["metadata"]
+            r = self._http.put(f"{GROUP_PATH}/namespaces/{cm['namespace']}/resourceclaims/{cm['name']}/status",
+                               json={**claim, "status": status})
+            if r.status_code != 200:
+                raise SchedulingError(f"running PreBind plugin \"DynamicResources\": {r.text[:300]}")
+        if ext_plan is not None:
+            spec, mappings, alloc = ext_plan
+            r = self._http.post(f"{GROUP_PATH}/namespaces/{meta['namespace']}/resourceclaims", json={
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"generateName": f"{meta['name']}-extended-resources-", "namespace": meta["namespace"],
+                             "annotations": {EXTENDED_ANNOTATION: "true"},
+                             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                                                  "uid": meta["uid"], "controller": True,
+                                                  "blockOwnerDeletion": True}]},
+                "spec": spec})
+            if r.status_code != 201:
+                raise SchedulingError(f"running PreBind plugin \"DynamicResources\": {r.text[:300]}")
+            made = r.json()
+            made["status"] = {"allocation": alloc, "reservedFor": [me]}
+            r = self._http.put(f"{GROUP_PATH}/namespaces/{meta['namespace']}/resourceclaims/"
+                               f"{made['metadata']['name']}/status", json=made)
+            if r.status_code != 200:
+                raise SchedulingError(f"running PreBind plugin \"DynamicResources\": {r.text[:300]}")
+            r = self._http.patch(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                                 content=json.dumps({"status": {"extendedResourceClaimStatus": {
+                                     "resourceClaimName": made["metadata"]["name"], "requestMappings": mappings}}}),
+                                 headers={"Content-Type": "application/merge-patch+json"})
+        self._dra.usage = usage  # the next pods of this pass see what this one holds
+
     def _filter(self, pod: dict, states: Mapping[str, NodeState]) -> tuple[list[NodeState], dict[str, list[str]]]:
         feasible, statuses = [], {}
         requests, ports = pod_requests(pod), host_ports(pod)
+        self._dra_plans = {}
         for st in states.values():
             reasons = (filter_unschedulable(pod, st.node) or filter_node_name(pod, st.node)
                        or filter_taints(pod, st.node) or filter_affinity(pod, st.node)
-                       or ([REASON_PORTS] if ports_conflict(ports, st.ports) else [])
-                       or filter_resources(pod, st, self.ignored, requests))
+                       or ([REASON_PORTS] if ports_conflict(ports, st.ports) else []))
+            if not reasons:
+                reasons, by_dra = self._dra_filter(pod, st)
+                reasons = reasons or filter_resources(pod, st, self.ignored | by_dra, requests)
             if reasons:
                 statuses[st.name] = reasons
             else:
@@ -866,10 +967,14 @@ class SchedulerStandIn:
         try:
             if not states:
                 raise _Unschedulable("0/0 nodes are available: no nodes available to schedule pods.")
-            feasible, statuses = self._filter(pod, states)
+            try:
+                feasible, statuses = self._filter(pod, states)
+            except Unresolved as e:
+                raise _Unschedulable(f"0/{len(states)} nodes are available: {e}.") from None
             if not feasible:
                 raise _Unschedulable(fit_error(len(states), statuses))
             chosen = feasible[0] if len(feasible) == 1 else self._score(pod, feasible)
+            self._dra_prebind(pod, chosen.name)
             self._bind(pod, chosen.name)
         except _Unschedulable as e:
             self._failed(pod, "Unschedulable", str(e))

@@ -1145,3 +1145,8 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
 )
 
 # ---------------------------------------------------------------------------
+
+
+from .dra import DRA_TYPES  # noqa: E402  (it builds on this module's helpers)
+
+BUILTIN_TYPES = BUILTIN_TYPES + DRA_TYPES

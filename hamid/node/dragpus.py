@@ -1,0 +1,33 @@
+"""Which of the node's GPUs serve Dynamic Resource Allocation (``draDevices``).
+
+One home for the answer, read by both faces that hand GPUs to Kubernetes:
+the DRA face serves exactly these, the device plugin leaves them out, so a
+GPU is never offered through both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..errors import HamidError
+from ..placement.view import GpuView
+
+
+class DraDevicesError(HamidError):
+    """``draDevices`` names GPUs this node does not have."""
+
+
+def dra_gpus(spec: str, gpus: Iterable[GpuView]) -> frozenset[str]:
+    """The UUIDs of the GPUs ``spec`` names: ``all``, or comma-separated indexes and UUIDs; empty: none."""
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    gpus = list(gpus)
+    if items == ["all"]:
+        return frozenset(g.uuid for g in gpus)
+    out = set()
+    for item in items:
+        g = next((g for g in gpus if item in (g.uuid, str(g.index))), None)
+        if g is None:
+            raise DraDevicesError(f"draDevices: {item!r} is not a GPU of this node; accepted: all, or indexes "
+                                  f"({', '.join(str(g.index) for g in gpus)}) and UUIDs of its GPUs")
+        out.add(g.uuid)
+    return frozenset(out)
