@@ -119,11 +119,14 @@ class DraFace:
     async def _publish_loop(self, publisher: SlicePublisher, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         delay = 1.0
+        last: Pool | None = None  # what the server was last made to hold
         while True:
             self._changed = trio.Event()
             try:
                 p = await self.node.run_blocking(self.pool_now)
-                await publisher.publish(p)
+                if p != last:
+                    await publisher.publish(p)
+                    last = p
             except (KubeApiError, HamidError) as e:  # the API server down, or RBAC: try again, slower
                 log.warning("cannot publish the DRA pool; trying again", error=str(e)[:500])
                 await trio.sleep(delay)

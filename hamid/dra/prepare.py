@@ -109,7 +109,7 @@ class ClaimPreparer:
         res = self.door.get(key)
         if res is not None and res.state == "releasing":
             raise ClaimError(f"claim {alloc.namespace}/{alloc.name} is being released; kubelet retries")
-        if res is not None and res.request != request.to_dict():
+        if res is not None and not _same(res, request):
             raise ClaimError(f"claim {alloc.namespace}/{alloc.name} was prepared here with another allocation "
                              f"({_shown(res)}); it must be unprepared first")
         if res is None or res.state == "reserved":
@@ -142,6 +142,25 @@ class ClaimPreparer:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         return path
+
+
+def _same(res: Reservation, request: Request) -> bool:
+    """Whether ``res`` books what ``request`` asks (a repeated prepare of the same allocation)."""
+    booked = {c.name: c.devices for c in res.decision.containers}
+    if set(booked) != {c.name for c in request.containers}:
+        return False
+    for c in request.containers:
+        g = c.gpu
+        devs = booked[c.name]
+        if g is None or len(devs) != 1 or devs[0].uuid not in g.devices:
+            return False
+        d = devs[0]
+        if g.mig_profile is not None:
+            if d.mig_profile != g.mig_profile:
+                return False
+        elif (g.mem_mib is not None and d.mem_mib != g.mem_mib) or d.cores != g.cores:
+            return False
+    return True
 
 
 def _shown(res: Reservation) -> str:

@@ -31,16 +31,21 @@ SETPRIV = shutil.which("setpriv")  # util-linux: drops the front's capabilities,
 class NodeEnv:
     def __init__(self, root: Path, api, *, node: str = "node-a", simulate: str = "H100:2", split: int = 10,
                  strategy: str = "envvar", pick: str = "first", seed: int = 0, mode: str = "hami-core",
-                 extra_config: str = "", reconcile_interval: float = 1.0, front: bool = False) -> None:
+                 extra_config: str = "", reconcile_interval: float = 1.0, front: bool = False,
+                 dra: str = "") -> None:
         """``front``: as the chart runs it, ``hamid front`` beside the daemon with every
         capability dropped serves the webhook and extender ports; the daemon answers
-        on ``frontDir``'s sockets only."""
+        on ``frontDir``'s sockets only. ``dra``: ``draDevices`` (those GPUs are DRA's,
+        the device plugin serves the others)."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.api = api
         self.node = node
         self.split = split
         self.gpus = len(simulate.split(",")) if ":" not in simulate else int(simulate.rsplit(":", 1)[1])
+        self.dra_gpus = self.gpus if dra == "all" else len([x for x in dra.split(",") if x.strip()])
+        if dra:
+            extra_config += f"draDevices: '{dra}'\n"
         self.state = root / "state"
         # short: unix socket paths are at most 107 bytes, pytest's tmp paths are long
         self.kubelet_dir = Path(tempfile.mkdtemp(prefix="hk-"))
@@ -105,6 +110,8 @@ class NodeEnv:
         stand-in does not write node status): capacity = all devices, allocatable = healthy."""
         n = str(len(self.kubelet.healthy(RESOURCE)))
         total = str(len(self.kubelet.devices(RESOURCE)))
+        if total == "0":
+            return  # no device plugin devices: kubelet lists no such resource
         self.api.set_status("Node", None, self.node, {"capacity": {RESOURCE: total}, "allocatable": {RESOURCE: n}})
 
     def wait_for_api(self, timeout: float = 30.0) -> None:
@@ -125,7 +132,7 @@ class NodeEnv:
         raise AssertionError(f"hamid's local API never answered: {self.log.read_text()[-3000:]}")
 
     def wait_for_devices(self, n: int | None = None, timeout: float = 30.0) -> list[str]:
-        want = self.gpus * self.split if n is None else n
+        want = (self.gpus - self.dra_gpus) * self.split if n is None else n
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc is not None and self.proc.poll() is not None:

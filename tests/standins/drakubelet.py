@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -126,7 +127,7 @@ class DraKubeletStandIn:
             try:
                 now = {}
                 for e in os.scandir(d):
-                    if e.is_socket():
+                    if stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode):
                         now[e.path] = e.stat().st_ctime
                 for path, ctime in now.items():
                     if self._seen.get(path) != ctime:

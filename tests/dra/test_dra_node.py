@@ -1,0 +1,281 @@
+"""DRA (issue 41) end to end on one node: a real ``hamid run`` with ``draDevices``, the API
+server stand-in serving resource.k8s.io/v1, the scheduler stand-in allocating claims from the
+slices hamid publishes (first fit, consumable capacity, counters), and the DRA kubelet stand-in
+calling hamid's real gRPC services over the plugin watcher's sockets.
+
+Owns the proof that a claim's memory and cores become a reservation in the node's one ledger
+and a limits file that says what the claim asked; that the scheduler leaves the next claim
+pending when the GPU is full; that a Docker container booked on the same GPU after the scheduler
+read the slice makes prepare fail with a per-claim error (the ledger refuses) and the slice shrink;
+that deleting the pod unprepares and releases; and that a daemon restart between prepare and
+unprepare loses nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from drakubelet import DraKubeletStandIn, PrepareFailed
+from hamid.kubelet.devices import gpu_of
+from hamid.localapi.client import LocalClient
+from nodeenv import NodeEnv
+from scheduler import SchedulerStandIn
+
+pytestmark = pytest.mark.slow
+
+DRIVER = "gpu.hamid.io"
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def wait_for(what, fn, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.05)
+
+
+class DraCluster:
+    """One node with DRA GPUs, kubelet's DRA side and the scheduler."""
+
+    def __init__(self, root, api, *, simulate="H100:3", dra="0,1", mode="hami-core"):
+        self.api = api
+        self.env = NodeEnv(root, api, simulate=simulate, split=4, dra=dra, mode=mode)
+        self.kubelet = DraKubeletStandIn(self.env.kubelet_dir, node_name=self.env.node, api_url=api.url,
+                                         cdi_dirs=(self.env.cdi,))
+        self.sched = SchedulerStandIn(api, period=0.2)
+
+    def __enter__(self):
+        self.env.start()
+        self.kubelet.start()
+        self.kubelet.wait_registered(DRIVER, timeout=30)
+        self.sched.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.sched.stop()
+        self.kubelet.stop()
+        self.env.stop()
+
+    def slices(self):
+        return [s for s in self.api.list("ResourceSlice") if s["spec"]["driver"] == DRIVER]
+
+    def device(self, name):
+        for s in self.slices():
+            for d in s["spec"].get("devices") or []:
+                if d["name"] == name:
+                    return d
+        return None
+
+    def device_class(self, name="gpu.hamid.io", extended=None, expression=f'device.driver == "{DRIVER}"'):
+        spec = {"selectors": [{"cel": {"expression": expression}}]}
+        if extended:
+            spec["extendedResourceName"] = extended
+        return self.api.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                "metadata": {"name": name}, "spec": spec})
+
+    def template(self, name, requests: dict, selector: str | None = None, config: dict | None = None):
+        exactly = {"deviceClassName": "gpu.hamid.io", "capacity": {"requests": requests}}
+        if selector:
+            exactly["selectors"] = [{"cel": {"expression": selector}}]
+        spec = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+        if config:
+            spec["devices"]["config"] = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": config}}]
+        return self.api.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                                "metadata": {"name": name, "namespace": "default"}, "spec": {"spec": spec}})
+
+    def pod(self, name, template):
+        return self.api.create({"apiVersion": "v1", "kind": "Pod",
+                                "metadata": {"name": name, "namespace": "default"},
+                                "spec": {"containers": [{"name": "main", "image": "cuda",
+                                                         "resources": {"claims": [{"name": "gpu"}]}}],
+                                         "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}})
+
+    def claim_of(self, pod_name):
+        pod = self.api.get("Pod", "default", pod_name)
+        st = {s["name"]: s["resourceClaimName"] for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+        return self.api.get("ResourceClaim", "default", st["gpu"])
+
+    def limits(self, pod_name, container="main"):
+        cfg = self.kubelet.container_config("default", pod_name, container)
+        return self.env.limits_of(cfg), cfg
+
+    def delete(self, pod_name):
+        self.kubelet.unprepare_pod("default", pod_name)
+        self.api.delete("Pod", "default", pod_name, grace_period=0)
+
+    def claim_reservations(self):
+        return [r for r in self.env.reservations() if r["owner"].startswith("claim:")]
+
+
+@pytest.fixture
+def cluster(api_server, tmp_path):
+    with DraCluster(tmp_path / "n", api_server) as c:
+        yield c
+
+
+def test_pool_published_for_the_dra_gpus_only(cluster):
+    """One pool named after the node, the DRA GPUs as shareable devices with memory and cores; the
+    device plugin's GPU is not in it, and kubelet sees only that GPU's devices from the plugin."""
+    s = wait_for("the pool", cluster.slices)
+    assert len(s) == 1
+    spec = s[0]["spec"]
+    assert spec["nodeName"] == cluster.env.node and spec["pool"]["name"] == cluster.env.node
+    assert spec["pool"]["resourceSliceCount"] == 1 and spec["pool"]["generation"] >= 1
+    assert [d["name"] for d in spec["devices"]] == ["gpu-0", "gpu-1"]
+    d = spec["devices"][0]
+    assert d["allowMultipleAllocations"] is True
+    assert d["attributes"]["productName"]["string"].startswith("NVIDIA H100")
+    assert d["attributes"]["architecture"] == {"string": "Hopper"}
+    assert d["attributes"]["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert d["attributes"]["sharing"] == {"string": "shim"}
+    assert d["attributes"]["uuid"]["string"].startswith("GPU-")
+    assert d["capacity"]["memory"]["requestPolicy"]["validRange"] == {"min": "1Mi", "step": "1Mi"}
+    assert d["capacity"]["cores"] == {"value": "100", "requestPolicy": {
+        "default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}}
+    plugin_gpus = {gpu_of(i) for i in cluster.env.kubelet.devices("nvidia.com/gpu")}
+    assert len(cluster.env.kubelet.devices("nvidia.com/gpu")) == 4 and len(plugin_gpus) == 1
+    assert d["attributes"]["uuid"]["string"] not in plugin_gpus
+
+
+def test_claims_share_a_gpu_up_to_its_capacity_and_the_limits_file_says_what_they_asked(cluster):
+    cluster.device_class()
+    cluster.template("half", {"memory": "38Gi", "cores": "50"}, selector='device.attributes["gpu.hamid.io"].index == 0',
+                     config={"apiVersion": "gpu.hamid.io/v1alpha1", "kind": "GpuConfig", "priority": 1})
+    for n in ("a", "b", "c"):
+        cluster.pod(n, "half")
+    assert cluster.sched.wait_bound("default", "a", timeout=30) == cluster.env.node
+    assert cluster.sched.wait_bound("default", "b", timeout=30) == cluster.env.node
+    why = wait_for("c pending", lambda: "claims" in (cluster.sched.last_failure("default", "c") or "") and
+                   cluster.sched.last_failure("default", "c"))
+    assert why == "0/1 nodes are available: 1 cannot allocate all claims."
+    conds = cluster.api.get("Pod", "default", "c")["status"]["conditions"]
+    cond = next(c for c in conds if c["type"] == "PodScheduled")
+    assert cond["reason"] == "Unschedulable"
+
+    cluster.kubelet.prepare_pod("default", "a")
+    cluster.kubelet.prepare_pod("default", "b")
+    lim, cfg = cluster.limits("a")
+    uuid0 = cluster.device("gpu-0")["attributes"]["uuid"]["string"]
+    assert [(d.uuid, d.memory_bytes, d.sm_percent) for d in lim.devices] == [(uuid0, 38 * GiB, 50)]
+    assert lim.priority == 1
+    assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == uuid0
+    assert cfg.mount("/usr/local/vgpu/libvgpu.so").read_only
+    claim = cluster.claim_of("a")
+    res = {r["owner"]: r for r in cluster.claim_reservations()}
+    assert set(res) == {f"claim:{cluster.claim_of(n)['metadata']['uid']}" for n in ("a", "b")}
+    assert cfg.cdi_devices == [f"{DRIVER}/claim={claim['metadata']['uid']}-d0"]
+
+    # a prepare kubelet repeats (it retries until it has an answer) changes nothing
+    calls = len(cluster.kubelet.calls)
+    cluster.kubelet.prepared.clear()
+    cluster.kubelet.prepare_pod("default", "a")
+    assert len(cluster.kubelet.calls) == calls + 1
+    assert len(cluster.claim_reservations()) == 2
+
+    # the pod goes: unprepared, released; its claim is deleted and the pending pod fits
+    cluster.delete("a")
+    assert len(cluster.claim_reservations()) == 1
+    assert cluster.sched.wait_bound("default", "c", timeout=30) == cluster.env.node
+    cluster.kubelet.prepare_pod("default", "c")
+    assert len(cluster.claim_reservations()) == 2
+
+
+def test_a_docker_container_booked_while_the_scheduler_allocates_makes_prepare_fail_per_claim(cluster):
+    """The race of two faces on one GPU: the scheduler allocates a claim from the slice it read;
+    before kubelet prepares it, a Docker container takes most of the GPU. The ledger refuses the
+    claim (a per-claim error kubelet shows as an Event), nothing is booked twice, and the slice is
+    published again with the capacity the container left."""
+    cluster.device_class()
+    wait_for("the pool", cluster.slices)
+    gen0 = cluster.slices()[0]["spec"]["pool"]["generation"]
+    cluster.template("big", {"memory": "60Gi"}, selector='device.attributes["gpu.hamid.io"].index == 0')
+    cluster.sched.stop()  # the scheduler read the slice: hold it there while Docker books the GPU
+    sched = SchedulerStandIn(cluster.api, period=0.2)
+    cluster.sched = sched
+    sched.start()
+    cluster.pod("p", "big")
+    sched.wait_bound("default", "p", timeout=30)
+    with LocalClient(cluster.env.state) as c:
+        c.call("POST", "/v1/containers", {"id": "d" * 64, "env": ["HAMI_VGPU_SPEC=mem=40g", "HAMI_VISIBLE_DEVICES=0"]})
+    with pytest.raises(PrepareFailed, match="does not fit on this node now"):
+        cluster.kubelet.prepare_pod("default", "p")
+    ev = [e for e in cluster.api.list("Event", "default") if e.get("reason") == "FailedPrepareDynamicResources"]
+    assert ev and "NodePrepareResources failed for ResourceClaim" in ev[-1]["message"]
+    assert cluster.claim_reservations() == []
+    booked = [r for r in cluster.env.reservations() if r["owner"].startswith("docker:")]
+    assert len(booked) == 1
+
+    def shrunk():
+        d = cluster.device("gpu-0")
+        s = cluster.slices()[0]["spec"]["pool"]["generation"]
+        return d is not None and d["capacity"]["memory"]["value"] == f"{81559 - 40 * 1024}Mi" and s > gen0
+    wait_for("the slice republished net of the container", shrunk)
+
+
+def test_a_daemon_restart_between_prepare_and_unprepare_loses_nothing(cluster):
+    cluster.device_class()
+    cluster.template("q", {"memory": "8Gi", "cores": "25"})
+    cluster.pod("r", "q")
+    cluster.sched.wait_bound("default", "r", timeout=30)
+    cluster.kubelet.prepare_pod("default", "r")
+    before = cluster.claim_reservations()
+    lim_before, _ = cluster.limits("r")
+    cluster.env.stop_hamid()
+    cluster.env.start_hamid()
+    cluster.kubelet.wait_registered(DRIVER, timeout=30)
+    wait_for("re-registered", lambda: cluster.kubelet.drivers.get(DRIVER) is not None)
+    assert [r["owner"] for r in cluster.claim_reservations()] == [r["owner"] for r in before]
+    assert cluster.limits("r")[0] == lim_before
+    cluster.delete("r")
+    assert cluster.claim_reservations() == []
+    assert not list(cluster.env.cdi.glob(f"{DRIVER}-claim-*.json"))
+
+
+def test_a_whole_gpu_through_the_extended_resource_class(api_server, tmp_path):
+    with DraCluster(tmp_path / "n", api_server, simulate="H100:2", dra="all") as c:
+        c.device_class(extended="nvidia.com/gpu")
+        c.api.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "namespace": "default"},
+                      "spec": {"containers": [{"name": "main", "image": "cuda",
+                                               "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+        c.sched.wait_bound("default", "w", timeout=30)
+        pod = c.api.get("Pod", "default", "w")
+        ext = pod["status"]["extendedResourceClaimStatus"]
+        assert ext["requestMappings"] == [{"containerName": "main", "resourceName": "nvidia.com/gpu",
+                                           "requestName": "container-0-request-0"}]
+        c.kubelet.prepare_pod("default", "w")
+        lim, _ = c.limits("w")
+        assert [(d.memory_bytes, d.sm_percent) for d in lim.devices] == [(81559 * MiB, 0)]
+
+
+def test_a_mig_profile_by_counters(api_server, tmp_path):
+    """A MIG-mode GPU is partitionable: the scheduler allocates profile placements by the GPU's
+    counters (two 4g placements overlap and exceed its 7 compute slices: the second stays pending),
+    and prepare makes the MIG instance the claim names."""
+    with DraCluster(tmp_path / "n", api_server, simulate="H100:1", dra="all", mode="mig") as c:
+        c.device_class(name="mig.gpu.hamid.io", expression=f'device.driver == "{DRIVER}" && '
+                                                           'device.attributes["gpu.hamid.io"].sharing == "mig"')
+        wait_for("the pool", lambda: len(c.slices()) == 2)
+        counters = next(s for s in c.slices() if s["spec"].get("sharedCounters"))
+        assert counters["spec"]["pool"]["resourceSliceCount"] == 2
+        spec = {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "mig.gpu.hamid.io",
+            "selectors": [{"cel": {"expression": 'device.attributes["gpu.hamid.io"].profile == "4g.40gb"'}}]}}]}}
+        c.api.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                      "metadata": {"name": "m", "namespace": "default"}, "spec": {"spec": spec}})
+        c.pod("m1", "m")
+        c.sched.wait_bound("default", "m1", timeout=30)
+        c.pod("m2", "m")
+        wait_for("m2 pending", lambda: "cannot allocate all claims" in (c.sched.last_failure("default", "m2") or ""))
+        c.kubelet.prepare_pod("default", "m1")
+        cfg = c.kubelet.container_config("default", "m1", "main")
+        assert cfg.env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+        res = c.claim_reservations()
+        assert [d["mig_profile"] for r in res for ct in r["decision"]["containers"] for d in ct["devices"]] == \
+            ["4g.40gb"]
