@@ -236,6 +236,7 @@ class DraFace:
             log.info("serving kubelet as a DRA driver", driver=names.DRIVER, socket=self.servers.reg_path,
                      gpus=sorted(self.gpus))
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.sleep_forever)  # serving kubelet is the face's life, API server or not
                 if self.kube is not None:
                     self.node.subscribe(self._on_change)
                     await nursery.start(self._publish_loop, SlicePublisher(self.kube, self.node.name))

@@ -1,0 +1,173 @@
+"""The DRA face's parts in process: the pool it publishes (validated by the API server
+stand-in's resource.k8s.io/v1 rules), how a claim's allocation is read, and the gRPC services
+under both package names."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import replace
+
+import grpc
+import pytest
+import trio
+
+from apiserver.dra import _claim_validate, _slice_validate
+from hamid.daemon.service import request_defaults
+from hamid.dra import names
+from hamid.dra.api import dra_pb2 as pb
+from hamid.dra.api import pluginregistration_pb2 as reg_pb
+from hamid.dra.api import pluginregistration_pb2_grpc as reg_grpc
+from hamid.dra.claims import ClaimError, parse_claim
+from hamid.dra.face import DraFace, semver
+from hamid.dra.prepare import claim_request
+from hamid.dra.slices import GpuFacts, pool
+from hamid.node.dragpus import DraDevicesError, dra_gpus
+from nodeharness import make_node
+
+
+@pytest.fixture
+def node(tmp_path):
+    d = make_node(tmp_path / "state", simulate="H100:2")
+    yield d
+    d.close()
+
+
+def _claim(results, config=(), uid="u1"):
+    return {"metadata": {"namespace": "ns", "name": "c", "uid": uid},
+            "status": {"allocation": {"devices": {"results": list(results), "config": list(config)}}}}
+
+
+def _result(**kw):
+    return {"request": "gpu", "driver": names.DRIVER, "pool": "node-t", "device": "gpu-0", **kw}
+
+
+def test_published_slices_pass_the_api_servers_validation(tmp_path):
+    shared = make_node(tmp_path / "a", simulate="H100:8")
+    mig = make_node(tmp_path / "b", simulate="H100:8", mode="mig")
+    try:
+        for d in (shared, mig):
+            gpus = d.ledger.view().gpus
+            facts = [GpuFacts(view=g, health_reason="" if g.index else "XID 79") for g in gpus]
+            slices = pool(facts, driver_version=semver("580.95.05")).slices("node-t", 3)
+            for s in slices:
+                assert _slice_validate(s) == [], s["metadata"]["name"]
+                assert s["spec"]["pool"]["resourceSliceCount"] == len(slices)
+        mig_slices = pool([GpuFacts(view=g) for g in mig.ledger.view().gpus]).slices("node-t", 1)
+        assert len(mig_slices) > 2  # 8 GPUs' placements need more than 64 devices: split, counters apart
+        assert sum(len(s["spec"].get("sharedCounters") or []) for s in mig_slices) == 8
+    finally:
+        shared.close()
+        mig.close()
+
+
+def test_the_pool_is_net_of_the_other_faces_and_taints_an_unhealthy_gpu(node):
+    g0, g1 = node.ledger.view().gpus
+    p = pool([GpuFacts(view=g0, foreign_mem_mib=1000, foreign_cores=30, health_reason="XID 79"),
+              GpuFacts(view=g1, foreign_cores=100, foreign_exclusive=True)], default_mem_mib=4096, default_cores=10)
+    assert [d["name"] for d in p.devices] == ["gpu-0"]
+    assert p.left_out == {g1.uuid: "another face holds all its compute"}
+    d = p.devices[0]
+    assert d["capacity"]["memory"]["value"] == f"{g0.mem_total - 1000}Mi"
+    assert d["capacity"]["memory"]["requestPolicy"]["default"] == "4096Mi"
+    assert d["capacity"]["cores"]["value"] == "70"
+    assert d["capacity"]["cores"]["requestPolicy"] == {"default": "10", "validRange": {"min": "0", "max": "70",
+                                                                                        "step": "1"}}
+    assert d["taints"] == [{"key": "gpu.hamid.io/unhealthy", "value": "XID 79", "effect": "NoSchedule"}]
+
+
+def test_a_claims_allocation_is_read_strictly():
+    cfg = {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": names.DRIVER, "parameters": {
+        "apiVersion": "gpu.hamid.io/v1alpha1", "kind": "GpuConfig", "priority": 0, "corePolicy": "force"}}}
+    got = parse_claim(_claim([_result(shareID="s1", consumedCapacity={"memory": "4Gi", "cores": "20"})], [cfg]),
+                      node="node-t", uid="u1")
+    d = got.devices[0]
+    assert (d.memory_bytes, d.cores, d.share_id, d.config.priority, d.config.core_policy) == \
+        (4 << 30, 20, "s1", 0, "force")
+    other = parse_claim(_claim([_result(driver="gpu.nvidia.com")]), node="node-t", uid="u1")
+    assert other.devices == ()  # another driver's results are not ours to prepare
+    with pytest.raises(ClaimError, match="UID 'u1' at the API server, kubelet asked for 'u2'"):
+        parse_claim(_claim([_result()]), node="node-t", uid="u2")
+    with pytest.raises(ClaimError, match="adminAccess is not supported"):
+        parse_claim(_claim([_result(adminAccess=True)]), node="node-t", uid="u1")
+    with pytest.raises(ClaimError, match="pool 'node-x' is not this node's"):
+        parse_claim(_claim([_result(pool="node-x")]), node="node-t", uid="u1")
+    bad = {**cfg, "opaque": {"driver": names.DRIVER, "parameters": {"apiVersion": "gpu.hamid.io/v1alpha1",
+                                                                     "kind": "GpuConfig", "limit": 3}}}
+    with pytest.raises(ClaimError, match="unknown field 'limit'; accepted: apiVersion, kind, priority, corePolicy"):
+        parse_claim(_claim([_result()], [bad]), node="node-t", uid="u1")
+    with pytest.raises(ClaimError, match="more than 100"):
+        parse_claim(_claim([_result(consumedCapacity={"cores": "150"})]), node="node-t", uid="u1")
+
+
+def test_a_claim_on_a_gpu_that_does_not_serve_dra_is_refused(node):
+    gpus = node.ledger.view().gpus
+    alloc = parse_claim(_claim([_result(device="gpu-1", consumedCapacity={"memory": "1Gi"})]), node="node-t",
+                        uid="u1")
+    with pytest.raises(ClaimError, match="GPU 1 .* does not serve DRA"):
+        claim_request(alloc, gpus, frozenset({gpus[0].uuid}))
+    with pytest.raises(ClaimError, match="device 'gpu-9' is not in this node's pool"):
+        claim_request(replace(alloc, devices=(replace(alloc.devices[0], device="gpu-9"),)), gpus,
+                      frozenset(g.uuid for g in gpus))
+    req = claim_request(alloc, gpus, frozenset({gpus[1].uuid}))
+    assert req.containers[0].gpu.mem_mib == 1024 and req.containers[0].gpu.devices == (gpus[1].uuid,)
+
+
+def test_dra_devices_names_gpus_of_this_node(node):
+    gpus = node.ledger.view().gpus
+    assert dra_gpus("", gpus) == frozenset()
+    assert dra_gpus("all", gpus) == {g.uuid for g in gpus}
+    assert dra_gpus(f"1, {gpus[0].uuid}", gpus) == {g.uuid for g in gpus}
+    with pytest.raises(DraDevicesError, match="'7' is not a GPU of this node; accepted: all, or indexes \\(0, 1\\)"):
+        dra_gpus("0,7", gpus)
+
+
+def test_the_api_server_refuses_a_malformed_slice_and_claim():
+    base = {"spec": {"driver": names.DRIVER, "nodeName": "n", "pool": {"name": "n", "generation": 1,
+                                                                       "resourceSliceCount": 1}}}
+    dev = {"name": "gpu-0", "allowMultipleAllocations": True, "capacity": {"cores": {
+        "value": "100", "requestPolicy": {"default": "7", "validRange": {"min": "2", "step": "2"}}}}}
+    causes = _slice_validate({"spec": {**base["spec"], "devices": [dev], "sharedCounters": [
+        {"name": "c", "counters": {"x": {"value": "1"}}}]}})
+    assert ("FieldValueInvalid", "spec", "Invalid value: only one of `devices` or `sharedCounters` may be set") \
+        in causes
+    assert any(c[1] == "spec.devices[0].capacity[cores].requestPolicy.default" for c in causes)
+    claim = {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x", "count": 0}}]}}}
+    assert [c[1] for c in _claim_validate(claim)] == ["spec.devices.requests[0].exactly.count"]
+
+
+def test_both_service_versions_answer_and_every_claim_gets_an_entry(node):
+    """v1 and v1beta1 DRAPlugin on one socket; registration names both; a claim that cannot be
+    read gets its own error, the call itself succeeds (kubelet drops a whole answer on a gRPC error)."""
+    kdir = tempfile.mkdtemp(prefix="hk-")
+    face = DraFace(node.service, kubelet_dir=kdir, cdi_dir=os.path.join(kdir, "cdi"), api=None, devices="all",
+                   defaults=request_defaults(node))
+
+    def calls():
+        reg = os.path.join(kdir, "plugins_registry", "gpu.hamid.io-reg.sock")
+        with grpc.insecure_channel(f"unix:{reg}") as ch:
+            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=10)
+        assert (info.type, info.name) == ("DRAPlugin", "gpu.hamid.io")
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert oct(os.stat(info.endpoint).st_mode & 0o777) == "0o600"
+        out = []
+        with grpc.insecure_channel(f"unix:{info.endpoint}") as ch:
+            for service in ("v1.DRAPlugin", "v1beta1.DRAPlugin"):
+                call = ch.unary_unary(f"/{service}/NodePrepareResources",
+                                      request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
+                                      response_deserializer=pb.NodePrepareResourcesResponse.FromString)
+                out.append(call(pb.NodePrepareResourcesRequest(claims=[
+                    pb.Claim(namespace="ns", name="c", uid="u1"), pb.Claim(namespace="ns", name="d", uid="u2")]),
+                    timeout=10))
+        return out
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(face.run)
+            got = await trio.to_thread.run_sync(calls)
+            n.cancel_scope.cancel()
+        return got
+
+    for resp in trio.run(main):
+        assert set(resp.claims) == {"u1", "u2"}
+        assert "no API server to read the claim from" in resp.claims["u1"].error
