@@ -160,7 +160,7 @@ class NodeSettings(BaseModel):
     filterDevices: FilterDevices = FilterDevices()
     """GPUs to leave alone; empty by default (use every GPU)."""
 
-    draDevices: str = Field("", pattern=r"^[A-Za-z0-9,._ -]{0,4096}$")
+    draDevices: str = Field("", max_length=4096, pattern=r"^[A-Za-z0-9,._ -]*$")
     """GPUs this node serves through Dynamic Resource Allocation (driver
     ``gpu.hamid.io``, docs/dra.md) instead of the device plugin: ``all``, or
     a comma-separated list of indexes and UUIDs (``0,1`` or ``GPU-...``);

@@ -38,6 +38,7 @@ VARIANTS = {
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "renamed-resources": {"config": {"resourceCountName": "example.com/vgpu",
                                      "resourceMemoryName": "example.com/vgpu-memory"}},
+    "dra": {"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu"}, "config": {"draDevices": "all"}},
     "existing-secrets": {"gossip": {"existingSecret": "my-keys"},
                          "webhook": {"certificate": {"existingSecret": "my-tls"}}},
 }
@@ -126,6 +127,8 @@ def test_every_manifest_validates_strictly_against_every_supported_kubernetes(va
                 continue  # the option says 1.36 and newer; the next test shows older ones refuse it
             if doc["kind"].startswith("ValidatingAdmissionPolicy") and version < "1.30.0":
                 continue  # rendered only where the API server serves it (1.30+): see the node-restriction test
+            if doc["kind"] == "DeviceClass" and version < "1.34.0":
+                continue  # rendered only where the API server serves resource.k8s.io/v1 (1.34+)
             if doc["kind"] == "ServiceMonitor":
                 continue  # a CRD (Prometheus Operator): test_service_monitor_scrapes_the_metrics_port checks it
             try:

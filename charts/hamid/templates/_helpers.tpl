@@ -94,6 +94,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $_ := set $owned "extenderClientKeyFile" "/etc/hamid/extender-client/tls.key" -}}
 {{- $_ := set $owned "extenderServerCAFile" "/etc/hamid/webhook-tls/ca.crt" -}}
 {{- end -}}
+{{- $dra := ternary .Values.config.draDevices "" (hasKey .Values.config "draDevices") -}}
+{{- range (.Values.config.nodeconfig | default list) -}}{{- if .draDevices -}}{{- $dra = .draDevices -}}{{- end -}}{{- end -}}
+{{- if and $dra (not .Values.dra.enabled) -}}
+{{- fail "config.draDevices is set but dra.enabled is false: kubelet's plugin directories would not be mounted nor the ResourceSlice access granted; set dra.enabled: true" -}}
+{{- end -}}
 {{- range $k, $_ := $owned -}}
 {{- if hasKey $.Values.config $k -}}
 {{- fail (printf "config.%s is set by the chart (from mode, ports, hostPaths or the Secrets); remove it from config and set the chart value instead" $k) -}}
