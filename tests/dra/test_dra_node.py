@@ -13,13 +13,17 @@ unprepare loses nothing.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from drakubelet import DraKubeletStandIn, PrepareFailed
 from hamid.kubelet.devices import gpu_of
 from hamid.localapi.client import LocalClient
+from hamid.node import mps
 from nodeenv import NodeEnv
 from scheduler import SchedulerStandIn
 
@@ -44,9 +48,11 @@ def wait_for(what, fn, timeout=30.0):
 class DraCluster:
     """One node with DRA GPUs, kubelet's DRA side and the scheduler."""
 
-    def __init__(self, root, api, *, simulate="H100:3", dra="0,1", mode="hami-core"):
+    def __init__(self, root, api, *, simulate="H100:3", dra="0,1", mode="hami-core", extra_config="",
+                 reconcile_interval=1.0):
         self.api = api
-        self.env = NodeEnv(root, api, simulate=simulate, split=4, dra=dra, mode=mode)
+        self.env = NodeEnv(root, api, simulate=simulate, split=4, dra=dra, mode=mode, extra_config=extra_config,
+                           reconcile_interval=reconcile_interval)
         self.kubelet = DraKubeletStandIn(self.env.kubelet_dir, node_name=self.env.node, api_url=api.url,
                                          cdi_dirs=(self.env.cdi,))
         self.sched = SchedulerStandIn(api, period=0.2)
@@ -279,3 +285,47 @@ def test_a_mig_profile_by_counters(api_server, tmp_path):
         res = c.claim_reservations()
         assert [d["mig_profile"] for r in res for ct in r["decision"]["containers"] for d in ct["devices"]] == \
             ["4g.40gb"]
+
+
+def test_an_mps_gpu_serves_claims_as_mps_clients(api_server):
+    """A GPU that serves MPS is published with sharing "mps"; a claim on it gets an MPS client's
+    limits file (its thread percentage and pinned memory) and the GPU's pipe directory."""
+    standin = str(Path(__file__).resolve().parents[1] / "standins" / "nvidia-cuda-mps-control")
+    root = Path(tempfile.mkdtemp(prefix="dm", dir="/tmp"))  # short: the control socket's path is a unix socket's
+    try:
+        with DraCluster(root, api_server, simulate="H100:1", dra="all", mode="mps",
+                        extra_config=f"mpsControl: {standin}\nmpsCheckInterval: 0.2\n") as c:
+            wait_for("the pool", c.slices)
+            assert c.device("gpu-0")["attributes"]["sharing"] == {"string": "mps"}
+            c.device_class()
+            c.template("m", {"memory": "4Gi", "cores": "30"})
+            c.pod("p", "m")
+            c.sched.wait_bound("default", "p", timeout=30)
+            c.kubelet.prepare_pod("default", "p")
+            lim, cfg = c.limits("p")
+            (dev,) = lim.devices
+            assert lim.mps and dev.sm_percent == 30 and dev.memory_bytes == 4 * GiB
+            pipe = cfg.mount("/run/hamid-mps")
+            assert not pipe.read_only and pipe.host_path == mps.pipe_dir(c.env.state, dev.uuid)
+            assert cfg.env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/hamid-mps"
+            assert mps.MpsControl(standin, str(c.env.state)).running(dev.uuid)
+            c.delete("p")
+            assert c.claim_reservations() == []
+    finally:
+        ctl = mps.MpsControl(standin, str(root / "state"))
+        for uuid in ctl.gpus():
+            ctl.stop(uuid)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_claim_deleted_while_kubelet_never_unprepares_is_released_by_the_reconciler(cluster):
+    """Kubelet lost (its unprepare never comes), the pod and its claim deleted: the reconciler asks
+    the API server, finds no claim of that UID and releases the share."""
+    cluster.device_class()
+    cluster.template("q", {"memory": "8Gi"})
+    cluster.pod("r", "q")
+    cluster.sched.wait_bound("default", "r", timeout=30)
+    cluster.kubelet.prepare_pod("default", "r")
+    assert len(cluster.claim_reservations()) == 1
+    cluster.api.delete("Pod", "default", "r", grace_period=0)  # the claim controller deletes its claim
+    wait_for("the claim released", lambda: cluster.claim_reservations() == [])
