@@ -266,8 +266,22 @@ class NodeDoor:
             self.announce("conflict", owner.key)
             raise
 
+    def commit(self, owner: Owner, decision: Decision, *, request: dict | None = None) -> Reservation:
+        """A decision made elsewhere (the DRA scheduler's allocation), re-checked by the ledger."""
+        try:
+            return self._core.commit(owner, decision, request=request)
+        except LedgerConflict:
+            self.announce("conflict", owner.key)
+            raise
+
     def prepare(self, key: str, **kw) -> Reservation:
         return self._core.prepare(key, **kw)
+
+    def release(self, key: str) -> Reservation | None:
+        """Release ``key`` (announced): a face undoing what it booked a moment ago."""
+        got = self._core.release(key)
+        self.announce("released", key)
+        return got
 
     def write_container_files(self, key: str, container: str, user: tuple[int, int] | None = None) -> None:
         self._core.write_container_files(key, container, user)

@@ -282,9 +282,25 @@ def test_a_mig_profile_by_counters(api_server, tmp_path):
         c.kubelet.prepare_pod("default", "m1")
         cfg = c.kubelet.container_config("default", "m1", "main")
         assert cfg.env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
-        res = c.claim_reservations()
-        assert [d["mig_profile"] for r in res for ct in r["decision"]["containers"] for d in ct["devices"]] == \
-            ["4g.40gb"]
+        (res,) = c.claim_reservations()
+        (dev,) = res["decision"]["containers"][0]["devices"]
+        (result,) = c.claim_of("m1")["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "gpu-0-mig-4g-40gb-0" and dev["mig_profile"] == "4g.40gb"
+        # a 1g.10gb claim: first fit by the counters is slice 4 (hamid's own choice would be slice 6):
+        # the instance is made where the scheduler allocated, so the counters stay true
+        spec1 = {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "mig.gpu.hamid.io",
+            "selectors": [{"cel": {"expression": 'device.attributes["gpu.hamid.io"].profile == "1g.10gb"'}}]}}]}}
+        c.api.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                      "metadata": {"name": "one", "namespace": "default"}, "spec": {"spec": spec1}})
+        c.pod("s1", "one")
+        c.sched.wait_bound("default", "s1", timeout=30)
+        c.kubelet.prepare_pod("default", "s1")
+        (result,) = c.claim_of("s1")["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "gpu-0-mig-1g-10gb-4"
+        uid = c.claim_of("s1")["metadata"]["uid"]
+        (res,) = [r for r in c.claim_reservations() if r["owner"] == f"claim:{uid}"]
+        assert res["decision"]["containers"][0]["devices"][0]["mig_placement"] == {"start": 4, "size": 1}
 
 
 def test_an_mps_gpu_serves_claims_as_mps_clients(api_server):

@@ -20,7 +20,7 @@ from hamid.dra.api import pluginregistration_pb2 as reg_pb
 from hamid.dra.api import pluginregistration_pb2_grpc as reg_grpc
 from hamid.dra.claims import ClaimError, parse_claim
 from hamid.dra.face import DraFace, semver
-from hamid.dra.prepare import claim_request
+from hamid.dra.prepare import claim_plan
 from hamid.dra.slices import GpuFacts, pool
 from hamid.node.dragpus import DraDevicesError, dra_gpus
 from nodeharness import make_node
@@ -105,12 +105,14 @@ def test_a_claim_on_a_gpu_that_does_not_serve_dra_is_refused(node):
     alloc = parse_claim(_claim([_result(device="gpu-1", consumedCapacity={"memory": "1Gi"})]), node="node-t",
                         uid="u1")
     with pytest.raises(ClaimError, match="GPU 1 .* does not serve DRA"):
-        claim_request(alloc, gpus, frozenset({gpus[0].uuid}))
+        claim_plan(alloc, gpus, frozenset({gpus[0].uuid}), "node-t")
     with pytest.raises(ClaimError, match="device 'gpu-9' is not in this node's pool"):
-        claim_request(replace(alloc, devices=(replace(alloc.devices[0], device="gpu-9"),)), gpus,
-                      frozenset(g.uuid for g in gpus))
-    req = claim_request(alloc, gpus, frozenset({gpus[1].uuid}))
+        claim_plan(replace(alloc, devices=(replace(alloc.devices[0], device="gpu-9"),)), gpus,
+                   frozenset(g.uuid for g in gpus), "node-t")
+    req, decision = claim_plan(alloc, gpus, frozenset({gpus[1].uuid}), "node-t")
     assert req.containers[0].gpu.mem_mib == 1024 and req.containers[0].gpu.devices == (gpus[1].uuid,)
+    (dev,) = decision.containers[0].devices
+    assert (dev.uuid, dev.mem_mib, dev.cores, dev.mps) == (gpus[1].uuid, 1024, 0, False)
 
 
 def test_dra_devices_names_gpus_of_this_node(node):
