@@ -51,7 +51,7 @@ the device manager leaves them), no pod lifecycle beyond admit/start/remove
 (no restarts counted, no pod phases), no 5-minute grace before a dead
 plugin's resource is dropped, no plugin-watcher (``plugins_registry``)
 registration, no CPU or memory managers (``cpu_ids``/``memory`` stay empty),
-no DRA. The checkpoint is JSON of its own design, and it also keeps the pods'
+no DRA (kubelet's DRA side and plugin watcher: :mod:`drakubelet`). The checkpoint is JSON of its own design, and it also keeps the pods'
 names and container lists, which kubelet takes from its pod manager.
 
 Additions beyond the brief's API (documented here for the tests that use them):

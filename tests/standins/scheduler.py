@@ -41,6 +41,12 @@ What it does, as kube-scheduler does:
   (init containers with ``restartPolicy: Always``) added to both, plus
   ``spec.overhead``; resources an extender marks ``ignoredByScheduler`` are
   skipped).
+* DynamicResources (claims, ResourceSlices, DeviceClasses; extended
+  resources served by a DeviceClass), between the node filters and
+  NodeResourcesFit, and its PreBind writing the claims' allocation: as
+  :mod:`dynamicresources` describes (first fit, consumable capacity, counters;
+  its controller part runs at the start of every pass). An API server without
+  ``resource.k8s.io`` turns it off.
 * then the extenders, one after another on the nodes still feasible, for a
   pod they are interested in (it requests or limits one of their
   ``managedResources``, or they have none): ``filter`` with ``ExtenderArgs``

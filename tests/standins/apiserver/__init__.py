@@ -27,7 +27,12 @@ What it does, as the real server does:
   and validating webhook configurations (defaulted and validated as the real
   server does); ``authorization.k8s.io/v1`` selfsubjectaccessreviews,
   subjectaccessreviews and selfsubjectrulesreviews (answered by the
-  authorizer, never stored: ``kubectl auth can-i [--list]``). Discovery lists
+  authorizer, never stored: ``kubectl auth can-i [--list]``);
+  ``resource.k8s.io/v1`` deviceclasses, resourceclaims with ``status``,
+  resourceclaimtemplates and resourceslices (field selectors
+  ``spec.nodeName``, ``spec.driver``, ``spec.pool.name``), validated as
+  :mod:`apiserver.dra` says (and not: CEL compilation, feature gates,
+  allocation transitions). Discovery lists
   every group, version and resource, with short names (``sa``, ``ds``,
   ``svc``...) and the ``all`` category.
 * services: defaults (``type: ClusterIP``, ``sessionAffinity``, port
