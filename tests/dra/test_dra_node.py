@@ -345,3 +345,24 @@ def test_a_claim_deleted_while_kubelet_never_unprepares_is_released_by_the_recon
     assert len(cluster.claim_reservations()) == 1
     cluster.api.delete("Pod", "default", "r", grace_period=0)  # the claim controller deletes its claim
     wait_for("the claim released", lambda: cluster.claim_reservations() == [])
+
+
+def test_an_unhealthy_gpu_is_tainted_in_the_pool_and_claims_avoid_it(cluster):
+    from hamid.devices.simulated import SimulatedBackend, parse_simulate_spec
+
+    b = SimulatedBackend(parse_simulate_spec("H100:3"), cluster.env.node,
+                         state_file=cluster.env.state / "simulated-mig.json")
+    wait_for("the pool", cluster.slices)
+    gen = cluster.slices()[0]["spec"]["pool"]["generation"]
+    b.set_healthy(1, False)
+    wait_for("the taint", lambda: (cluster.device("gpu-1") or {}).get("taints"))
+    assert cluster.device("gpu-1")["taints"] == [{"key": "gpu.hamid.io/unhealthy", "effect": "NoSchedule",
+                                                  "value": "the device backend reports the GPU unhealthy"}]
+    assert cluster.slices()[0]["spec"]["pool"]["generation"] > gen
+    cluster.device_class()
+    cluster.template("g1", {"memory": "1Gi"}, selector='device.attributes["gpu.hamid.io"].index == 1')
+    cluster.pod("t", "g1")
+    wait_for("t pending", lambda: "cannot allocate all claims" in (cluster.sched.last_failure("default", "t") or ""))
+    b.set_healthy(1, True)
+    assert cluster.sched.wait_bound("default", "t", timeout=30) == cluster.env.node
+    assert "taints" not in cluster.device("gpu-1")
