@@ -108,7 +108,7 @@ class LedgerCollector:
             # per pod and GPU, as HAMi (#2898): the pod's booking, the larger of its init peak and app sum
             booked = {u: [p[0], p[1]] for u, p in parts(r.decision, caps).items()}
             for c in r.decision.containers:
-                ctr = c.name if r.kind == "pod" else "main"
+                ctr = c.name if r.kind != "docker" else "main"
                 for vi, d in enumerate(c.devices):
                     alloc_info.add_metric([ns, view.name, pod, ctr, d.uuid, r.owner], 1)
                     # parts() counts a MIG instance in slices; HAMi's series carry its memory
@@ -132,7 +132,7 @@ class LedgerCollector:
         yield alloc_info
         yield mps_shares
         resv = GaugeMetricFamily("hamid_reservations", "Reservations in the ledger", labels=["kind"])
-        for kind in ("docker", "pod"):
+        for kind in ("docker", "pod", "claim"):
             resv.add_metric([kind], per_kind.get(kind, 0))
         yield resv
         build = GaugeMetricFamily("hami_build_info", "hami build metadata exposed as labels with a constant value "
@@ -189,9 +189,9 @@ class HostCollector:
 
 
 def owner_labels(r) -> tuple[str, str]:
-    """(namespace, pod) as HAMi's metrics carry them: a pod's own; a Docker
-    container's as namespace ``docker`` and its name."""
-    if r.kind == "pod":
+    """(namespace, pod) as HAMi's metrics carry them: a pod's own (a DRA claim's: its namespace and
+    name); a Docker container's as namespace ``docker`` and its name."""
+    if r.kind in ("pod", "claim"):
         ns, sep, name = r.name.partition("/")
         return (ns, name) if sep else ("", r.name or r.uid)
     return "docker", r.name or r.uid
@@ -216,7 +216,7 @@ class SlotLabeler:
             for r in self._ledger.list():
                 ns, pod = owner_labels(r)
                 for c in r.decision.containers:
-                    fresh.setdefault(slot_name(r, c.name), (ns, pod, c.name if r.kind == "pod" else "main"))
+                    fresh.setdefault(slot_name(r, c.name), (ns, pod, c.name if r.kind != "docker" else "main"))
             self._map, self._stamp = fresh, stamp
         # a directory no reservation names: a container the runtime admitted without the daemon
         return self._map.get(slot, ("docker", slot, "main"))

@@ -26,8 +26,8 @@ MIB = 1024 * 1024
 
 
 def _names(r: Reservation) -> tuple[str, str]:
-    """(namespace, name): a pod's ``namespace/name``; a Docker container under ``docker``."""
-    if r.kind == "pod":
+    """(namespace, name): a pod's (or DRA claim's) ``namespace/name``; a Docker container under ``docker``."""
+    if r.kind in ("pod", "claim"):
         ns, sep, name = r.name.partition("/")
         return (ns, name) if sep else ("", r.name or r.owner.partition(":")[2])
     return "docker", r.name or r.owner.partition(":")[2][:12]

@@ -173,3 +173,15 @@ def test_both_service_versions_answer_and_every_claim_gets_an_entry(node):
     for resp in trio.run(main):
         assert set(resp.claims) == {"u1", "u2"}
         assert "no API server to read the claim from" in resp.claims["u1"].error
+
+
+def test_a_claims_share_is_labelled_by_its_namespace_and_name_in_metrics(node):
+    from hamid.metrics.exporter import owner_labels
+    from hamid.node.identity import Owner
+
+    gpus = node.ledger.view().gpus
+    alloc = parse_claim(_claim([_result(consumedCapacity={"memory": "1Gi", "cores": "10"})]), node="node-t",
+                        uid="u1")
+    req, decision = claim_plan(alloc, gpus, frozenset(g.uuid for g in gpus), "node-t")
+    res = node.core.commit(Owner("claim", "u1", name="ns/c"), decision, request=req.to_dict())
+    assert owner_labels(res) == ("ns", "c")
