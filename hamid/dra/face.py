@@ -46,6 +46,8 @@ log = get_logger("dra")
 
 CLAIMS = f"/apis/{names.GROUP_VERSION}/namespaces/{{ns}}/resourceclaims/{{name}}"
 _SEMVER_PART = re.compile(r"[0-9]+")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
 def semver(driver: str | None) -> str | None:
@@ -146,6 +148,9 @@ class DraFace:
     # --- prepare and unprepare ----------------------------------------------------------------
 
     async def _read_claim(self, claim: pb.Claim) -> dict:
+        if not _NAMESPACE.fullmatch(claim.namespace) or not _NAME.fullmatch(claim.name) or len(claim.name) > 253:
+            raise ClaimError(f"claim {claim.namespace[:64]!r}/{claim.name[:64]!r}: not a namespace and object name "
+                             "(lowercase RFC 1123 label / subdomain)")
         if self.kube is None:
             raise ClaimError("no API server to read the claim from (kubernetes is not configured)")
         try:
@@ -170,10 +175,11 @@ class DraFace:
 
     async def prepare(self, claims: list[pb.Claim]) -> pb.NodePrepareResourcesResponse:
         resp = pb.NodePrepareResourcesResponse()
+        deadline = trio.current_time() + CLAIM_DEADLINE_S  # the whole call, under kubelet's 45 s
         async with self._calls:
             for c in claims:
                 try:
-                    with trio.fail_after(CLAIM_DEADLINE_S):
+                    with trio.fail_at(deadline):
                         resp.claims[c.uid].CopyFrom(await self._prepare_one(c))
                 except trio.TooSlowError:
                     resp.claims[c.uid].error = f"claim {c.namespace}/{c.name}: not prepared in {CLAIM_DEADLINE_S:g} s"
@@ -187,10 +193,11 @@ class DraFace:
 
     async def unprepare(self, claims: list[pb.Claim]) -> pb.NodeUnprepareResourcesResponse:
         resp = pb.NodeUnprepareResourcesResponse()
+        deadline = trio.current_time() + CLAIM_DEADLINE_S
         async with self._calls:
             for c in claims:
                 try:
-                    with trio.fail_after(CLAIM_DEADLINE_S):
+                    with trio.fail_at(deadline):
                         res = await self.node.release(owner_key(c.uid))
                     resp.claims[c.uid].SetInParent()
                     if res is not None:

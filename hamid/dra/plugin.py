@@ -12,9 +12,10 @@ Two unix sockets, both made by the daemon, mode 0600 in root's directories
   ``NodeUnprepareResources``, the same handlers under both package names (the
   messages are the same; v1beta1 ignores ``share_id``).
 
-Calls carry at most :data:`MAX_MESSAGE` bytes, and each claim is answered
-within :data:`CLAIM_DEADLINE_S` (kubelet gives a call 45 s); every claim
-asked for has an entry in the answer, its error saying why it failed.
+Calls carry at most :data:`MAX_MESSAGE` bytes, and a call is answered within
+:data:`CLAIM_DEADLINE_S` (kubelet gives a call 45 s): claims not done by then
+get an error of their own; every claim asked for has an entry in the answer,
+its error saying why it failed. Only root reaches the sockets.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from .api import pluginregistration_pb2_grpc as reg_grpc
 log = get_logger("dra")
 
 MAX_MESSAGE = 4 << 20  # a prepare call names claims (uid, namespace, name): a few KiB; kubelet's own limit is 16 MiB
-CLAIM_DEADLINE_S = 40.0  # under kubelet's 45 s per call
+CLAIM_DEADLINE_S = 40.0  # a whole call, under kubelet's 45 s
 
 PrepareFn = Callable[[list[pb.Claim]], Awaitable[pb.NodePrepareResourcesResponse]]
 UnprepareFn = Callable[[list[pb.Claim]], Awaitable[pb.NodeUnprepareResourcesResponse]]

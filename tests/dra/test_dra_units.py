@@ -159,8 +159,8 @@ def test_both_service_versions_answer_and_every_claim_gets_an_entry(node):
                                       request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
                                       response_deserializer=pb.NodePrepareResourcesResponse.FromString)
                 out.append(call(pb.NodePrepareResourcesRequest(claims=[
-                    pb.Claim(namespace="ns", name="c", uid="u1"), pb.Claim(namespace="ns", name="d", uid="u2")]),
-                    timeout=10))
+                    pb.Claim(namespace="ns", name="c", uid="u1"), pb.Claim(namespace="ns", name="d", uid="u2"),
+                    pb.Claim(namespace="..", name="x/../../nodes", uid="u3")]), timeout=10))
         return out
 
     async def main():
@@ -171,8 +171,9 @@ def test_both_service_versions_answer_and_every_claim_gets_an_entry(node):
         return got
 
     for resp in trio.run(main):
-        assert set(resp.claims) == {"u1", "u2"}
+        assert set(resp.claims) == {"u1", "u2", "u3"}
         assert "no API server to read the claim from" in resp.claims["u1"].error
+        assert "not a namespace and object name" in resp.claims["u3"].error  # never part of a URL
 
 
 def test_a_claims_share_is_labelled_by_its_namespace_and_name_in_metrics(node):
