@@ -33,6 +33,7 @@ from ..kube.rest import AsyncKube, KubeApiError
 from ..logs import get_logger
 from ..node.dragpus import dra_gpus
 from ..node.service import NodeService, Reservation
+from ..placement.view import MigSlot
 from ..request.model import Defaults
 from . import names
 from .api import dra_pb2 as pb
@@ -103,8 +104,6 @@ class DraFace:
                     f["mem"] += d.mem_mib
                     f["cores"] += d.cores
                     f["excl"] = f["excl"] or d.cores >= 100
-        from ..placement.view import MigSlot
-
         facts = []
         for g in view.gpus:
             if g.uuid not in self.gpus:

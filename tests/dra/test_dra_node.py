@@ -229,10 +229,13 @@ def test_a_daemon_restart_between_prepare_and_unprepare_loses_nothing(cluster):
     cluster.kubelet.prepare_pod("default", "r")
     before = cluster.claim_reservations()
     lim_before, _ = cluster.limits("r")
+    gen = cluster.slices()[0]["spec"]["pool"]["generation"]
+    old_socket = cluster.kubelet.drivers[DRIVER].socket
     cluster.env.stop_hamid()
+    wait_for("deregistered", lambda: DRIVER not in cluster.kubelet.drivers)  # its socket went with it
     cluster.env.start_hamid()
-    cluster.kubelet.wait_registered(DRIVER, timeout=30)
-    wait_for("re-registered", lambda: cluster.kubelet.drivers.get(DRIVER) is not None)
+    assert cluster.kubelet.wait_registered(DRIVER, timeout=30).socket == old_socket
+    assert cluster.slices()[0]["spec"]["pool"]["generation"] >= gen  # never back
     assert [r["owner"] for r in cluster.claim_reservations()] == [r["owner"] for r in before]
     assert cluster.limits("r")[0] == lim_before
     cluster.delete("r")

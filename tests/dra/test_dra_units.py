@@ -186,3 +186,29 @@ def test_a_claims_share_is_labelled_by_its_namespace_and_name_in_metrics(node):
     req, decision = claim_plan(alloc, gpus, frozenset(g.uuid for g in gpus), "node-t")
     res = node.core.commit(Owner("claim", "u1", name="ns/c"), decision, request=req.to_dict())
     assert owner_labels(res) == ("ns", "c")
+
+
+def test_the_protos_carry_kubelets_wire_facts():
+    """Field numbers and types of kubelet's dra/v1 and pluginregistration/v1 (docs: /work/shared/reference/dra.md,
+    from kubernetes/kubelet's api.proto): a wrong number here would make kubelet read another field."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    def shape(msg):
+        return {f.name: (f.number, f.type, f.is_repeated) for f in msg.DESCRIPTOR.fields}
+
+    S, B = F.TYPE_STRING, F.TYPE_BOOL
+    assert shape(pb.Claim) == {"namespace": (1, S, False), "uid": (2, S, False), "name": (3, S, False)}
+    assert shape(pb.Device) == {"request_names": (1, S, True), "pool_name": (2, S, False),
+                                "device_name": (3, S, False), "cdi_device_ids": (4, S, True),
+                                "share_id": (5, S, False)}
+    assert shape(pb.NodePrepareResourceResponse) == {"devices": (1, F.TYPE_MESSAGE, True), "error": (2, S, False)}
+    assert shape(pb.NodeUnprepareResourceResponse) == {"error": (1, S, False)}
+    for m in (pb.NodePrepareResourcesRequest, pb.NodeUnprepareResourcesRequest, pb.NodePrepareResourcesResponse,
+              pb.NodeUnprepareResourcesResponse):
+        assert list(shape(m)) == ["claims"] and shape(m)["claims"][0] == 1
+    assert pb.NodePrepareResourcesResponse.DESCRIPTOR.fields_by_name["claims"].message_type.GetOptions().map_entry
+    assert shape(reg_pb.PluginInfo) == {"type": (1, S, False), "name": (2, S, False), "endpoint": (3, S, False),
+                                        "supported_versions": (4, S, True)}
+    assert shape(reg_pb.RegistrationStatus) == {"plugin_registered": (1, B, False), "error": (2, S, False)}
+    assert pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == "v1.DRAPlugin"
+    assert reg_pb.DESCRIPTOR.services_by_name["Registration"].full_name == "pluginregistration.Registration"
