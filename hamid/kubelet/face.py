@@ -66,13 +66,14 @@ class KubeletFace:
                  defaults: Defaults, api: Any, health_interval: float = 5.0, check_interval: float = 1.0,
                  watch_timeout_s: int = 300, dra_devices: str = "") -> None:
         self.defaults = defaults
-        self.dra_devices = dra_devices  # draDevices: GPUs served by the DRA face, never advertised here
         self.node = node
         self.dir = os.path.join(kubelet_dir, DEVICE_PLUGINS_DIR)
         self.resource = resource
         self.pods = PodDirectory(node.name, kubelet_dir, resource, api)
         self.door = node.door()  # the node's verbs for this face's blocking work (gRPC handlers, threads)
+        self.dra_devices = dra_devices  # draDevices: GPUs served by the DRA face, never advertised here
         self.admission = PodAdmission(self.door, self.pods, strategy=strategy, cdi_dir=cdi_dir, defaults=defaults,
+                                      dra_gpus=lambda: dra_gpus(dra_devices, self.door.view().gpus),
                                       cached_pod=self._cached_pod)
         self.health_interval = health_interval
         self.check_interval = check_interval

@@ -365,3 +365,18 @@ def test_an_unhealthy_gpu_is_tainted_in_the_pool_and_claims_avoid_it(cluster):
     b.set_healthy(1, True)
     assert cluster.sched.wait_bound("default", "t", timeout=30) == cluster.env.node
     assert "taints" not in cluster.device("gpu-1")
+
+
+def test_a_device_plugin_pod_admitted_on_the_node_never_lands_on_a_dra_gpu(api_server, tmp_path):
+    """cdi-cri: the ledger, not kubelet's device IDs, picks the GPU of a pod that came bound; the DRA
+    GPU is never among its candidates."""
+    env = NodeEnv(tmp_path / "n", api_server, simulate="H100:2", split=4, dra="0", strategy="cdi-cri").start()
+    try:
+        for i in range(3):
+            pod = env.pod(f"p{i}", [{"name": "main", "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}])
+            assert env.kubelet.admit(pod).admitted
+            env.kubelet.start_container(pod, "main")
+        gpus = {d["index"] for r in env.reservations() for c in r["decision"]["containers"] for d in c["devices"]}
+        assert gpus == {1}
+    finally:
+        env.stop()
