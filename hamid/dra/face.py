@@ -88,18 +88,22 @@ class DraFace:
     # --- the pool ----------------------------------------------------------------------
 
     def pool_now(self) -> Pool:
-        """The pool as the ledger and the GPUs' health say now (blocking: the service's threads)."""
+        """The pool as the ledger and the GPUs' health say now (blocking: the service's threads).
+
+        The other faces' share of a GPU is the ledger's own account of it (``mem_used``,
+        ``cores_used``, ``mig_used``: an init container's peak counted once, as the ledger counts
+        it) less what the claims hold: the scheduler counts the claims it allocated itself."""
         view = self.door.view()
         health = {g.uuid: g.healthy for g in self.door.gpus()}
-        foreign: dict[str, dict[str, Any]] = {}
+        claims: dict[str, dict[str, Any]] = {}
         for r in self.door.reservations():
-            if r.kind == "claim":
-                continue  # the scheduler counts the claims it allocated itself
+            if r.kind != "claim":
+                continue
             for c in r.decision.containers:
                 for d in c.devices:
-                    f = foreign.setdefault(d.uuid, {"mem": 0, "cores": 0, "excl": False, "mig": []})
+                    f = claims.setdefault(d.uuid, {"mem": 0, "cores": 0, "excl": False, "mig": set()})
                     if d.mig_profile and d.mig_placement is not None:
-                        f["mig"].append((d.mig_profile, d.mig_placement))
+                        f["mig"].add(MigSlot(d.mig_profile, d.mig_placement))
                         continue
                     f["mem"] += d.mem_mib
                     f["cores"] += d.cores
@@ -108,11 +112,12 @@ class DraFace:
         for g in view.gpus:
             if g.uuid not in self.gpus:
                 continue
-            f = foreign.get(g.uuid, {"mem": 0, "cores": 0, "excl": False, "mig": []})
+            f = claims.get(g.uuid, {"mem": 0, "cores": 0, "excl": False, "mig": set()})
             ok = health.get(g.uuid, g.healthy)
-            facts.append(GpuFacts(view=g, foreign_mem_mib=f["mem"], foreign_cores=f["cores"],
-                                  foreign_exclusive=f["excl"],
-                                  foreign_mig=tuple(MigSlot(p, pl) for p, pl in f["mig"]),
+            facts.append(GpuFacts(view=g, foreign_mem_mib=max(0, g.mem_used - f["mem"]),
+                                  foreign_cores=max(0, g.cores_used - f["cores"]),
+                                  foreign_exclusive=g.exclusive and not f["excl"],
+                                  foreign_mig=tuple(m for m in g.mig_used if m not in f["mig"]),
                                   health_reason="" if ok else "the device backend reports the GPU unhealthy"))
         return pool(facts, default_mem_mib=self.defaults.memory_mib, default_cores=self.defaults.cores,
                     driver_version=self.driver_version)

@@ -212,3 +212,27 @@ def test_the_protos_carry_kubelets_wire_facts():
     assert shape(reg_pb.RegistrationStatus) == {"plugin_registered": (1, B, False), "error": (2, S, False)}
     assert pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == "v1.DRAPlugin"
     assert reg_pb.DESCRIPTOR.services_by_name["Registration"].full_name == "pluginregistration.Registration"
+
+
+def test_the_pool_is_what_the_other_faces_left_as_the_ledger_counts_it(node):
+    """A pod's init container and app container never run together: the ledger counts the larger,
+    and so does the pool; a claim's own share is left to the scheduler (not subtracted again)."""
+    from hamid.node.identity import Owner
+    from hamid.request.model import ContainerRequest, GpuRequest, Request
+
+    gpus = node.ledger.view().gpus
+    face = DraFace(node.service, kubelet_dir=tempfile.mkdtemp(prefix="hk-"), cdi_dir=tempfile.mkdtemp(), api=None,
+                   devices="all", defaults=request_defaults(node))
+    face.gpus = frozenset(g.uuid for g in gpus)
+    g0 = gpus[0]
+    pin = (g0.uuid,)
+    pod = Request(owner="pod:ns/p", containers=(
+        ContainerRequest("init", init=True, gpu=GpuRequest(mem_mib=10240, mem_percent=None, cores=20, devices=pin)),
+        ContainerRequest("main", gpu=GpuRequest(mem_mib=10240, mem_percent=None, cores=20, devices=pin))))
+    node.ledger.reserve(pod, owner=Owner("pod", "p1", name="ns/p"), prepare=lambda r: True)
+    alloc = parse_claim(_claim([_result(consumedCapacity={"memory": "4Gi", "cores": "10"})]), node="node-t", uid="u1")
+    req, decision = claim_plan(alloc, gpus, face.gpus, "node-t")
+    node.core.commit(Owner("claim", "u1", name="ns/c"), decision, request=req.to_dict())
+    d = next(x for x in face.pool_now().devices if x["name"] == "gpu-0")
+    assert d["capacity"]["memory"]["value"] == f"{g0.mem_total - 10240}Mi"
+    assert d["capacity"]["cores"]["value"] == "80"
