@@ -101,7 +101,8 @@ class DraFace:
                 continue
             for c in r.decision.containers:
                 for d in c.devices:
-                    f = claims.setdefault(d.uuid, {"mem": 0, "cores": 0, "excl": False, "mig": set()})
+                    f = claims.setdefault(d.uuid, {"mem": 0, "cores": 0, "excl": False, "mig": set(), "n": 0})
+                    f["n"] += 1
                     if d.mig_profile and d.mig_placement is not None:
                         f["mig"].add(MigSlot(d.mig_profile, d.mig_placement))
                         continue
@@ -112,11 +113,12 @@ class DraFace:
         for g in view.gpus:
             if g.uuid not in self.gpus:
                 continue
-            f = claims.get(g.uuid, {"mem": 0, "cores": 0, "excl": False, "mig": set()})
+            f = claims.get(g.uuid, {"mem": 0, "cores": 0, "excl": False, "mig": set(), "n": 0})
             ok = health.get(g.uuid, g.healthy)
             facts.append(GpuFacts(view=g, foreign_mem_mib=max(0, g.mem_used - f["mem"]),
                                   foreign_cores=max(0, g.cores_used - f["cores"]),
                                   foreign_exclusive=g.exclusive and not f["excl"],
+                                  foreign_slots=max(0, g.slots_used - f["n"]),
                                   foreign_mig=tuple(m for m in g.mig_used if m not in f["mig"]),
                                   health_reason="" if ok else "the device backend reports the GPU unhealthy"))
         return pool(facts, default_mem_mib=self.defaults.memory_mib, default_cores=self.defaults.cores,

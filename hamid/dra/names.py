@@ -30,6 +30,7 @@ CONFIG_KIND = "GpuConfig"
 ATTR_NUMA = "resource.kubernetes.io/numaNode"  # the standard name, so claims can align across drivers
 CAP_MEMORY = "memory"  # bytes
 CAP_CORES = "cores"  # percent of the GPU's compute, 0-100
+CAP_SHARES = "shares"  # tenants: each claim takes one of the GPU's deviceSplitCount
 TAINT_UNHEALTHY = f"{DRIVER}/unhealthy"
 
 # Partitionable (MIG) devices: the counters of one physical GPU

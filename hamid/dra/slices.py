@@ -10,7 +10,10 @@ result differs (:mod:`.publish` bumps the pool's generation then).
   default the node's ``defaultMemory`` or else all that is left) and
   ``cores`` (percent of its compute, ``validRange{min 0, max 100, step 1}``,
   default the node's ``defaultCores``; 0 books no compute, as a pod without
-  ``nvidia.com/gpucores`` books none).
+  ``nvidia.com/gpucores`` books none), and ``shares``: the tenants it may
+  still take (``deviceSplitCount``), each claim taking exactly one
+  (``validRange{min 1, max 1}``), so the scheduler stops at N tenants per GPU
+  as the device plugin does.
 - **One ledger**: the capacity published is what the other faces (device
   plugin pods, Docker containers) have left on the GPU; the scheduler itself
   subtracts the claims it allocated. A booking by another face changes the
@@ -66,6 +69,7 @@ class GpuFacts:
     foreign_mem_mib: int = 0  # booked by pods and containers of the other faces
     foreign_cores: int = 0
     foreign_exclusive: bool = False
+    foreign_slots: int = 0  # tenants of the other faces
     foreign_mig: tuple[MigSlot, ...] = ()  # MIG instances the other faces hold
     health_reason: str = ""  # non-empty: unhealthy, why
 
@@ -138,6 +142,9 @@ def shared_device(gf: GpuFacts, *, default_mem_mib: int, default_cores: int,
         return None, "another face holds all its compute"
     if mem < 2:
         return None, "another face holds all its memory"
+    shares = g.slots_total - gf.foreign_slots
+    if shares < 1:
+        return None, "the other faces' tenants take all its shares (deviceSplitCount)"
     sharing = SHARE_MPS if g.serves and g.serves[0] == SHARE_MPS else "shim"
     dmem = min(default_mem_mib or mem, mem)
     dcores = min(default_cores, cores)
@@ -149,6 +156,8 @@ def shared_device(gf: GpuFacts, *, default_mem_mib: int, default_cores: int,
                 "default": f"{dmem}Mi", "validRange": _range(1, None, 1, mem, "Mi")}},
             names.CAP_CORES: {"value": str(cores), "requestPolicy": {
                 "default": str(dcores), "validRange": _range(0, cores, 1, cores)}},
+            names.CAP_SHARES: {"value": str(shares), "requestPolicy": {
+                "default": "1", "validRange": {"min": "1", "max": "1"}}},
         },
         "allowMultipleAllocations": True,
     }

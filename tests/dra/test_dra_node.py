@@ -145,6 +145,8 @@ def test_pool_published_for_the_dra_gpus_only(cluster):
     assert d["capacity"]["memory"]["requestPolicy"]["validRange"] == {"min": "1Mi", "step": "1Mi"}
     assert d["capacity"]["cores"] == {"value": "100", "requestPolicy": {
         "default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}}
+    assert d["capacity"]["shares"] == {"value": "4", "requestPolicy": {  # deviceSplitCount 4
+        "default": "1", "validRange": {"min": "1", "max": "1"}}}
     plugin_gpus = {gpu_of(i) for i in cluster.env.kubelet.devices("nvidia.com/gpu")}
     assert len(cluster.env.kubelet.devices("nvidia.com/gpu")) == 4 and len(plugin_gpus) == 1
     assert d["attributes"]["uuid"]["string"] not in plugin_gpus
@@ -380,3 +382,23 @@ def test_a_device_plugin_pod_admitted_on_the_node_never_lands_on_a_dra_gpu(api_s
         assert gpus == {1}
     finally:
         env.stop()
+
+
+def test_n_tenants_per_gpu_then_the_next_claim_waits(cluster):
+    """deviceSplitCount holds for claims as for device-plugin pods: the scheduler stops at N per GPU
+    (the pool's shares), here 4, one of them a Docker container's."""
+    cluster.device_class()
+    with LocalClient(cluster.env.state) as c:
+        c.call("POST", "/v1/containers", {"id": "e" * 64, "env": ["HAMI_VGPU_SPEC=mem=1g", "HAMI_VISIBLE_DEVICES=0"]})
+    wait_for("the slice net of the container", lambda: (cluster.device("gpu-0") or {}).get("capacity", {}).get(
+        "shares", {}).get("value") == "3")
+    cluster.template("small", {"memory": "1Gi"}, selector='device.attributes["gpu.hamid.io"].index == 0')
+    for i in range(4):
+        cluster.pod(f"s{i}", "small")
+    for i in range(3):
+        cluster.sched.wait_bound("default", f"s{i}", timeout=30)
+    wait_for("the fourth waits", lambda: "cannot allocate all claims" in (cluster.sched.last_failure("default", "s3")
+                                                                            or ""))
+    for i in range(3):
+        cluster.kubelet.prepare_pod("default", f"s{i}")
+    assert len(cluster.claim_reservations()) == 3
