@@ -236,3 +236,13 @@ def test_the_pool_is_what_the_other_faces_left_as_the_ledger_counts_it(node):
     d = next(x for x in face.pool_now().devices if x["name"] == "gpu-0")
     assert d["capacity"]["memory"]["value"] == f"{g0.mem_total - 10240}Mi"
     assert d["capacity"]["cores"]["value"] == "80"
+
+
+def test_a_device_allocated_without_consumed_capacity_books_the_whole_gpu(node):
+    """A cluster whose consumable-capacity gate is off (1.34, 1.35 by default) allocates the device
+    whole and records no consumedCapacity: the ledger books all of it, so no other face shares it."""
+    gpus = node.ledger.view().gpus
+    alloc = parse_claim(_claim([_result()]), node="node-t", uid="u1")
+    _, decision = claim_plan(alloc, gpus, frozenset(g.uuid for g in gpus), "node-t")
+    (dev,) = decision.containers[0].devices
+    assert (dev.mem_mib, dev.cores) == (gpus[0].mem_total, 100)
