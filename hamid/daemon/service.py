@@ -409,6 +409,9 @@ async def build_faces(d: Daemon):
             identities=gossip.identity_of if gossip is not None and keyring is not None else None,
             leader=(lambda: leading.leader_node) if leading is not None else None,
             confirm_leader=leading.confirm_leader if leading is not None else None))
+    if d.settings.draDevices.strip() and not (c.kubernetes or c.kubeconfig):
+        raise HamidError("draDevices is set, but DRA needs Kubernetes (kubernetes: true or kubeconfig): the "
+                         "slices are published through the API server; unset draDevices on a Docker-only host")
     if c.kubernetes or c.kubeconfig:
         faces.append(kubelet_face(d, api))
         if d.settings.draDevices.strip():
@@ -509,8 +512,10 @@ def kubelet_face(d: Daemon, api):
 def dra_face(d: Daemon, api):
     """The DRA driver ``gpu.hamid.io`` for the GPUs of ``draDevices``."""
     from ..dra.face import DraFace
+    from ..node.dragpus import dra_gpus
 
     c = d.config
+    dra_gpus(d.settings.draDevices, d.ledger.view().gpus)  # names only GPUs of this node, or the daemon stops here
     return DraFace(d.service, kubelet_dir=c.kubeletDir, cdi_dir=c.cdiSpecDir, api=api, devices=d.settings.draDevices,
                    defaults=request_defaults(d), health_interval=c.healthCheckInterval,
                    driver_version=d.backend.description if d.backend.kind == "nvml" else None)

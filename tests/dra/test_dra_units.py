@@ -246,3 +246,21 @@ def test_a_device_allocated_without_consumed_capacity_books_the_whole_gpu(node):
     _, decision = claim_plan(alloc, gpus, frozenset(g.uuid for g in gpus), "node-t")
     (dev,) = decision.containers[0].devices
     assert (dev.mem_mib, dev.cores) == (gpus[0].mem_total, 100)
+
+
+def test_dra_devices_are_checked_when_the_daemon_builds_its_faces(tmp_path, kubeconfig):
+    from hamid.daemon.service import build_faces
+    from hamid.errors import HamidError
+
+    d = make_node(tmp_path / "a", simulate="H100:2", draDevices="all")
+    try:
+        with pytest.raises(HamidError, match="draDevices is set, but DRA needs Kubernetes"):
+            build_faces(d)
+    finally:
+        d.close()
+    d = make_node(tmp_path / "b", simulate="H100:2", draDevices="0,5", kubeconfig=kubeconfig, controlMode="none")
+    try:
+        with pytest.raises(HamidError, match="'5' is not a GPU of this node"):
+            build_faces(d)
+    finally:
+        d.close()
