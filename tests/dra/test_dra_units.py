@@ -189,8 +189,8 @@ def test_a_claims_share_is_labelled_by_its_namespace_and_name_in_metrics(node):
 
 
 def test_the_protos_carry_kubelets_wire_facts():
-    """Field numbers and types of kubelet's dra/v1 and pluginregistration/v1 (docs: /work/shared/reference/dra.md,
-    from kubernetes/kubelet's api.proto): a wrong number here would make kubelet read another field."""
+    """Field numbers and types of kubelet's dra/v1 and pluginregistration/v1, as kubernetes/kubelet's
+    api.proto files give them: a wrong number here would make kubelet read another field."""
     from google.protobuf.descriptor import FieldDescriptor as F
 
     def shape(msg):
