@@ -38,7 +38,7 @@ VARIANTS = {
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "renamed-resources": {"config": {"resourceCountName": "example.com/vgpu",
                                      "resourceMemoryName": "example.com/vgpu-memory"}},
-    "dra": {"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu"}, "config": {"draDevices": "all"}},
+    "dra": {"dra": {"enabled": True, "extendedResourceName": "gpu.hamid.io/gpu"}, "config": {"draDevices": "all"}},
     "existing-secrets": {"gossip": {"existingSecret": "my-keys"},
                          "webhook": {"certificate": {"existingSecret": "my-tls"}}},
 }
