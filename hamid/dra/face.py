@@ -233,7 +233,10 @@ class DraFace:
             if e.status == 404:
                 return False
             raise
-        return (got or {}).get("metadata", {}).get("uid") == r.uid
+        if not isinstance(got, dict):
+            raise HamidError(f"the API server answered the read of claim {ns}/{name} with something that is not a "
+                             "ResourceClaim")
+        return (got.get("metadata") or {}).get("uid") == r.uid
 
     # --- the face ------------------------------------------------------------------------------
 

@@ -134,7 +134,7 @@ class ClaimPreparer:
         owner = Owner("claim", alloc.uid, name=f"{alloc.namespace}/{alloc.name}")
         if res is None:
             try:
-                res = self.door.commit(owner, decision, request=request.to_dict())
+                res = self.door.commit(owner, decision, request=request)
             except LedgerConflict as e:
                 raise ClaimError(f"claim {alloc.namespace}/{alloc.name} does not fit on this node now: {e}") from None
         if res.state == "reserved":  # MIG instances, MPS daemons, limits files, then allocated

@@ -266,7 +266,7 @@ class NodeDoor:
             self.announce("conflict", owner.key)
             raise
 
-    def commit(self, owner: Owner, decision: Decision, *, request: dict | None = None) -> Reservation:
+    def commit(self, owner: Owner, decision: Decision, *, request: Request | None = None) -> Reservation:
         """A decision made elsewhere (the DRA scheduler's allocation), re-checked by the ledger."""
         try:
             return self._core.commit(owner, decision, request=request)

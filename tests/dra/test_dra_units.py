@@ -184,7 +184,7 @@ def test_a_claims_share_is_labelled_by_its_namespace_and_name_in_metrics(node):
     alloc = parse_claim(_claim([_result(consumedCapacity={"memory": "1Gi", "cores": "10"})]), node="node-t",
                         uid="u1")
     req, decision = claim_plan(alloc, gpus, frozenset(g.uuid for g in gpus), "node-t")
-    res = node.core.commit(Owner("claim", "u1", name="ns/c"), decision, request=req.to_dict())
+    res = node.core.commit(Owner("claim", "u1", name="ns/c"), decision, request=req)
     assert owner_labels(res) == ("ns", "c")
 
 
@@ -232,7 +232,7 @@ def test_the_pool_is_what_the_other_faces_left_as_the_ledger_counts_it(node):
     node.ledger.reserve(pod, owner=Owner("pod", "p1", name="ns/p"), prepare=lambda r: True)
     alloc = parse_claim(_claim([_result(consumedCapacity={"memory": "4Gi", "cores": "10"})]), node="node-t", uid="u1")
     req, decision = claim_plan(alloc, gpus, face.gpus, "node-t")
-    node.core.commit(Owner("claim", "u1", name="ns/c"), decision, request=req.to_dict())
+    node.core.commit(Owner("claim", "u1", name="ns/c"), decision, request=req)
     d = next(x for x in face.pool_now().devices if x["name"] == "gpu-0")
     assert d["capacity"]["memory"]["value"] == f"{g0.mem_total - 10240}Mi"
     assert d["capacity"]["cores"]["value"] == "80"
@@ -255,12 +255,12 @@ def test_dra_devices_are_checked_when_the_daemon_builds_its_faces(tmp_path, kube
     d = make_node(tmp_path / "a", simulate="H100:2", draDevices="all")
     try:
         with pytest.raises(HamidError, match="draDevices is set, but DRA needs Kubernetes"):
-            build_faces(d)
+            trio.run(build_faces, d)
     finally:
         d.close()
     d = make_node(tmp_path / "b", simulate="H100:2", draDevices="0,5", kubeconfig=kubeconfig, controlMode="none")
     try:
         with pytest.raises(HamidError, match="'5' is not a GPU of this node"):
-            build_faces(d)
+            trio.run(build_faces, d)
     finally:
         d.close()

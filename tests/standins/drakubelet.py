@@ -302,7 +302,7 @@ class DraKubeletStandIn:
         uid = pod["metadata"]["uid"]
         by_driver: dict[str, list[Prepared]] = {}
         with self._lock:
-            for cu, p in list(self.prepared.items()):
+            for p in list(self.prepared.values()):
                 if uid in p.pods:
                     p.pods.discard(uid)
                     if not p.pods:
