@@ -49,12 +49,12 @@ class DraCluster:
     """One node with DRA GPUs, kubelet's DRA side and the scheduler."""
 
     def __init__(self, root, api, *, simulate="H100:3", dra="0,1", mode="hami-core", extra_config="",
-                 reconcile_interval=1.0):
+                 reconcile_interval=1.0, wipe_delay=30.0):
         self.api = api
         self.env = NodeEnv(root, api, simulate=simulate, split=4, dra=dra, mode=mode, extra_config=extra_config,
                            reconcile_interval=reconcile_interval)
         self.kubelet = DraKubeletStandIn(self.env.kubelet_dir, node_name=self.env.node, api_url=api.url,
-                                         cdi_dirs=(self.env.cdi,))
+                                         cdi_dirs=(self.env.cdi,), wipe_delay=wipe_delay)
         self.sched = SchedulerStandIn(api, period=0.2)
 
     def __enter__(self):
@@ -238,6 +238,7 @@ def test_a_daemon_restart_between_prepare_and_unprepare_loses_nothing(cluster):
     cluster.env.start_hamid()
     assert cluster.kubelet.wait_registered(DRIVER, timeout=30).socket == old_socket
     assert cluster.slices()[0]["spec"]["pool"]["generation"] >= gen  # never back
+    assert cluster.kubelet.wiped == []  # back within kubelet's wiping delay: the slices stayed
     assert [r["owner"] for r in cluster.claim_reservations()] == [r["owner"] for r in before]
     assert cluster.limits("r")[0] == lim_before
     cluster.delete("r")
@@ -402,3 +403,16 @@ def test_n_tenants_per_gpu_then_the_next_claim_waits(cluster):
     for i in range(3):
         cluster.kubelet.prepare_pod("default", f"s{i}")
     assert len(cluster.claim_reservations()) == 3
+
+
+def test_a_node_that_stops_serving_dra_has_its_slices_wiped_by_kubelet(api_server, tmp_path):
+    """Kubelet deletes a driver's slices of its node once the driver's socket has been gone for its
+    wiping delay: a daemon restarted without draDevices leaves nothing for the scheduler to allocate."""
+    with DraCluster(tmp_path / "n", api_server, wipe_delay=0.5) as c:
+        wait_for("the pool", c.slices)
+        c.env.stop_hamid()
+        c.env.config.write_text(c.env.config.read_text().replace("draDevices: '0,1'\n", ""))
+        c.env.dra_gpus = 0
+        c.env.start_hamid()
+        wait_for("wiped", lambda: c.kubelet.wiped == [DRIVER] and not c.slices())
+        assert len(c.env.kubelet.devices("nvidia.com/gpu")) == 12  # every GPU is the device plugin's again

@@ -12,7 +12,9 @@ does what kubelet does, in kubelet's order:
   with its endpoint (the newest kubelet knows is used), then
   ``NotifyRegistrationStatus(plugin_registered=true)``; anything else is told
   ``plugin_registered=false`` with the reason. A socket that disappears
-  deregisters its driver.
+  deregisters its driver; if it has not registered again ``wipe_delay``
+  seconds later (kubelet: 30 s), the node's ResourceSlices of that driver are
+  deleted, as kubelet's DRA manager wipes a driver that went away.
 * :meth:`prepare_pod` (before a pod's containers start): each of the pod's
   claims (``resourceClaimStatuses``, ``resourceClaimName``,
   ``extendedResourceClaimStatus``) is read from the API server; it must be
@@ -87,7 +89,7 @@ def _stub_call(endpoint: str, service: str, method: str, request, response_type,
 
 class DraKubeletStandIn:
     def __init__(self, root: Path, *, node_name: str, api_url: str, token: str = "standin",
-                 cdi_dirs: tuple[Path | str, ...] = ()) -> None:
+                 cdi_dirs: tuple[Path | str, ...] = (), wipe_delay: float = 30.0) -> None:
         self.root = Path(root)
         self.node = node_name
         self.cdi_dirs = tuple(Path(d) for d in cdi_dirs)
@@ -97,6 +99,9 @@ class DraKubeletStandIn:
         self.calls: list[tuple[str, str, list[str]]] = []  # (driver, method, claim uids)
         self.prepared: dict[str, Prepared] = {}  # claim uid -> what the driver answered
         self._seen: dict[str, float] = {}
+        self.wipe_delay = wipe_delay
+        self._gone: dict[str, float] = {}  # driver -> when it deregistered
+        self.wiped: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -139,9 +144,25 @@ class DraKubeletStandIn:
                         for name, drv in list(self.drivers.items()):
                             if drv.socket == path:
                                 del self.drivers[name]
+                                self._gone[name] = time.monotonic()
+                self._wipe_gone()
             except OSError:
                 pass
             self._stop.wait(0.05)
+
+    def _wipe_gone(self) -> None:
+        for name, since in list(self._gone.items()):
+            with self._lock:
+                back = name in self.drivers
+            if back:
+                del self._gone[name]
+            elif time.monotonic() - since >= self.wipe_delay:
+                del self._gone[name]
+                r = self.http.get("/apis/resource.k8s.io/v1/resourceslices",
+                                  params={"fieldSelector": f"spec.nodeName={self.node},spec.driver={name}"})
+                for s in r.json().get("items") or [] if r.status_code == 200 else []:
+                    self.http.delete(f"/apis/resource.k8s.io/v1/resourceslices/{s['metadata']['name']}")
+                self.wiped.append(name)
 
     def _register(self, path: str) -> None:
         try:
