@@ -17,8 +17,11 @@ PLUGINS_DIR = "plugins"  # <dir>/<driver>/dra.sock
 REG_SOCKET = f"{DRIVER}-reg.sock"
 DRA_SOCKET = "dra.sock"
 PLUGIN_TYPE = "DRAPlugin"
-# the gRPC services kubelet may call, newest first (kubelet takes the newest it knows)
+# the services' names in registration (supported_versions), newest first (kubelet takes the newest it
+# knows), and the gRPC service each is served as (kubelet's proto packages name the paths)
 SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+GRPC_SERVICES = {"v1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+                 "v1beta1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"}
 
 CDI_KIND = f"{DRIVER}/claim"  # CDI device ids: gpu.hamid.io/claim=<claim uid>-<request index>
 

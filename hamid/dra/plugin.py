@@ -9,8 +9,9 @@ Two unix sockets, both made by the daemon, mode 0600 in root's directories
   and then ``NotifyRegistrationStatus``. Kubelet re-reads the directory when
   it restarts, so nothing is registered again by hand.
 - ``<kubelet>/plugins/gpu.hamid.io/dra.sock``: ``NodePrepareResources`` and
-  ``NodeUnprepareResources``, the same handlers under both package names (the
-  messages are the same; v1beta1 ignores ``share_id``).
+  ``NodeUnprepareResources``, the same handlers under both of kubelet's
+  services (``/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/...`` and its
+  ``v1beta1`` twin: the messages are the same; v1beta1 ignores ``share_id``).
 
 Calls carry at most :data:`MAX_MESSAGE` bytes, and a call is answered within
 :data:`CLAIM_DEADLINE_S` (kubelet gives a call 45 s): claims not done by then
@@ -125,8 +126,8 @@ class PluginServers:
         self.stop()
 
         def dra(server: grpc.Server) -> None:
-            server.add_generic_rpc_handlers([_dra_handlers(s, self._prepare_rpc, self._unprepare_rpc)
-                                             for s in names.SERVICES])
+            server.add_generic_rpc_handlers([_dra_handlers(names.GRPC_SERVICES[s], self._prepare_rpc,
+                                                           self._unprepare_rpc) for s in names.SERVICES])
 
         self._servers.append(self._serve(self.dra_path, dra))
         self._servers.append(self._serve(self.reg_path, lambda s: reg_grpc.add_RegistrationServicer_to_server(

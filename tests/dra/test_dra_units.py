@@ -154,7 +154,8 @@ def test_both_service_versions_answer_and_every_claim_gets_an_entry(node):
         assert oct(os.stat(info.endpoint).st_mode & 0o777) == "0o600"
         out = []
         with grpc.insecure_channel(f"unix:{info.endpoint}") as ch:
-            for service in ("v1.DRAPlugin", "v1beta1.DRAPlugin"):
+            for version in ("v1", "v1beta1"):
+                service = f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin"
                 call = ch.unary_unary(f"/{service}/NodePrepareResources",
                                       request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
                                       response_deserializer=pb.NodePrepareResourcesResponse.FromString)
@@ -210,7 +211,8 @@ def test_the_protos_carry_kubelets_wire_facts():
     assert shape(reg_pb.PluginInfo) == {"type": (1, S, False), "name": (2, S, False), "endpoint": (3, S, False),
                                         "supported_versions": (4, S, True)}
     assert shape(reg_pb.RegistrationStatus) == {"plugin_registered": (1, B, False), "error": (2, S, False)}
-    assert pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == "v1.DRAPlugin"
+    # kubelet's generated client calls /k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources
+    assert pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
     assert reg_pb.DESCRIPTOR.services_by_name["Registration"].full_name == "pluginregistration.Registration"
 
 

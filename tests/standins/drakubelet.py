@@ -57,7 +57,10 @@ from hamid.dra.api import pluginregistration_pb2_grpc as reg_grpc
 from kubelet import ContainerConfig, _apply_cdi, _CdiRegistry
 
 REGISTRY_DIR = "plugins_registry"
-SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # newest first
+SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # newest first, as registration names them
+# the gRPC service kubelet's generated client of each calls (its proto package names the path)
+GRPC_SERVICES = {"v1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+                 "v1beta1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"}
 PLUGIN_TIMEOUT_S = 45.0
 
 
@@ -82,7 +85,7 @@ class Prepared:
 
 def _stub_call(endpoint: str, service: str, method: str, request, response_type, timeout: float):
     with grpc.insecure_channel(f"unix:{endpoint}") as ch:
-        call = ch.unary_unary(f"/{service}/{method}", request_serializer=type(request).SerializeToString,
+        call = ch.unary_unary(f"/{GRPC_SERVICES[service]}/{method}", request_serializer=type(request).SerializeToString,
                               response_deserializer=response_type.FromString)
         return call(request, timeout=timeout)
 

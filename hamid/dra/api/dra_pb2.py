@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hamid/dra/api/dra.proto\x12\x02v1\"8\n\x1bNodePrepareResourcesRequest\x12\x19\n\x06\x63laims\x18\x01 \x03(\x0b\x32\t.v1.Claim\"\xac\x01\n\x1cNodePrepareResourcesResponse\x12<\n\x06\x63laims\x18\x01 \x03(\x0b\x32,.v1.NodePrepareResourcesResponse.ClaimsEntry\x1aN\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12.\n\x05value\x18\x02 \x01(\x0b\x32\x1f.v1.NodePrepareResourceResponse:\x02\x38\x01\"I\n\x1bNodePrepareResourceResponse\x12\x1b\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\n.v1.Device\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x83\x01\n\x06\x44\x65vice\x12\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x04 \x03(\t\x12\x15\n\x08share_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_share_id\":\n\x1dNodeUnprepareResourcesRequest\x12\x19\n\x06\x63laims\x18\x01 \x03(\x0b\x32\t.v1.Claim\"\xb2\x01\n\x1eNodeUnprepareResourcesResponse\x12>\n\x06\x63laims\x18\x01 \x03(\x0b\x32..v1.NodeUnprepareResourcesResponse.ClaimsEntry\x1aP\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x30\n\x05value\x18\x02 \x01(\x0b\x32!.v1.NodeUnprepareResourceResponse:\x02\x38\x01\".\n\x1dNodeUnprepareResourceResponse\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"5\n\x05\x43laim\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t2\xcb\x01\n\tDRAPlugin\x12[\n\x14NodePrepareResources\x12\x1f.v1.NodePrepareResourcesRequest\x1a .v1.NodePrepareResourcesResponse\"\x00\x12\x61\n\x16NodeUnprepareResources\x12!.v1.NodeUnprepareResourcesRequest\x1a\".v1.NodeUnprepareResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hamid/dra/api/dra.proto\x12\x1ek8s.io.kubelet.pkg.apis.dra.v1\"T\n\x1bNodePrepareResourcesRequest\x12\x35\n\x06\x63laims\x18\x01 \x03(\x0b\x32%.k8s.io.kubelet.pkg.apis.dra.v1.Claim\"\xe4\x01\n\x1cNodePrepareResourcesResponse\x12X\n\x06\x63laims\x18\x01 \x03(\x0b\x32H.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesResponse.ClaimsEntry\x1aj\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12J\n\x05value\x18\x02 \x01(\x0b\x32;.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourceResponse:\x02\x38\x01\"e\n\x1bNodePrepareResourceResponse\x12\x37\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32&.k8s.io.kubelet.pkg.apis.dra.v1.Device\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x83\x01\n\x06\x44\x65vice\x12\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x04 \x03(\t\x12\x15\n\x08share_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_share_id\"V\n\x1dNodeUnprepareResourcesRequest\x12\x35\n\x06\x63laims\x18\x01 \x03(\x0b\x32%.k8s.io.kubelet.pkg.apis.dra.v1.Claim\"\xea\x01\n\x1eNodeUnprepareResourcesResponse\x12Z\n\x06\x63laims\x18\x01 \x03(\x0b\x32J.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesResponse.ClaimsEntry\x1al\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12L\n\x05value\x18\x02 \x01(\x0b\x32=.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourceResponse:\x02\x38\x01\".\n\x1dNodeUnprepareResourceResponse\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"5\n\x05\x43laim\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t2\xbd\x02\n\tDRAPlugin\x12\x93\x01\n\x14NodePrepareResources\x12;.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesRequest\x1a<.k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesResponse\"\x00\x12\x99\x01\n\x16NodeUnprepareResources\x12=.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesRequest\x1a>.k8s.io.kubelet.pkg.apis.dra.v1.NodeUnprepareResourcesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,26 +35,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
   _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._loaded_options = None
   _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
-  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_start=31
-  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_end=87
-  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_start=90
-  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_end=262
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=184
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=262
-  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_start=264
-  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_end=337
-  _globals['_DEVICE']._serialized_start=340
-  _globals['_DEVICE']._serialized_end=471
-  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_start=473
-  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_end=531
-  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_start=534
-  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_end=712
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=632
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=712
-  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_start=714
-  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_end=760
-  _globals['_CLAIM']._serialized_start=762
-  _globals['_CLAIM']._serialized_end=815
-  _globals['_DRAPLUGIN']._serialized_start=818
-  _globals['_DRAPLUGIN']._serialized_end=1021
+  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_start=59
+  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_end=143
+  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_start=146
+  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_end=374
+  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=268
+  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=374
+  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_start=376
+  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_end=477
+  _globals['_DEVICE']._serialized_start=480
+  _globals['_DEVICE']._serialized_end=611
+  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_start=613
+  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_end=699
+  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_start=702
+  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_end=936
+  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=828
+  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=936
+  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_start=938
+  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_end=984
+  _globals['_CLAIM']._serialized_start=986
+  _globals['_CLAIM']._serialized_end=1039
+  _globals['_DRAPLUGIN']._serialized_start=1042
+  _globals['_DRAPLUGIN']._serialized_end=1359
 # @@protoc_insertion_point(module_scope)

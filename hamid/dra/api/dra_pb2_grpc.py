@@ -35,12 +35,12 @@ class DRAPluginStub:
             channel: A grpc.Channel.
         """
         self.NodePrepareResources = channel.unary_unary(
-                '/v1.DRAPlugin/NodePrepareResources',
+                '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources',
                 request_serializer=hamid_dot_dra_dot_api_dot_dra__pb2.NodePrepareResourcesRequest.SerializeToString,
                 response_deserializer=hamid_dot_dra_dot_api_dot_dra__pb2.NodePrepareResourcesResponse.FromString,
                 _registered_method=True)
         self.NodeUnprepareResources = channel.unary_unary(
-                '/v1.DRAPlugin/NodeUnprepareResources',
+                '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources',
                 request_serializer=hamid_dot_dra_dot_api_dot_dra__pb2.NodeUnprepareResourcesRequest.SerializeToString,
                 response_deserializer=hamid_dot_dra_dot_api_dot_dra__pb2.NodeUnprepareResourcesResponse.FromString,
                 _registered_method=True)
@@ -78,9 +78,9 @@ def add_DRAPluginServicer_to_server(servicer, server):
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'v1.DRAPlugin', rpc_method_handlers)
+            'k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('v1.DRAPlugin', rpc_method_handlers)
+    server.add_registered_method_handlers('k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -101,7 +101,7 @@ class DRAPlugin:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/v1.DRAPlugin/NodePrepareResources',
+            '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources',
             hamid_dot_dra_dot_api_dot_dra__pb2.NodePrepareResourcesRequest.SerializeToString,
             hamid_dot_dra_dot_api_dot_dra__pb2.NodePrepareResourcesResponse.FromString,
             options,
@@ -128,7 +128,7 @@ class DRAPlugin:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/v1.DRAPlugin/NodeUnprepareResources',
+            '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources',
             hamid_dot_dra_dot_api_dot_dra__pb2.NodeUnprepareResourcesRequest.SerializeToString,
             hamid_dot_dra_dot_api_dot_dra__pb2.NodeUnprepareResourcesResponse.FromString,
             options,
