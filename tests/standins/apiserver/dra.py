@@ -199,6 +199,9 @@ def _device_errors(causes: list, d: Any, path: str) -> None:
     for k, v in caps.items():
         _qualified_errors(causes, k, f"{path}.capacity[{k}]")
         _capacity_errors(causes, v, f"{path}.capacity[{k}]")
+        if isinstance(v, dict) and v.get("requestPolicy") is not None and d.get("allowMultipleAllocations") is not True:
+            causes.append(("FieldValueForbidden", f"{path}.capacity[{k}].requestPolicy",
+                           "Forbidden: allowMultipleAllocations must be true to set a requestPolicy"))
     consumes = d.get("consumesCounters") or []
     if len(consumes) > MAX_CONSUMES:
         _too_many(causes, f"{path}.consumesCounters", len(consumes), MAX_CONSUMES)
