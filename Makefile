@@ -68,7 +68,7 @@ lint: venv
 # checks the committed ones are current). Run from the repository root so the
 # generated imports read `from hamid.kubelet.api import ...`.
 PROTOS    := hamid/kubelet/api/deviceplugin.proto hamid/kubelet/api/podresources.proto \
-             hamid/dra/api/dra.proto hamid/dra/api/pluginregistration.proto
+             hamid/dra/api/dra.proto hamid/dra/api/pluginregistration.proto hamid/dra/api/drahealth.proto
 PROTO_OUT ?= .
 
 proto:

@@ -6,10 +6,11 @@ What runs (one trio task each, in the face's own nursery):
   started before anything else so kubelet can prepare as soon as the daemon is
   up; prepare and unprepare calls run one at a time (a claim's reservation is
   made whole before the next is looked at).
-- **publishing**: the pool (:mod:`.slices`) recomputed after every change the
-  node service announces and every ``health_interval`` (a GPU's health), and
-  written when it differs (:mod:`.publish`); an API server that cannot be
-  reached is tried again, slower.
+- **the pool**: recomputed after every change the node service announces and
+  every ``health_interval`` (a GPU's health): the devices' health put on the
+  board kubelet's ``NodeWatchResources`` streams read (:mod:`.health`), and
+  the slices (:mod:`.slices`) written when they differ (:mod:`.publish`); an
+  API server that cannot be reached is tried again, slower.
 
 Which GPUs serve DRA: ``draDevices`` (``all``, or indexes and UUIDs); the
 others are the device plugin's. A GPU is never offered through both: the
@@ -39,7 +40,8 @@ from . import names
 from .api import dra_pb2 as pb
 from .claims import ClaimError, parse_claim
 from .plugin import CLAIM_DEADLINE_S, PluginServers
-from .prepare import ClaimPreparer, owner_key
+from .health import HealthBoard
+from .prepare import ClaimPreparer, devices_by_name, owner_key
 from .publish import SlicePublisher
 from .slices import GpuFacts, Pool, pool
 
@@ -47,6 +49,8 @@ log = get_logger("dra")
 
 CLAIMS = f"/apis/{names.GROUP_VERSION}/namespaces/{{ns}}/resourceclaims/{{name}}"
 _SEMVER_PART = re.compile(r"[0-9]+")
+HEALTH_TIMEOUT_MIN_S = 30
+UNHEALTHY = "the device backend reports the GPU unhealthy"
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
@@ -84,6 +88,9 @@ class DraFace:
         self.owner_liveness = {"claim": self._claim_alive} if api is not None else {}
         self._calls = trio.Lock()
         self._changed = trio.Event()
+        # kubelet hears every device's health at least every health_interval; unheard for 4 of them: Unknown
+        self.health = HealthBoard(node.name, refresh_s=health_interval,
+                                  timeout_s=max(HEALTH_TIMEOUT_MIN_S, int(4 * health_interval)))
 
     # --- the pool ----------------------------------------------------------------------
 
@@ -120,19 +127,29 @@ class DraFace:
                                   foreign_exclusive=g.exclusive and not f["excl"],
                                   foreign_slots=max(0, g.slots_used - f["n"]),
                                   foreign_mig=tuple(m for m in g.mig_used if m not in f["mig"]),
-                                  health_reason="" if ok else "the device backend reports the GPU unhealthy"))
+                                  health_reason="" if ok else UNHEALTHY))
         return pool(facts, default_mem_mib=self.defaults.memory_mib, default_cores=self.defaults.cores,
                     driver_version=self.driver_version)
 
-    async def _publish_loop(self, publisher: SlicePublisher, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    def health_now(self) -> dict[str, str]:
+        """Every device name of the DRA GPUs (those left out of the pool too) -> why it is
+        unhealthy, "" when healthy (blocking: the service's threads)."""
+        health = {g.uuid: g.healthy for g in self.door.gpus()}
+        return {name: "" if health.get(g.uuid, g.healthy) else UNHEALTHY
+                for name, (g, _, _) in devices_by_name(self.door.view().gpus).items() if g.uuid in self.gpus}
+
+    async def _pool_loop(self, publisher: SlicePublisher | None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """After every change and every ``health_interval``: the devices' health on the board (kubelet's
+        health streams), and the pool published where it changed (with an API server)."""
         task_status.started()
         delay = 1.0
         last: Pool | None = None  # what the server was last made to hold
         while True:
             self._changed = trio.Event()
             try:
+                self.health.set(await self.node.run_blocking(self.health_now))
                 p = await self.node.run_blocking(self.pool_now)
-                if p != last:
+                if publisher is not None and p != last:
                     await publisher.publish(p)
                     last = p
             except (KubeApiError, HamidError) as e:  # the API server down, or RBAC: try again, slower
@@ -245,17 +262,16 @@ class DraFace:
         self.gpus = dra_gpus(self.devices_spec, view.gpus)
         token = trio.lowlevel.current_trio_token()
         self.door.use_loop(token)
-        self.servers = PluginServers(self.kubelet_dir, token, self.prepare, self.unprepare)
+        self.servers = PluginServers(self.kubelet_dir, token, self.prepare, self.unprepare, self.health)
         self.kube = AsyncKube.of(self.api) if self.api is not None else None
         try:
             await trio.to_thread.run_sync(self.servers.start)
             log.info("serving kubelet as a DRA driver", driver=names.DRIVER, socket=self.servers.reg_path,
                      gpus=sorted(self.gpus))
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(trio.sleep_forever)  # serving kubelet is the face's life, API server or not
-                if self.kube is not None:
-                    self.node.subscribe(self._on_change)
-                    await nursery.start(self._publish_loop, SlicePublisher(self.kube, self.node.name))
+                self.node.subscribe(self._on_change)
+                await nursery.start(self._pool_loop,
+                                    SlicePublisher(self.kube, self.node.name) if self.kube is not None else None)
                 task_status.started()
         finally:
             with trio.CancelScope(shield=True):

@@ -22,6 +22,8 @@ PLUGIN_TYPE = "DRAPlugin"
 SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 GRPC_SERVICES = {"v1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
                  "v1beta1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"}
+# device health (KEP-4680): registration names and gRPC services are the same strings
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 CDI_KIND = f"{DRIVER}/claim"  # CDI device ids: gpu.hamid.io/claim=<claim uid>-<request index>
 

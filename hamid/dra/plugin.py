@@ -11,7 +11,9 @@ Two unix sockets, both made by the daemon, mode 0600 in root's directories
 - ``<kubelet>/plugins/gpu.hamid.io/dra.sock``: ``NodePrepareResources`` and
   ``NodeUnprepareResources``, the same handlers under both of kubelet's
   services (``/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/...`` and its
-  ``v1beta1`` twin: the messages are the same; v1beta1 ignores ``share_id``).
+  ``v1beta1`` twin: the messages are the same; v1beta1 ignores ``share_id``),
+  and ``NodeWatchResources`` (``v1.DRAResourceHealth`` and
+  ``v1alpha1.DRAResourceHealth``): the devices' health (:mod:`.health`).
 
 Calls carry at most :data:`MAX_MESSAGE` bytes, and a call is answered within
 :data:`CLAIM_DEADLINE_S` (kubelet gives a call 45 s): claims not done by then
@@ -29,8 +31,10 @@ import grpc
 import trio
 
 from ..logs import get_logger
+from .health import HealthBoard
 from . import names
 from .api import dra_pb2 as pb
+from .api import drahealth_pb2 as hpb
 from .api import pluginregistration_pb2 as reg_pb
 from .api import pluginregistration_pb2_grpc as reg_grpc
 
@@ -50,7 +54,7 @@ class RegistrationService(reg_grpc.RegistrationServicer):
 
     def GetInfo(self, request, context):
         return reg_pb.PluginInfo(type=names.PLUGIN_TYPE, name=names.DRIVER, endpoint=self.endpoint,
-                                 supported_versions=list(names.SERVICES))
+                                 supported_versions=[*names.SERVICES, *names.HEALTH_SERVICES])
 
     def NotifyRegistrationStatus(self, request, context):
         self.status = request
@@ -72,11 +76,18 @@ def _dra_handlers(service: str, prepare: Callable, unprepare: Callable) -> grpc.
     })
 
 
+def _health_handler(service: str, watch: Callable) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(service, {
+        "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+            watch, request_deserializer=hpb.NodeWatchResourcesRequest.FromString,
+            response_serializer=hpb.NodeWatchResourcesResponse.SerializeToString)})
+
+
 class PluginServers:
     """Both servers, started and stopped together (blocking calls: run them in a thread)."""
 
     def __init__(self, kubelet_dir: str, token: trio.lowlevel.TrioToken, prepare: PrepareFn,
-                 unprepare: UnprepareFn) -> None:
+                 unprepare: UnprepareFn, health: HealthBoard) -> None:
         self.registry_dir = os.path.join(kubelet_dir, names.REGISTRY_DIR)
         self.plugin_dir = os.path.join(kubelet_dir, names.PLUGINS_DIR, names.DRIVER)
         self.reg_path = os.path.join(self.registry_dir, names.REG_SOCKET)
@@ -85,6 +96,7 @@ class PluginServers:
         self._token = token
         self._prepare = prepare
         self._unprepare = unprepare
+        self.health = health
         self._servers: list[grpc.Server] = []
 
     def _on_loop(self, fn, claims, context):
@@ -98,6 +110,9 @@ class PluginServers:
 
     def _unprepare_rpc(self, request, context):
         return self._on_loop(self._unprepare, request.claims, context)
+
+    def _watch_rpc(self, request, context):
+        return self.health.stream(context.is_active)
 
     def _serve(self, path: str, add: Callable[[grpc.Server], None]) -> grpc.Server:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -123,17 +138,22 @@ class PluginServers:
 
     def start(self) -> None:
         """The service socket first, then the registration socket kubelet's watcher reacts to."""
-        self.stop()
+        self._stop_servers()
 
         def dra(server: grpc.Server) -> None:
             server.add_generic_rpc_handlers([_dra_handlers(names.GRPC_SERVICES[s], self._prepare_rpc,
-                                                           self._unprepare_rpc) for s in names.SERVICES])
+                                                           self._unprepare_rpc) for s in names.SERVICES]
+                                            + [_health_handler(s, self._watch_rpc) for s in names.HEALTH_SERVICES])
 
         self._servers.append(self._serve(self.dra_path, dra))
         self._servers.append(self._serve(self.reg_path, lambda s: reg_grpc.add_RegistrationServicer_to_server(
             self.registration, s)))
 
     def stop(self) -> None:
+        self.health.close()  # its streams end, so the servers stop at once
+        self._stop_servers()
+
+    def _stop_servers(self) -> None:
         for s in self._servers:
             s.stop(grace=0.5).wait(2)
         self._servers = []

@@ -57,7 +57,7 @@ def spec_path(cdi_dir: str, uid: str) -> str:
     return os.path.join(cdi_dir, f"{names.DRIVER}-claim-{uid}.json")
 
 
-def _devices_by_name(gpus: tuple[GpuView, ...]) -> dict[str, tuple[GpuView, MigProfile | None, MigPlacement | None]]:
+def devices_by_name(gpus: tuple[GpuView, ...]) -> dict[str, tuple[GpuView, MigProfile | None, MigPlacement | None]]:
     """Pool device name -> (its GPU, the MIG profile and placement it is)."""
     out: dict[str, tuple[GpuView, MigProfile | None, MigPlacement | None]] = {}
     for g in gpus:
@@ -78,7 +78,7 @@ def claim_plan(alloc: ClaimAllocation, gpus: tuple[GpuView, ...], dra_gpus: froz
 
     A device without consumed capacity (a cluster whose consumable-capacity gate is off allocates
     it whole) books the whole GPU: all its memory and cores 100."""
-    by_name = _devices_by_name(gpus)
+    by_name = devices_by_name(gpus)
     conts, assigned = [], []
     for i, d in enumerate(alloc.devices):
         got = by_name.get(d.device)

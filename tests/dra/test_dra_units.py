@@ -150,7 +150,8 @@ def test_both_service_versions_answer_and_every_claim_gets_an_entry(node):
         with grpc.insecure_channel(f"unix:{reg}") as ch:
             info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=10)
         assert (info.type, info.name) == ("DRAPlugin", "gpu.hamid.io")
-        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+                                                 "v1alpha1.DRAResourceHealth"]
         assert oct(os.stat(info.endpoint).st_mode & 0o777) == "0o600"
         out = []
         with grpc.insecure_channel(f"unix:{info.endpoint}") as ch:
@@ -266,3 +267,42 @@ def test_dra_devices_are_checked_when_the_daemon_builds_its_faces(tmp_path, kube
             trio.run(build_faces, d)
     finally:
         d.close()
+
+
+def test_kubelets_health_stream_says_each_devices_health_and_every_change(node):
+    from hamid.dra.api import drahealth_pb2 as hpb
+
+    kdir = tempfile.mkdtemp(prefix="hk-")
+    face = DraFace(node.service, kubelet_dir=kdir, cdi_dir=os.path.join(kdir, "cdi"), api=None, devices="1",
+                   defaults=request_defaults(node), health_interval=0.05)
+
+    def watch():
+        endpoint = os.path.join(kdir, "plugins", "gpu.hamid.io", "dra.sock")
+        got = []
+        with grpc.insecure_channel(f"unix:{endpoint}") as ch:
+            for service in ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"):
+                call = ch.unary_stream(f"/{service}/NodeWatchResources",
+                                       request_serializer=hpb.NodeWatchResourcesRequest.SerializeToString,
+                                       response_deserializer=hpb.NodeWatchResourcesResponse.FromString)
+                stream = call(hpb.NodeWatchResourcesRequest(), timeout=20)
+                first = next(stream)
+                node.backend.set_healthy(1, False)
+                changed = next(m for m in stream if m.devices[0].health == hpb.UNHEALTHY)
+                node.backend.set_healthy(1, True)
+                next(m for m in stream if m.devices[0].health == hpb.HEALTHY)  # and back
+                stream.cancel()
+                got.append((first, changed))
+        return got
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(face.run)
+            got = await trio.to_thread.run_sync(watch)
+            n.cancel_scope.cancel()
+        return got
+
+    for first, changed in trio.run(main):
+        (d,) = first.devices  # GPU 1 alone serves DRA here
+        assert (d.device.pool_name, d.device.device_name, d.health) == ("node-t", "gpu-1", hpb.HEALTHY)
+        assert d.health_check_timeout_seconds == 30 and d.last_updated_time > 0
+        assert changed.devices[0].message == "the device backend reports the GPU unhealthy"
