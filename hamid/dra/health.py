@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .api import drahealth_pb2 as hpb
 
@@ -54,7 +54,10 @@ class HealthBoard:
                             health_check_timeout_seconds=self.timeout_s, message=why[:MESSAGE_MAX])
         return out
 
-    def stream(self, active) -> Iterator[hpb.NodeWatchResourcesResponse]:
+    def _moved(self, seen: int) -> Callable[[], bool]:
+        return lambda: self._closed or self._version != seen
+
+    def stream(self, active: Callable[[], bool]) -> Iterator[hpb.NodeWatchResourcesResponse]:
         """The messages of one stream; ``active()`` false when kubelet is gone."""
         with self._cond:
             seen = self._version
@@ -62,7 +65,7 @@ class HealthBoard:
         yield first
         while True:
             with self._cond:
-                self._cond.wait_for(lambda v=seen: self._closed or self._version != v, timeout=self.refresh_s)
+                self._cond.wait_for(self._moved(seen), timeout=self.refresh_s)
                 if self._closed or not active():
                     return
                 seen = self._version
