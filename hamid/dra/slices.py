@@ -32,6 +32,7 @@ result differs (:mod:`.publish` bumps the pool's generation then).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,10 +117,17 @@ def _attributes(g: GpuView, sharing: str, driver_version: str | None) -> dict[st
     return attrs
 
 
+def label_value(text: str) -> str:
+    """``text`` as a Kubernetes label value (a taint's value must be one): at most 63 letters, digits,
+    '-', '_' or '.', starting and ending with a letter or digit; anything else becomes '-'."""
+    v = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", v)
+
+
 def _taints(gf: GpuFacts) -> list[dict[str, str]]:
     if not gf.health_reason:
         return []
-    return [{"key": names.TAINT_UNHEALTHY, "value": gf.health_reason[:63].strip() or "unhealthy",
+    return [{"key": names.TAINT_UNHEALTHY, "value": label_value(gf.health_reason) or "unhealthy",
              "effect": "NoSchedule"}]
 
 

@@ -359,7 +359,7 @@ def test_an_unhealthy_gpu_is_tainted_in_the_pool_and_claims_avoid_it(cluster):
     b.set_healthy(1, False)
     wait_for("the taint", lambda: (cluster.device("gpu-1") or {}).get("taints"))
     assert cluster.device("gpu-1")["taints"] == [{"key": "gpu.hamid.io/unhealthy", "effect": "NoSchedule",
-                                                  "value": "the device backend reports the GPU unhealthy"}]
+                                                  "value": "the-device-backend-reports-the-GPU-unhealthy"}]
     assert cluster.slices()[0]["spec"]["pool"]["generation"] > gen
     cluster.device_class()
     cluster.template("g1", {"memory": "1Gi"}, selector='device.attributes["gpu.hamid.io"].index == 1')

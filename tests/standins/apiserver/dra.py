@@ -36,6 +36,7 @@ MAX_CEL = 10 * 1024
 MAX_CONFIG = 32
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _KEY_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SEMVER = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
@@ -222,8 +223,10 @@ def _device_errors(causes: list, d: Any, path: str) -> None:
             if not _KEY_NAME.match(name) or len(name) > 63:
                 _inv(causes, f"{path}.taints[{i}].key", key, "a qualified name: an optional DNS prefix and '/', "
                      "then at most 63 alphanumeric characters, '-', '_' or '.'")
-        if len(t.get("value") or "") > 63:
-            _inv(causes, f"{path}.taints[{i}].value", t["value"], "must be no more than 63 characters")
+        value = t.get("value") or ""
+        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+            _inv(causes, f"{path}.taints[{i}].value", value, "a valid label must be an empty string or consist of "
+                 "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character")
         if t.get("effect") not in ("NoSchedule", "NoExecute"):
             causes.append(("FieldValueNotSupported", f"{path}.taints[{i}].effect",
                            f'Unsupported value: {t.get("effect")!r}: supported values: "NoExecute", "NoSchedule"'))
