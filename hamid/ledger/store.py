@@ -102,6 +102,10 @@ class Abandoned(LedgerError):
     http_status = 410  # Gone: the answer's caller is
 
 
+class CommitFailed(LedgerError):
+    """SQLite could not COMMIT a change (disk full, I/O error, busy): nothing of it was kept."""
+
+
 class LedgerConflict(LedgerError):
     """The reservation does not fit the node as the ledger knows it."""
 
@@ -250,7 +254,7 @@ class Ledger:
                 except BaseException:
                     self._db.execute("ROLLBACK")
                     raise
-                self._db.execute("COMMIT")
+                self._commit("upgrade to schema 2")
                 got = SCHEMA_VERSION
             if int(got) > SCHEMA_VERSION:
                 raise LedgerError(f"ledger {self.path} has schema {got}, newer than this hamid ({SCHEMA_VERSION})")
@@ -329,9 +333,37 @@ class Ledger:
                 raise
             finally:
                 self._in_write = False
-            self._db.execute("COMMIT")
-            self._refresh_touched()
+            self._commit("change")
+            try:
+                self._refresh_touched()
+            except sqlite3.Error:  # committed, but its rows could not be read back: the cache is read anew
+                self._cache, self._cache_version, self._touched = None, None, set()
             return out
+
+    def _commit(self, what: str) -> None:
+        """COMMIT the open transaction. When SQLite cannot (disk full, I/O error,
+        busy), nothing of it is on disk, so nothing of it stays in memory either:
+        the transaction is rolled back if SQLite left it open (a busy COMMIT does),
+        the booked cache is dropped (this transaction's bookings were put in it as
+        they were made) and the next change starts from what is on disk."""
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._cache, self._cache_version, self._touched = None, None, set()
+            try:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+            except sqlite3.Error as e2:
+                raise CommitFailed(f"ledger {self.path}: the {what} could not be committed ({e}) nor rolled "
+                                   f"back ({e2}): nothing of it was kept") from e
+            raise CommitFailed(f"ledger {self.path}: the {what} could not be committed ({e}): nothing of it was "
+                               "kept; it may be asked again once the cause (a full disk, an I/O error, another "
+                               "writer holding the file) is gone") from e
+
+    def _end_read(self) -> None:
+        """End a read-only transaction: it wrote nothing, so ROLLBACK ends it as well as
+        COMMIT would and, unlike COMMIT, cannot leave it open (a busy COMMIT does)."""
+        self._db.execute("ROLLBACK")
 
     # --- the booked state, cached ---------------------------------------------
 
@@ -399,7 +431,7 @@ class Ledger:
             try:
                 return self._view(self._db)
             finally:
-                self._db.execute("COMMIT")
+                self._end_read()
 
     def view_without(self, owner: str) -> NodeView:
         """The node as if ``owner`` held nothing (to place it again)."""
@@ -408,7 +440,7 @@ class Ledger:
             try:
                 return self._view(self._db, without=owner)
             finally:
-                self._db.execute("COMMIT")
+                self._end_read()
 
     # --- reservations ------------------------------------------------------
 
