@@ -13,8 +13,15 @@ No caller can hold a listener: headers must be complete within
 may stall past :data:`READ_TIMEOUT_S`, a whole request must be answered
 within its deadline (:data:`REQUEST_DEADLINE_S`; 408 otherwise), and a
 listener holds at most :data:`MAX_CONNECTIONS` connections (the rest are
-closed as they are accepted). hypercorn's own serve loop is replaced by one
-that counts connections; its per-connection server is used as it is.
+closed as they are accepted), of which one source holds at most
+:data:`PER_SOURCE` until they are authenticated and the last :data:`RESERVE`
+go only to sources that hold none (so one caller flooding cannot lock the
+others out). A TLS handshake must complete within :data:`HEADER_DEADLINE_S`
+too. hypercorn's own serve loop is replaced by one that counts connections;
+its per-connection server is used as it is. A face whose callers prove who
+they are in a request (the peer API's signatures) calls
+:meth:`ConnectionCount.authenticated` with the request's client address; a
+listener that requires a client certificate does it for every request.
 """
 
 from __future__ import annotations
@@ -80,6 +87,35 @@ MAX_CONNECTIONS = 256  # per listener; more are accepted and closed at once. The
                        # listener hold a few each (kubelet, dockerd, the API server, the leader); 256
                        # x ~16 KB stays small, and 256 per listener x 8 listeners stays under the file
                        # descriptor limit the daemon raises itself to (raise_fd_limit)
+PER_SOURCE = 32  # connections one source (an IPv4 address, an IPv6 /64) may hold on one listener until
+                 # they are authenticated. The callers that matter hold one to a few each: the API server
+                 # sends admission reviews over HTTP/2 (one connection, a few while it rotates them),
+                 # kube-scheduler and the leader keep a small pool, Prometheus one per scrape, a browser
+                 # six. 32 leaves them room while one source holding thousands keeps at most 32: with the
+                 # reserve below, 256 - 32 = 224 slots need 7 sources to fill, the reserve 32 more
+RESERVE = 32  # the last slots of a listener go only to a source that holds none there now: a caller
+              # that matters (the API server on the webhook, kube-scheduler on the extender, the leader
+              # on the peer port, Prometheus on metrics) still gets its first connection while others
+              # fill the rest. 32 distinct sources must flood at once to take it from them
+
+
+def source_of(sockaddr) -> str | None:
+    """The source a connection is counted against: its IPv4 address, or its IPv6 /64 (one host
+    holds a whole /64, so counting single IPv6 addresses would give it 2^64 shares); None for a
+    unix socket (its callers are named by the socket's owner and mode, not counted here)."""
+    import ipaddress
+
+    if not isinstance(sockaddr, tuple) or not sockaddr:
+        return None
+    try:
+        ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+    except ValueError:
+        return None
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    if ip.version == 6:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 def _with_deadline(app, seconds: float):
@@ -107,12 +143,75 @@ def _with_deadline(app, seconds: float):
     return wrapped
 
 
+def _authenticated_by_certificate(app, counts: "ConnectionCount"):
+    """The ASGI app, each connection no longer counted against its source once a request
+    arrives on it (a listener that requires a client certificate: the handshake proved it)."""
+
+    async def wrapped(scope, receive, send):
+        counts.authenticated(scope.get("client"))
+        return await app(scope, receive, send)
+    return wrapped
+
+
 class ConnectionCount:
-    """Connections open on one listener, and those refused at the cap (for /metrics)."""
+    """Connections open on one listener, by source until authenticated, and those refused (for /metrics).
+
+    ``refused`` counts every connection closed at accept; ``refused_source`` those of them refused
+    because their source held its share (:data:`PER_SOURCE`) or the reserve (:data:`RESERVE`) was
+    kept for other sources."""
 
     def __init__(self) -> None:
         self.open = 0
         self.refused = 0
+        self.refused_source = 0
+        self._by_source: dict[str, int] = {}  # unauthenticated connections held, by source
+        self._by_peer: dict[tuple, "CountedStream"] = {}  # (address, port) -> its connection
+
+    def held(self, source: str) -> int:
+        """Unauthenticated connections ``source`` holds now."""
+        return self._by_source.get(source, 0)
+
+    def admits(self, source: str | None, cap: int, per_source: int, reserve: int) -> bool:
+        """Whether a connection from ``source`` may be held now (counted as refused when not)."""
+        if self.open >= cap:
+            self.refused += 1
+            return False
+        if source is not None:
+            held = self.held(source)
+            if held >= per_source or (held > 0 and self.open >= cap - reserve):
+                self.refused += 1
+                self.refused_source += 1
+                return False
+        return True
+
+    def authenticated(self, peer) -> None:
+        """The connection from ``peer`` (``(address, port)`` as the server sees it) proved who
+        it is (a client certificate, a signed request, a frame opened with the keyring): it is
+        no longer counted against its source, only against the listener's cap."""
+        if peer is None:
+            return
+        conn = self._by_peer.get((str(peer[0]), int(peer[1])))
+        if conn is not None:
+            conn.uncount_source()
+
+    def _opened(self, conn: "CountedStream") -> None:
+        self.open += 1
+        if conn.source is not None:
+            self._by_source[conn.source] = self.held(conn.source) + 1
+        if conn.peer is not None:
+            self._by_peer[conn.peer] = conn
+
+    def _uncount_source(self, source: str) -> None:
+        left = self.held(source) - 1
+        if left > 0:
+            self._by_source[source] = left
+        else:
+            self._by_source.pop(source, None)
+
+    def _closed(self, conn: "CountedStream") -> None:
+        self.open -= 1
+        if conn.peer is not None and self._by_peer.get(conn.peer) is conn:
+            del self._by_peer[conn.peer]
 
 
 def connection_cap(default: int, share: int = 8, reserve: int = 256) -> int:
@@ -127,14 +226,23 @@ def connection_cap(default: int, share: int = 8, reserve: int = 256) -> int:
     return max(8, min(default, (soft - reserve) // share))
 
 
-class _CountedStream(trio.abc.HalfCloseableStream):
-    """A connection counted open until it is closed (for :class:`CappedListener`)."""
+class CountedStream(trio.abc.HalfCloseableStream):
+    """A connection counted open until it is closed, and against its source until it is
+    authenticated or closed (for :class:`CappedListener`)."""
 
-    def __init__(self, inner, counts: ConnectionCount) -> None:
+    def __init__(self, inner, counts: ConnectionCount, source: str | None, peer: tuple | None) -> None:
         self._inner = inner
         self._counts = counts
         self._open = True
+        self.source = source  # None once no longer counted against it
+        self.peer = peer
         self.socket = inner.socket  # what hypercorn and trio-websocket read addresses from
+        counts._opened(self)
+
+    def uncount_source(self) -> None:
+        if self.source is not None:
+            self._counts._uncount_source(self.source)
+            self.source = None
 
     async def send_all(self, data) -> None:
         await self._inner.send_all(data)
@@ -157,30 +265,41 @@ class _CountedStream(trio.abc.HalfCloseableStream):
     async def aclose(self) -> None:
         if self._open:
             self._open = False
-            self._counts.open -= 1
+            self.uncount_source()
+            self._counts._closed(self)
         await self._inner.aclose()
 
 
 class CappedListener(trio.abc.Listener):
-    """A listener that holds at most ``cap`` connections: one accepted past
-    it is closed at once (counted in ``counts.refused``), so a flood costs a
-    descriptor for an instant, never the process's last one."""
+    """A listener that holds at most ``cap`` connections, at most ``per_source``
+    of them unauthenticated from one source, and the last ``reserve`` only for
+    sources holding none: one accepted past these is closed at once (counted in
+    ``counts.refused``), so a flood costs a descriptor for an instant, never the
+    process's last one, and one flooding source never locks the others out."""
 
-    def __init__(self, inner, cap: int, counts: ConnectionCount) -> None:
+    def __init__(self, inner, cap: int, counts: ConnectionCount, *, per_source: int = PER_SOURCE,
+                 reserve: int = RESERVE) -> None:
         self.inner = inner
         self.cap = cap
         self.counts = counts
+        self.per_source = per_source
+        self.reserve = min(reserve, cap // 4)  # a small cap (a low descriptor limit) keeps most of its slots shared
         self.socket = inner.socket
 
     async def accept(self):
         while True:
             stream = await self.inner.accept()
-            if self.counts.open >= self.cap:
-                self.counts.refused += 1
+            try:
+                peer = stream.socket.getpeername()
+            except OSError:  # gone before we looked
                 await trio.aclose_forcefully(stream)
                 continue
-            self.counts.open += 1
-            return _CountedStream(stream, self.counts)
+            source = source_of(peer)
+            if not self.counts.admits(source, self.cap, self.per_source, self.reserve):
+                await trio.aclose_forcefully(stream)
+                continue
+            return CountedStream(stream, self.counts, source,
+                                  (str(peer[0]), int(peer[1])) if source is not None else None)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -239,7 +358,10 @@ async def serve_asgi(app, bind: str, *, what: str = "", certfile: str | None = N
         secure = ssl_context is not None
         listeners.append(trio.SSLListener(inner, ssl_context, https_compatible=True) if secure else inner)
         binds.append(f"{'https' if secure else 'http'}://{repr_socket_addr(sock.family, sock.getsockname())}")
-    served = wrap_app(_with_deadline(app, deadline_s), cfg.wsgi_max_body_size, "asgi")
+    timed = _with_deadline(app, deadline_s)
+    if client_ca is not None:  # a request reaching the app came over a handshake with a certificate the CA signed
+        timed = _authenticated_by_certificate(timed, counts)
+    served = wrap_app(timed, cfg.wsgi_max_body_size, "asgi")
     context = WorkerContext(None)
 
     async def handle(stream) -> None:

@@ -31,7 +31,7 @@ from trio_websocket import (ConnectionClosed, WebSocketConnection, WebSocketRequ
                             connect_websocket)
 
 from ..logs import get_logger
-from ..serving import CappedListener, ConnectionCount, ListenError, connection_cap
+from ..serving import CappedListener, ConnectionCount, CountedStream, ListenError, connection_cap
 from .codec import VERSION, Codec, FrameRejected
 from ..keyring import OVERHEAD
 from .stats import Stats
@@ -52,6 +52,11 @@ LINK_IDLE_S = 120.0
 # close, so even a 15,000-node cluster keeps far fewer; the cap bounds what a flood can hold
 # (about 16 KB of memory and one descriptor each).
 MAX_INBOUND = 4096
+# Inbound connections one source (address, IPv6 /64) may hold before their first frame opens with the
+# keyring (then they no longer count against it): a peer sends that frame at once, so even a host running
+# many daemons (a test cluster on one machine, several nodes behind one NAT) rarely has more than a few
+# pending; a stranger from one address holds at most this many for FIRST_FRAME_TIMEOUTS each.
+PER_SOURCE = 64
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,7 @@ class Transport:
             # websocket handshake holds a descriptor too), at most MAX_INBOUND (less where the
             # process's descriptor limit is lower)
             cap = connection_cap(MAX_INBOUND, share=4)
-            listeners = [CappedListener(lst, cap, self.connections) for lst in bound]
+            listeners = [CappedListener(lst, cap, self.connections, per_source=PER_SOURCE) for lst in bound]
             server = WebSocketServer(self._accept, listeners, handler_nursery=nursery,
                                      max_message_size=self._ws_limit, connect_timeout=self.connect_timeout,
                                      disconnect_timeout=CLOSE_WAIT)
@@ -243,6 +248,11 @@ class Transport:
                     self.stats.dropped[e.reason] += 1
                     log.debug("gossip frame dropped", reason=str(e))
                     continue
+                if not trusted and link is None:  # an inbound stranger proved it holds the key
+                    # trio-websocket names no public handle on the stream under it (ours, counted)
+                    stream = getattr(ws, "_stream", None)
+                    if isinstance(stream, CountedStream):
+                        stream.uncount_source()
                 trusted = True
                 if link is None and msg["f"] != self.name:
                     have = self.links.get(msg["a"])

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from ..errors import HamidError
 from ..keyring import Keyring
 from ..logs import Throttle, get_logger
-from ..serving import BodyTooLarge, read_body
+from ..serving import BodyTooLarge, ConnectionCount, read_body
 from ..node.callers import DetailsError, caller_details
 from ..node.layout import LayoutError, component
 from ..node.identity import Owner
@@ -102,6 +102,7 @@ class PeerFace:
         self.confirm_leader = confirm_leader
         self.bound: str | None = None  # HOST:PORT actually bound (port 0 resolved), once serving
         self._drop_log = Throttle(10.0)
+        self.connections = ConnectionCount()  # the listener's connections, by source until authenticated
 
     @classmethod
     def from_config(cls, node: Any, config: Any, keyring: Keyring | None, *,
@@ -146,6 +147,9 @@ class PeerFace:
                 if now:
                     log.warning("peer request dropped", reason="identity", detail=why, similar_not_logged=held)
                 return PlainTextResponse(f"unauthenticated: {why}\n", status_code=401)
+        # opened with the keyring (and signed by its sender, where identities are checked): this
+        # connection no longer counts against its source's share of the listener
+        self.connections.authenticated(req.client)
         try:
             self.guard.admit(rid, msg["ts"])
             if msg["to"] != self.node.name:
@@ -292,7 +296,8 @@ class PeerFace:
             async with trio.open_nursery() as nursery:
                 try:
                     binds = await nursery.start(lambda task_status: serve_asgi(
-                        self.app(), self.listen, what="peerListen", task_status=task_status))
+                        self.app(), self.listen, what="peerListen", counts=self.connections,
+                        task_status=task_status))
                 except ListenError as e:
                     raise PeerConfigError(str(e)) from None
                 host, port = parse_address(binds[0].split("://", 1)[1], "bound address")

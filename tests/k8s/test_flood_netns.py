@@ -168,3 +168,147 @@ def test_a_flood_from_another_network_namespace_leaves_the_kubelet_and_docker_fa
         assert admit_one() < max(0.5, 10 * base["kubelet"])
     finally:
         env.stop()
+
+
+def _front_and_daemon(d: str, host: str, ports: dict) -> tuple[str, dict]:
+    """Config files for a daemon (peer API on ``host``, its front sockets in ``d``) and its
+    front (webhook, extender with a client CA, metrics on ``host``); (config path, client files)."""
+    from hamid.control import certs
+
+    ca = certs.make_ca("test CA")
+    srv = certs.issue(ca, [host])
+    sched = certs.issue(ca, ["kube-scheduler"], client=True)
+    files = {"ca.pem": ca.cert_pem, "tls.crt": srv.cert_pem, "tls.key": srv.key_pem,
+             "sched.crt": sched.cert_pem, "sched.key": sched.key_pem,
+             "gossip.key": (base64.b64encode(os.urandom(32)).decode() + "\n").encode()}
+    for name, data in files.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+        os.chmod(os.path.join(d, name), 0o600)
+    cfg = os.path.join(d, "config.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"simulate: H100:1\nstateDir: {d}/state\nfrontDir: {d}/front\nfrontGroup: {os.getgid() + 1}\n"
+                f"metricsPort: {ports['metrics']}\nmetricsAddress: {host}\n"
+                f"webhookListen: {host}:{ports['webhook']}\nwebhookCertFile: {d}/tls.crt\n"
+                f"webhookKeyFile: {d}/tls.key\nwebhookAllocationWriters: [system:serviceaccount:x:hamid]\n"
+                f"controlMode: extender\nextenderListen: {host}:{ports['extender']}\n"
+                f"extenderClientCAFile: {d}/ca.pem\n"
+                f"peerListen: {host}:{ports['peer']}\ngossipKeyFile: {d}/gossip.key\nnodeName: n1\n")
+    return cfg, {name: os.path.join(d, name) for name in files}
+
+
+def test_one_source_holding_thousands_of_connections_does_not_lock_another_out_of_any_listener(attacker_ns):
+    """The listeners that take calls from outside the node (the front's webhook, extender and
+    metrics, the daemon's peer API): while the attacker's address holds thousands of
+    connections on each, the API server's, kube-scheduler's, Prometheus' and the leader's
+    calls (from another address) are answered as before the flood."""
+    import json
+    import shutil
+    import ssl
+    import tempfile
+    import uuid
+
+    import trio
+
+    from hamid.keyring import Keyring
+    from hamid.peer.client import PeerClient
+
+    ns, host = attacker_ns
+    d = tempfile.mkdtemp(prefix="hfs-")  # short: unix socket paths are at most 107 bytes
+    procs: list[subprocess.Popen] = []
+    attackers: list[subprocess.Popen] = []
+    try:
+        ports = {name: _port(host) for name in ("webhook", "extender", "metrics", "peer")}
+        cfg, f = _front_and_daemon(d, host, ports)
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "hamid.cli.main", "run", "--config", cfg],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
+        deadline = time.time() + 60
+        while not os.path.exists(os.path.join(d, "front", "metrics.sock")):
+            assert procs[0].poll() is None and time.time() < deadline, procs[0].stderr.read()
+            time.sleep(0.1)
+        procs.append(subprocess.Popen([sys.executable, "-m", "hamid.cli.main", "front", "--config", cfg],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
+        ctx = ssl.create_default_context(cafile=f["ca.pem"])
+        sched = ssl.create_default_context(cafile=f["ca.pem"])
+        sched.load_cert_chain(f["sched.crt"], f["sched.key"])
+        keyring = Keyring.load(f["gossip.key"])
+
+        def webhook() -> None:  # the API server: a GPU pod's review, mutated
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+                   "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": {
+                       "nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}}}]}}
+            review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+                "uid": str(uuid.uuid4()), "operation": "CREATE", "object": pod, "namespace": "default",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"}, "userInfo": {"username": "a"}}}
+            out = httpx.post(f"https://{host}:{ports['webhook']}/mutate", json=review, verify=ctx, timeout=20).json()
+            assert out["response"] == {"uid": review["request"]["uid"], "allowed": True}, out
+
+        def extender() -> None:  # kube-scheduler, with its client certificate: the front checks the body
+            r = httpx.post(f"https://{host}:{ports['extender']}/filter", content=b"[1]", verify=sched, timeout=20)
+            assert r.status_code == 400 and "JSON object" in r.json()["Error"], r.text
+
+        def metrics() -> None:  # Prometheus: the daemon's registry through the front
+            r = httpx.get(f"http://{host}:{ports['metrics']}/metrics", timeout=20)
+            assert r.status_code == 200 and "hamid_face_up" in r.text, r.text[:300]
+
+        def peer() -> None:  # the leader: a sealed status call to this node
+            async def call():
+                async with PeerClient(keyring, timeout_s=20) as c:
+                    return await c.status(f"{host}:{ports['peer']}", node="n1")
+            assert isinstance(trio.run(call), dict)
+
+        calls = {"webhook": webhook, "extender": extender, "metrics": metrics, "peer": peer}
+
+        def timed(fn) -> float:
+            t0 = time.monotonic()
+            fn()
+            return time.monotonic() - t0
+
+        deadline = time.time() + 60
+        while True:  # both processes up and serving
+            try:
+                metrics()
+                peer()
+                break
+            except (httpx.HTTPError, AssertionError, Exception):
+                assert all(p.poll() is None for p in procs), [p.stderr.read()[-2000:] for p in procs]
+                assert time.time() < deadline, "the front or the daemon never served"
+                time.sleep(0.3)
+        base = {name: max(timed(fn) for _ in range(3)) for name, fn in calls.items()}
+        held = 0
+        for _ in range(3):  # 3 attackers x 2,000 connections, on the four ports, from one address
+            a = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", FLOOD, host,
+                                  ",".join(str(p) for p in ports.values()), "2000"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            attackers.append(a)
+            held += int(a.stdout.readline())
+        assert held > 5000, held
+        time.sleep(1)  # let the listeners accept what they will hold
+        worst = dict.fromkeys(calls, 0.0)
+        failed: dict[str, list[str]] = {name: [] for name in calls}
+        for _ in range(4):
+            for name, fn in calls.items():
+                try:
+                    worst[name] = max(worst[name], timed(fn))
+                except Exception as e:  # every failure named, all of them asserted below
+                    failed[name].append(repr(e)[:200])
+            assert all(p.poll() is None for p in procs), "a process died under the flood"
+            time.sleep(0.5)
+        print("latency before / under the flood (s):", base, worst)
+        assert not any(failed.values()), json.dumps(failed, indent=1)
+        for name in calls:  # their normal latency: the same order as before (a 2-core box shares its CPU)
+            assert worst[name] < max(1.0, 10 * base[name]), (name, worst, base)
+    finally:
+        for a in attackers:
+            a.stdin.close()
+            a.wait(timeout=30)
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        shutil.rmtree(d, ignore_errors=True)

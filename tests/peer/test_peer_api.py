@@ -341,3 +341,23 @@ async def test_the_face_and_client_follow_the_config(tmp_path):
         assert client._http.timeout.read == 1.5
     with pytest.raises(Exception, match="peerListen: bad value 'nope'; accepted: HOST:PORT"):
         Config(peerListen="nope")
+
+
+async def test_a_connection_that_brought_an_authenticated_request_leaves_its_sources_share(tmp_path):
+    """The listener counts a connection against its source's share only until a request on it
+    opened with the keyring: the leader's kept-alive connections never crowd it out of its own
+    source's share, a stranger's (no key) stay counted."""
+    keys = new_keyring(tmp_path)
+    b = LedgerNode(tmp_path, "node-b")
+    face = PeerFace(b, keys, "127.0.0.1:0")
+    async with serving(face) as (addr,):
+        async with PeerClient(new_keyring(tmp_path, "theirs"), name="x") as stranger:
+            with pytest.raises(PeerUnauthenticated):
+                await stranger.status(addr, node="node-b")
+            assert face.connections.held("127.0.0.1") == 1  # kept alive by the client, still counted
+        with trio.fail_after(10):  # the stranger's client closed it: the server sees it go
+            while face.connections.open:
+                await trio.sleep(0.01)
+        async with PeerClient(keys, name="node-a") as leader:
+            await leader.status(addr, node="node-b")
+            assert face.connections.open == 1 and face.connections.held("127.0.0.1") == 0

@@ -174,7 +174,7 @@ async def test_a_request_that_trickles_its_body_is_cut_at_its_deadline_and_the_c
         extra = await trio.open_tcp_stream(host, int(port))
         with trio.fail_after(3):  # over the cap: accepted and closed at once
             assert await extra.receive_some(10) == b""
-        assert counts.refused >= 1 and counts.open == 5
+        assert counts.refused >= 2 and counts.open == 4  # one source: the cap's last slot is kept for another
         for s in held:
             await s.aclose()
         nursery.cancel_scope.cancel()
@@ -222,3 +222,70 @@ async def test_a_face_that_fails_after_start_is_restarted_and_the_others_keep_se
         assert health.up == {"flaky": True, "steady": True}
         assert Steady.ticks >= 55  # never interrupted
         nursery.cancel_scope.cancel()
+
+
+async def test_one_source_keeps_to_its_share_until_authenticated_and_the_reserve_is_kept_for_new_sources():
+    """Sources are addresses (loopback has a whole /8 of them): one source holds at most its
+    share, an authenticated connection no longer counts against it, and the last slots go
+    only to a source that holds none."""
+    from hamid.serving import CappedListener, ConnectionCount
+
+    counts = ConnectionCount()
+    (inner,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = inner.socket.getsockname()[1]
+    listener = CappedListener(inner, 16, counts, per_source=4, reserve=4)
+    held: list = []
+
+    async def accept_forever():
+        while True:
+            held.append(await listener.accept())
+
+    async def connect(source: str, n: int) -> list[trio.SocketStream]:
+        """``n`` connections from ``source``, once the listener has decided on each."""
+        out = []
+        for _ in range(n):
+            sock = trio.socket.socket()
+            await sock.bind((source, 0))
+            await sock.connect(("127.0.0.1", port))
+            out.append(trio.SocketStream(sock))
+        with trio.fail_after(30):
+            while counts.open + counts.refused < seen[0] + n:
+                await trio.sleep(0.01)
+        seen[0] += n
+        return out
+
+    seen = [0]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept_forever)
+        flood = await connect("127.0.0.2", 10)
+        assert counts.held("127.0.0.2") == 4 and counts.open == 4 and counts.refused_source == 6
+        for conn in held[:2]:  # two of its connections prove who they are: they leave its share
+            counts.authenticated(conn.socket.getpeername())
+        assert counts.held("127.0.0.2") == 2
+        flood += await connect("127.0.0.2", 3)
+        assert counts.held("127.0.0.2") == 4 and counts.open == 6
+        others = await connect("127.0.0.3", 4) + await connect("127.0.0.4", 2)
+        assert counts.open == 12  # 16 less the reserve of 4: shared slots all taken
+        others += await connect("127.0.0.4", 1)
+        assert counts.held("127.0.0.4") == 2 and counts.open == 12  # holds some: the reserve is not for it
+        for i in range(4):  # new sources still get in, one connection each, until the cap
+            others += await connect(f"127.0.1.{i + 1}", 2)
+        assert counts.open == 16
+        others += await connect("127.0.2.1", 1)
+        assert counts.open == 16  # the cap holds
+        for conn in held:
+            await conn.aclose()
+        assert counts.open == 0 and all(counts.held(f"127.0.0.{i}") == 0 for i in (2, 3, 4))
+        for s in flood + others:
+            await s.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def test_a_source_is_an_ipv4_address_or_an_ipv6_64_and_a_unix_socket_is_none():
+    from hamid.serving import source_of
+
+    assert source_of(("10.1.2.3", 5)) == "10.1.2.3"
+    assert source_of(("::ffff:10.1.2.3", 5, 0, 0)) == "10.1.2.3"
+    assert source_of(("2001:db8:1:2:aaaa::1", 5, 0, 0)) == source_of(("2001:db8:1:2:bbbb::9", 7, 0, 0)) \
+        == "2001:db8:1:2::/64"
+    assert source_of("/run/x.sock") is None and source_of("") is None
