@@ -30,6 +30,8 @@ import ssl
 
 import trio
 from hypercorn.config import Config as HyperConfig
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from .errors import HamidError
 
@@ -40,11 +42,23 @@ class BodyTooLarge(HamidError):
     http_status = 413
 
 
+class BodyIncomplete(HTTPException):
+    """The client stopped sending before its body's end (its framing promised more: a
+    Content-Length, a chunk size) and the read deadline passed, or it hung up. A starlette
+    HTTP exception, so every app answers it 400 without a handler of its own (starlette
+    would answer its ``ClientDisconnect`` 500, as if the server had failed)."""
+
+    def __init__(self, got: int) -> None:
+        super().__init__(400, f"request body incomplete: {got} bytes arrived, then nothing more within "
+                              f"{READ_TIMEOUT_S} s (its Content-Length or chunk sizes promised more)\n")
+
+
 async def read_body(req, limit: int) -> bytes:
     """A starlette request's body, refused (:class:`BodyTooLarge`) when it passes
     ``limit`` bytes; an oversized body is never held: over
     :data:`DRAIN_MAX_BYTES` (by its Content-Length, or while streaming) it is
-    cut at once, below that it is read and dropped so the answer arrives."""
+    cut at once, below that it is read and dropped so the answer arrives. A body cut
+    short is :class:`BodyIncomplete` (400)."""
     length = req.headers.get("content-length")
     if length is not None and (not length.isascii() or not length.isdigit()):
         raise BodyTooLarge(f"request body over {limit} bytes (Content-Length {length[:20]!r})")
@@ -53,14 +67,17 @@ async def read_body(req, limit: int) -> bytes:
         raise BodyTooLarge(f"request body over {limit} bytes")
     buf = bytearray()
     seen = 0
-    async for chunk in req.stream():
-        seen += len(chunk)
-        if too_large or seen > limit:  # read on and drop it (up to DRAIN_MAX_BYTES): nothing is kept
-            too_large = True
-            if seen > DRAIN_MAX_BYTES:
-                break
-            continue
-        buf += chunk
+    try:
+        async for chunk in req.stream():
+            seen += len(chunk)
+            if too_large or seen > limit:  # read on and drop it (up to DRAIN_MAX_BYTES): nothing is kept
+                too_large = True
+                if seen > DRAIN_MAX_BYTES:
+                    break
+                continue
+            buf += chunk
+    except ClientDisconnect:
+        raise BodyIncomplete(seen) from None
     if too_large:
         raise BodyTooLarge(f"request body over {limit} bytes")
     return bytes(buf)

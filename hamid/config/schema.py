@@ -456,10 +456,14 @@ class Config(NodeSettings, ResourceNameSettings):
     nobody. Empty: ``hamid run`` serves them itself (a host without the
     chart)."""
 
-    frontGroup: int = Field(65534, ge=0)
+    frontGroup: int | None = Field(None, ge=0)
     """The group whose members may connect to the sockets in ``frontDir``: the
-    group ``hamid front`` runs as. 65534 (``nogroup``) is the group the
-    chart's ``front`` container runs as; nothing else in the pod has it."""
+    group ``hamid front`` runs as, and nothing else. Required with ``frontDir``
+    (no default: a shared group such as ``nogroup``, 65534, is held by many
+    host services, each of which could then call the extender socket). The
+    chart sets 65534, the group its ``front`` container runs as: inside the
+    pod nothing else has it. On a host, make one for it (``groupadd --system
+    hamid-front``)."""
 
     webhookCertFile: str | None = None
     """PEM certificate (chain) the webhook serves; with ``webhookKeyFile``.
@@ -765,6 +769,17 @@ class Config(NodeSettings, ResourceNameSettings):
                 "webhook_tls_pair", "set both webhookCertFile and webhookKeyFile, or neither (a self-made CA): got "
                 "webhookCertFile={cert}, webhookKeyFile={key}",
                 {"cert": repr(self.webhookCertFile), "key": repr(self.webhookKeyFile)})
+        return self
+
+    @model_validator(mode="after")
+    def _front_group(self):
+        if self.frontDir and self.frontGroup is None:
+            raise PydanticCustomError(
+                "front_group", "frontDir {dir} needs frontGroup: the group hamid front runs as and nothing else "
+                "does (on a host, one made for it: groupadd --system hamid-front; the chart sets its front "
+                "container's group). There is no default: a shared group such as nogroup (65534) would let "
+                "every host service running under it call the daemon's extender and metrics sockets",
+                {"dir": self.frontDir})
         return self
 
     @model_validator(mode="after")

@@ -54,7 +54,7 @@ class NodeEnv:
         self.config = root / "hamid.yaml"
         self.front_dir = Path(tempfile.mkdtemp(prefix="hf-")) / "front" if front else None
         if self.front_dir is not None:
-            extra_config += f"frontDir: {self.front_dir}\n"
+            extra_config += f"frontDir: {self.front_dir}\nfrontGroup: {os.getgid() + 1}\n"
         self.front_proc: subprocess.Popen | None = None
         self.config.write_text(
             f"simulate: {simulate}\ndeviceSplitCount: {split}\noperatingMode: {mode}\n"

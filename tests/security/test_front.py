@@ -203,3 +203,17 @@ def test_the_front_serves_a_daemons_metrics_and_checks_extender_bodies_before_th
                 except subprocess.TimeoutExpired:
                     p.kill()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_front_dir_without_an_explicit_front_group_is_refused(tmp_path):
+    """No shared default: outside a pod, nogroup (65534) is held by many host services, each of
+    which could call the daemon's extender socket; the chart names its front container's group."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"simulate: H100:1\nstateDir: {tmp_path}/state\nfrontDir: {tmp_path}/front\nmetricsPort: 0\n")
+    r = subprocess.run([*HAMID, "run", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "needs frontGroup" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "front").exists()  # refused before anything was made
+    cfg.write_text(cfg.read_text() + f"frontGroup: {os.getgid() + 1}\n")
+    from hamid.config import load_config
+
+    assert load_config(cfg).frontGroup == os.getgid() + 1
