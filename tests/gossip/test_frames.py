@@ -123,3 +123,32 @@ def test_broadcasts_are_retired_after_the_limit_and_replaced_by_key():
     b.add(("big", "cap"), {"x": "y" * 500})
     b.add(("small", "m"), {"t": "s"})
     assert b.take(limit=3, budget=100) == [{"t": "s"}]
+
+
+async def test_an_inbound_connection_leaves_its_sources_share_once_a_frame_opens_with_the_keyring():
+    """Gossip's listener counts a stranger's connection against its address until its first
+    frame opens with the keyring: a peer's links never use up its address's share."""
+    from hamid.gossip.stats import Stats
+    from hamid.gossip.transport import Transport
+
+    key = base64.b64decode(new_key())
+    got: list[dict] = []
+    t = Transport("a", "127.0.0.1:1", Codec(Keyring([key]), 256 * 1024), Stats(), connect_timeout=5.0,
+                  on_message=got.append)
+    codec = Codec(Keyring([key]), 256 * 1024)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(t.serve, "127.0.0.1", 0)
+        async with open_websocket("127.0.0.1", port, RESOURCE, use_ssl=False) as stranger, \
+                open_websocket("127.0.0.1", port, RESOURCE, use_ssl=False) as peer:
+            with trio.fail_after(10):
+                while t.connections.open < 2:
+                    await trio.sleep(0.01)
+            assert t.connections.held("127.0.0.1") == 2
+            await stranger.send_message(b"\x01not sealed with the key")
+            await peer.send_message(codec.encode({"v": VERSION, "t": "ping", "seq": 1, "to": "a",
+                                                  "f": "b", "a": "127.0.0.1:2"}))
+            with trio.fail_after(10):
+                while not got:
+                    await trio.sleep(0.01)
+            assert t.connections.held("127.0.0.1") == 1 and t.connections.open == 2  # the stranger's still counts
+        nursery.cancel_scope.cancel()
