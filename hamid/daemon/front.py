@@ -1,9 +1,12 @@
 """``hamid front``: the node's faces for callers outside the node, in a process with no rights.
 
-Three listeners take calls from outside the node's trust: the admission
+Four listeners take calls from outside the node's trust: the admission
 webhook (the API server sends it every pod of the cluster), the scheduler
-extender (kube-scheduler's ``filter``/``prioritize``/``bind``) and
-``/metrics`` (whoever can reach the pod network). They are where untrusted
+extender (kube-scheduler's ``filter``/``prioritize``/``bind``),
+``/metrics`` (whoever can reach the pod network) and the peer API (other
+daemons; anyone on the pod network can send it bytes: :mod:`hamid.peer.relay`
+opens and decodes them here and hands the daemon its own encoding over
+``frontDir/peer.sock``). They are where untrusted
 bytes arrive, so in the chart they run in a container of their own beside the
 privileged daemon: not root, no capabilities, no privilege escalation, a
 read-only root file system, RuntimeDefault seccomp, and nothing mounted but
@@ -39,7 +42,8 @@ from starlette.routing import Route
 from ..config import Config, NodeSettings
 from ..errors import HamidError
 from ..logs import get_logger
-from ..serving import BodyTooLarge, read_body, serve_asgi
+from ..keyring import Keyring, watch_key_file
+from ..serving import BodyTooLarge, ConnectionCount, read_body, serve_asgi
 from .supervise import FaceHealth, supervised
 
 log = get_logger("front")
@@ -114,15 +118,49 @@ class ProxyFace:
     """One listener of this process: an app served on a TCP address."""
 
     def __init__(self, name: str, app, listen: str, *, certfile: str | None = None, keyfile: str | None = None,
-                 client_ca: str | None = None) -> None:
+                 client_ca: str | None = None, counts: ConnectionCount | None = None) -> None:
         self.name = name
         self.app = app
         self.listen = listen
         self.certfile, self.keyfile, self.client_ca = certfile, keyfile, client_ca
+        self.counts = counts
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await serve_asgi(self.app, self.listen, what=self.name, certfile=self.certfile, keyfile=self.keyfile,
-                         client_ca=self.client_ca, task_status=task_status)
+                         client_ca=self.client_ca, counts=self.counts, task_status=task_status)
+
+
+class KeyWatch:
+    """The gossip keyring the peer listener opens frames with, reread from its file as the daemon
+    rereads its own (a rotated Secret reaches both)."""
+
+    name = "keys"
+
+    def __init__(self, keyring: Keyring, path: str) -> None:
+        self.keyring, self.path = keyring, path
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await watch_key_file(self.keyring, self.path)
+
+
+def peer_face(c: Config) -> list:
+    """The peer API's listener and, with a key, the watch on its key file."""
+    from ..peer.relay import SOCKET, relay_app
+
+    if c.gossipKeyFile:
+        keyring: Keyring | None = Keyring.load(c.gossipKeyFile)
+    elif c.peerInsecure:
+        keyring = None
+        log.warning("peer API without a key: requests are neither encrypted nor authenticated",
+                    listen=c.peerListen)
+    else:
+        raise HamidError("the peer API needs the gossip keyring to authenticate peers: set gossipKeyFile (readable "
+                         "by hamid front), or peerInsecure: true to run it unauthenticated")
+    counts = ConnectionCount()
+    face = ProxyFace("peer", relay_app(socket_path(c.frontDir, SOCKET), keyring, max_body_bytes=c.peerMaxBodyBytes,
+                                       connections=counts), c.peerListen, counts=counts)
+    return [face] if keyring is None else [face, KeyWatch(keyring, c.gossipKeyFile)]
 
 
 def front_faces(config: Config, settings: NodeSettings) -> list:
@@ -140,11 +178,11 @@ def front_faces(config: Config, settings: NodeSettings) -> list:
                              "so it cannot make a CA of its own)")
         defaults = replace(Defaults.from_settings(settings), names=ResourceNames.from_settings(config))
         faces.append(WebhookFace.from_config(config, defaults=defaults))
-    if c.controlMode == "extender" or c.metricsPort:
+    if c.controlMode == "extender" or c.metricsPort or c.peerListen:
         if not c.frontDir:
-            raise HamidError("hamid front serves the extender and the metrics from the daemon's frontDir sockets: "
-                             "set frontDir (the same directory for hamid run and hamid front), or metricsPort: 0 "
-                             "and a controlMode other than extender")
+            raise HamidError("hamid front serves the extender, the metrics and the peer API from the daemon's "
+                             "frontDir sockets: set frontDir (the same directory for hamid run and hamid front), "
+                             "or metricsPort: 0, no peerListen and a controlMode other than extender")
     if c.controlMode == "extender":
         if c.extenderClientCAFile:
             tls = {"certfile": c.webhookCertFile, "keyfile": c.webhookKeyFile, "client_ca": c.extenderClientCAFile}
@@ -160,8 +198,10 @@ def front_faces(config: Config, settings: NodeSettings) -> list:
     if c.metricsPort:
         faces.append(ProxyFace("metrics", metrics_app(socket_path(c.frontDir, METRICS_SOCKET)),
                                f"{c.metricsAddress}:{c.metricsPort}"))
+    if c.peerListen:
+        faces.extend(peer_face(c))
     if not faces:
-        raise HamidError("hamid front has nothing to serve: controlMode is none and metricsPort is 0")
+        raise HamidError("hamid front has nothing to serve: controlMode is none, metricsPort is 0 and no peerListen")
     return faces
 
 

@@ -119,7 +119,9 @@ def _front_dir(path: Path, group: int) -> None:
             os.close(fd)
     except OSError as e:
         raise HamidError(f"cannot use frontDir {path}: {e.strerror}") from None
-    for name in (EXTENDER_SOCKET, METRICS_SOCKET):
+    from ..peer.relay import SOCKET as PEER_SOCKET
+
+    for name in (EXTENDER_SOCKET, METRICS_SOCKET, PEER_SOCKET):
         _clear_stale_socket(path / name)
 
 
@@ -404,11 +406,19 @@ async def build_faces(d: Daemon):
         # with gossip and a key: every request signed by its sender's gossiped identity; in a cluster with
         # a control plane, commits only from the node the current leader runs on
         leading = next((f for f in control if hasattr(f, "leader_node")), None)
-        faces.append(PeerFace.from_config(
-            d.service, c, keyring,
-            identities=gossip.identity_of if gossip is not None and keyring is not None else None,
-            leader=(lambda: leading.leader_node) if leading is not None else None,
-            confirm_leader=leading.confirm_leader if leading is not None else None))
+        identities = gossip.identity_of if gossip is not None and keyring is not None else None
+        leader = (lambda: leading.leader_node) if leading is not None else None
+        confirm_leader = leading.confirm_leader if leading is not None else None
+        if c.frontDir:  # hamid front serves peerListen and opens the frames; they arrive here plain, from it alone
+            from ..peer.relay import SOCKET as PEER_SOCKET
+
+            faces.append(PeerFace(d.service, None, "unix:" + front_socket(c.frontDir, PEER_SOCKET), insecure=True,
+                                  window_s=c.peerReplayWindow, max_body_bytes=c.peerMaxBodyBytes,
+                                  max_ids=c.peerReplayCacheSize, identities=identities, leader=leader,
+                                  confirm_leader=confirm_leader, unix_group=c.frontGroup))
+        else:
+            faces.append(PeerFace.from_config(d.service, c, keyring, identities=identities, leader=leader,
+                                              confirm_leader=confirm_leader))
     if d.settings.draDevices.strip() and not (c.kubernetes or c.kubeconfig):
         raise HamidError("draDevices is set, but DRA needs Kubernetes (kubernetes: true or kubeconfig): the "
                          "slices are published through the API server; unset draDevices on a Docker-only host")

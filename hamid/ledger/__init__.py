@@ -8,8 +8,8 @@ GPU, and no node-wide lock is held between proposing and committing.
 """
 
 from .details import Details
-from .store import (STATES, TRANSITIONS, Abandoned, CommitFailed, IllegalTransition, Ledger, LedgerConflict, LedgerError,
-                    Reservation, claimant_alive, claimant_id)
+from .store import (STATES, TRANSITIONS, Abandoned, CommitFailed, IllegalTransition, Ledger, LedgerConflict,
+                    LedgerError, Reservation, claimant_alive, claimant_id)
 
-__all__ = ["STATES", "TRANSITIONS", "Abandoned", "CommitFailed", "Details", "IllegalTransition", "Ledger", "LedgerConflict", "LedgerError",
-           "Reservation", "claimant_alive", "claimant_id"]
+__all__ = ["STATES", "TRANSITIONS", "Abandoned", "CommitFailed", "Details", "IllegalTransition", "Ledger",
+           "LedgerConflict", "LedgerError", "Reservation", "claimant_alive", "claimant_id"]

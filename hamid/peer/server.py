@@ -70,7 +70,8 @@ class PeerFace:
                  window_s: float = 30.0, max_body_bytes: int = 256 * 1024, max_ids: int = 65536,
                  stats: PeerStats | None = None, identities: Callable[[str], str | None] | None = None,
                  leader: Callable[[], str | None] | None = None,
-                 confirm_leader: Callable[[str], Awaitable[str | None]] | None = None) -> None:
+                 confirm_leader: Callable[[str], Awaitable[str | None]] | None = None,
+                 unix_group: int | None = None) -> None:
         """``identities(node)``: the public key ``node`` gossips (None: unknown);
         set, every request must carry its sender's signature, a commit records
         its sender as the reservation's placer and a release is accepted only
@@ -79,20 +80,31 @@ class PeerFace:
         comes from another node than ``leader()`` names, the leader's node read
         afresh from the Lease (right after a leader change this node's view lags
         the new leader by up to a retry period; its first commits must not be
-        refused for that). Both unset (tests, no gossip): any key holder may call."""
+        refused for that). Both unset (tests, no gossip): any key holder may call.
+
+        ``listen`` ``unix:PATH``: the requests ``hamid front`` relays (:mod:`hamid.peer.relay`),
+        already opened with the keyring there and re-encoded, arrive as plain frames on
+        this socket (mode 0660, group ``unix_group``); the sender's signature, the
+        replay window and everything after are checked here as for a TCP listener."""
         from ..cborcheck import check_cbor2
 
         check_cbor2()  # frames are CBOR with a depth limit: an old cbor2 would drop every one silently
         self.node = node
-        host, port = parse_address(listen, "peerListen")
-        if keyring is None and not insecure:
-            raise PeerConfigError("the peer API needs the gossip keyring to authenticate peers: set "
-                                  "gossipKeyFile, or peerInsecure: true to run it unauthenticated "
-                                  "(anyone who reaches peerListen could then commit and release)")
-        if keyring is None:
-            log.warning("peer API without a key: requests are neither encrypted nor authenticated",
-                        listen=listen, loopback=is_loopback(host))
-        self.listen = format_address(host, port)
+        self.unix_group = unix_group
+        if listen.startswith("unix:"):
+            if keyring is not None:
+                raise PeerConfigError("a peer API on a unix socket takes the frames hamid front opened: no keyring")
+            self.listen = listen
+        else:
+            host, port = parse_address(listen, "peerListen")
+            if keyring is None and not insecure:
+                raise PeerConfigError("the peer API needs the gossip keyring to authenticate peers: set "
+                                      "gossipKeyFile, or peerInsecure: true to run it unauthenticated "
+                                      "(anyone who reaches peerListen could then commit and release)")
+            if keyring is None:
+                log.warning("peer API without a key: requests are neither encrypted nor authenticated",
+                            listen=listen, loopback=is_loopback(host))
+            self.listen = format_address(host, port)
         self.sealer = frames.Sealer(keyring)
         self.guard = ReplayGuard(window_s, max_ids)
         self.max_body_bytes = max_body_bytes
@@ -297,11 +309,14 @@ class PeerFace:
                 try:
                     binds = await nursery.start(lambda task_status: serve_asgi(
                         self.app(), self.listen, what="peerListen", counts=self.connections,
-                        task_status=task_status))
+                        unix_group=self.unix_group, task_status=task_status))
                 except ListenError as e:
                     raise PeerConfigError(str(e)) from None
-                host, port = parse_address(binds[0].split("://", 1)[1], "bound address")
-                self.bound = format_address(host, port)
+                if self.listen.startswith("unix:"):
+                    self.bound = self.listen
+                else:
+                    host, port = parse_address(binds[0].split("://", 1)[1], "bound address")
+                    self.bound = format_address(host, port)
                 log.info("peer API serving", listen=self.bound, authenticated=self.sealer.secure)
                 task_status.started(self.bound)
         finally:

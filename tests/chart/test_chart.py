@@ -83,8 +83,8 @@ def test_renders_one_daemonset_and_no_scheduler_workload(variant):
     ds = one(docs, "DaemonSet")
     c, *rest = ds["spec"]["template"]["spec"]["containers"]
     assert c["command"] == ["hamid"] and c["args"][:3] == ["run", "--config", "/etc/hamid/config.yaml"]
-    # every port a caller outside the node reaches (webhook, extender, metrics) is served by the
-    # front container, unprivileged; the privileged daemon serves them only on frontDir's sockets
+    # every port a caller outside the node reaches (webhook, extender, metrics, peer API) is served
+    # by the front container, unprivileged; the privileged daemon serves them only on frontDir's sockets
     (w,) = rest
     mode = VARIANTS[variant].get("mode", "gate")
     assert w["name"] == "front" and w["args"] == ["front", "--config", "/etc/hamid/config.yaml"]
@@ -92,12 +92,15 @@ def test_renders_one_daemonset_and_no_scheduler_workload(variant):
     assert sc["runAsNonRoot"] and sc["runAsUser"] != 0 and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]} and "privileged" not in sc
     mounts = {m["name"]: m for m in w["volumeMounts"]}
-    assert set(mounts) <= {"config", "webhook-tls", "extender-client-ca", "front"}  # nothing of the node
+    # nothing of the node; the gossip key opens peer frames
+    assert set(mounts) <= {"config", "webhook-tls", "extender-client-ca", "front", "gossip-keys-front"}
     assert all(m.get("readOnly") for m in mounts.values())
     front_ports = {p["name"] for p in w["ports"]}
     assert "metrics" in front_ports and ("webhook" in front_ports) == (mode != "none")
     assert ("extender" in front_ports) == (mode == "extender")
-    assert not {"metrics", "webhook", "extender"} & {p["name"] for p in c["ports"]}
+    assert "peer" in front_ports
+    assert not {"metrics", "webhook", "extender", "peer"} & {p["name"] for p in c["ports"]}
+    assert c["readinessProbe"]["tcpSocket"]["port"] == "gossip"
     vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert vols["front"]["emptyDir"]["medium"] == "Memory"
     assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["front"] == mounts["front"]["mountPath"]

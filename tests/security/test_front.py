@@ -217,3 +217,85 @@ def test_front_dir_without_an_explicit_front_group_is_refused(tmp_path):
     from hamid.config import load_config
 
     assert load_config(cfg).frontGroup == os.getgid() + 1
+
+
+@pytest.mark.skipif(SETPRIV is None, reason="setpriv (util-linux) drops the capabilities")
+def test_the_peer_api_is_opened_by_the_front_and_the_daemon_answers_only_on_its_socket():
+    """With frontDir the daemon holds no peer port: the front reads, opens and decodes every frame
+    as nobody, refuses what fails there (the daemon never sees it) and relays the rest over
+    frontDir/peer.sock; the leader's calls are answered through it, sealed to the caller."""
+    import base64
+
+    import trio
+
+    from hamid.keyring import Keyring
+    from hamid.peer import frames
+    from hamid.peer.client import PeerClient
+    from hamid.peer.errors import PeerUnauthenticated
+
+    d = tempfile.mkdtemp(prefix="hamid-peer-")
+    procs = []
+    try:
+        peer = _port()
+        key = os.path.join(d, "gossip.key")
+        with open(key, "w") as f:
+            f.write(base64.b64encode(os.urandom(32)).decode() + "\n")
+        os.chmod(key, 0o600)
+        cfg = os.path.join(d, "config.yaml")
+        with open(cfg, "w") as f:
+            f.write(f"simulate: H100:1\nstateDir: {d}/state\nfrontDir: {d}/front\nfrontGroup: {os.getgid() + 1}\n"
+                    f"metricsPort: 0\ncontrolMode: none\npeerListen: 127.0.0.1:{peer}\ngossipKeyFile: {key}\n"
+                    f"nodeName: n1\n")
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        daemon = subprocess.Popen([*HAMID, "run", "--config", cfg], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, env=env)
+        procs.append(daemon)
+        sock = os.path.join(d, "front", "peer.sock")
+        deadline = time.time() + 30
+        while not os.path.exists(sock):
+            assert daemon.poll() is None and time.time() < deadline, daemon.stderr.read()
+            time.sleep(0.1)
+        st = os.stat(sock)
+        assert oct(st.st_mode & 0o777) == "0o660" and st.st_gid == os.getgid() + 1
+        assert peer not in _listening_ports(daemon.pid)
+        front = subprocess.Popen([SETPRIV, "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+                                  *HAMID, "front", "--config", cfg], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True, env=env)
+        procs.append(front)
+        keys = Keyring.load(key)
+        addr = f"127.0.0.1:{peer}"
+
+        async def calls():
+            async with PeerClient(keys, name="leader") as c:
+                deadline = time.time() + 30
+                while True:
+                    try:
+                        doc = await c.status(addr, node="n1")
+                        break
+                    except Exception:
+                        assert front.poll() is None and time.time() < deadline, "the front never served the peer API"
+                        await trio.sleep(0.2)
+                assert doc["node"] == "n1"
+                assert await c.release(addr, "pod:nobody", node="n1") == {"released": False, "reservation": None}
+            async with PeerClient(Keyring([os.urandom(32)]), name="x") as stranger:
+                with pytest.raises(PeerUnauthenticated):
+                    await stranger.status(addr, node="n1")
+
+        trio.run(calls)
+        # sealed with the key but not a request: refused by the front, with the reason
+        bad = frames.Sealer(keys).seal(b"\xa1\x61x\x01", frames.AAD_REQUEST)
+        r = httpx.post(f"http://{addr}/v1/peer", content=bad, timeout=10)
+        assert r.status_code == 400 and "bad-request" in r.text
+        r = httpx.post(f"http://{addr}/v1/peer", content=b"\x01" + os.urandom(100), timeout=10)
+        assert r.status_code == 401
+        for p in procs:
+            p.terminate()
+            assert p.wait(20) == 0
+        front_log, daemon_log = front.stderr.read(), daemon.stderr.read()
+        assert "peer request dropped" in front_log
+        assert "peer request dropped" not in daemon_log  # what failed at the front never reached the daemon
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        shutil.rmtree(d, ignore_errors=True)
