@@ -447,14 +447,15 @@ class Config(NodeSettings, ResourceNameSettings):
     frontDir: str = ""
     """A directory shared with ``hamid front``, the unprivileged process that
     serves this node's network faces for callers outside the node (the
-    webhook, the extender, ``/metrics``; the chart's ``front`` container).
-    Set: ``hamid run`` serves none of them on TCP; it answers the extender and
-    the metrics on unix sockets in this directory (``extender.sock``,
-    ``metrics.sock``, mode 0660, group ``frontGroup``) and ``hamid front``
-    serves ``webhookListen``, ``extenderListen`` and the metrics port, doing the
-    TLS, client certificates, deadlines, size limits and JSON parsing as
-    nobody. Empty: ``hamid run`` serves them itself (a host without the
-    chart)."""
+    webhook, the extender, ``/metrics``, the peer API; the chart's ``front``
+    container). Set: ``hamid run`` serves none of them on TCP; it answers the
+    extender, the metrics and the relayed peer requests on unix sockets in
+    this directory (``extender.sock``, ``metrics.sock``, ``peer.sock``, mode
+    0660, group ``frontGroup``) and ``hamid front`` serves ``webhookListen``,
+    ``extenderListen``, the metrics port and ``peerListen``, doing the TLS,
+    client certificates, deadlines, size limits, JSON parsing and the opening
+    of peer frames with ``gossipKeyFile`` as nobody. Empty: ``hamid run``
+    serves them itself (a host without the chart)."""
 
     frontGroup: int | None = Field(None, ge=0)
     """The group whose members may connect to the sockets in ``frontDir``: the
