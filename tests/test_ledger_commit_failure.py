@@ -19,7 +19,7 @@ import os
 import sqlite3
 import subprocess
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
