@@ -173,7 +173,7 @@ def test_a_flood_from_another_network_namespace_leaves_the_kubelet_and_docker_fa
 def _front_and_daemon(d: str, host: str, ports: dict) -> tuple[str, dict]:
     """Config files for a daemon (peer API on ``host``, its front sockets in ``d``) and its
     front (webhook, extender with a client CA, metrics on ``host``); (config path, client files)."""
-    from hamid.control import certs
+    from hamid.webhook import certs
 
     ca = certs.make_ca("test CA")
     srv = certs.issue(ca, [host])

@@ -27,7 +27,7 @@ import trio
 
 from netports import free_port
 
-from hamid.control import certs
+from hamid.webhook import certs
 from hamid.config import load_config, resolve_node
 from hamid.daemon import front
 
