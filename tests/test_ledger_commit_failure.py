@@ -186,3 +186,40 @@ def test_a_full_file_system_fails_the_commit_without_a_trace_and_space_back_lets
     assert snapshot(led) == before, f"{site.name}: the failed commit left a trace in memory"
     os.unlink(filler)  # space is back
     _check_no_trace_and_next_commit(led, path, site, before)
+
+
+def test_a_change_made_at_open_that_cannot_commit_refuses_the_open_and_the_next_open_makes_it(small_fs):
+    """Opening rewrites what earlier versions stored (a details key nothing reads): on a full disk
+    the open is refused naming the file, and the next open, with space back, does it."""
+    from hamid.ledger.store import DROPPED_DETAILS
+
+    path = small_fs / "l.db"
+    led = new_ledger(path)
+    _full(led)
+    led.close()
+    raw = sqlite3.connect(str(path))
+    raw.execute("UPDATE reservations SET details=? WHERE owner='docker:a'",
+                ('{"runc_root": "/x", "%s": {"0": 1}}' % DROPPED_DETAILS[0],))
+    raw.commit()  # raw stays open: the WAL and its index stay, so the open gets as far as its COMMIT
+    filler = fill(small_fs)
+    with pytest.raises(LedgerError) as e:
+        Ledger(path)
+    assert str(path) in str(e.value) and "removal of keys" in str(e.value)
+    os.unlink(filler)
+    raw.close()
+    led = Ledger(path)
+    (res,) = led.list()
+    assert res.details.runc_root == "/x"
+    led.close()
+    raw = sqlite3.connect(str(path))
+    assert DROPPED_DETAILS[0] not in raw.execute("SELECT details FROM reservations").fetchone()[0]
+    raw.close()
+
+
+def test_a_ledger_that_cannot_be_opened_on_a_full_disk_is_a_ledger_error_naming_it(small_fs):
+    filler = fill(small_fs)
+    with pytest.raises(LedgerError) as e:
+        Ledger(small_fs / "new.db")
+    assert f"cannot open ledger {small_fs / 'new.db'}" in str(e.value)
+    os.unlink(filler)
+    new_ledger(small_fs / "new.db").close()

@@ -233,6 +233,19 @@ class Ledger:
         # is ~15 us a row (JSON and the decision's objects), reading one ~1 us: the daemon lists every
         # reservation once a second (the priority pass) and on other loops, beside kubelet's calls.
         self._listed: dict[str, tuple[tuple, Reservation]] = {}
+        try:
+            self._prepare(busy_timeout_s)
+        except sqlite3.Error as e:  # a full disk, an I/O error, a file that is not a database
+            self._db.close()
+            raise LedgerError(f"cannot open ledger {self.path}: {e}") from None
+        for suffix in ("-wal", "-shm"):
+            try:
+                os.chmod(str(self.path) + suffix, 0o600)
+            except FileNotFoundError:
+                pass
+
+    def _prepare(self, busy_timeout_s: float) -> None:
+        """WAL mode, the schema, and what an earlier version's file needs changed."""
         with self._lock:
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
@@ -259,11 +272,6 @@ class Ledger:
             if int(got) > SCHEMA_VERSION:
                 raise LedgerError(f"ledger {self.path} has schema {got}, newer than this hamid ({SCHEMA_VERSION})")
             self._drop_details_keys()
-        for suffix in ("-wal", "-shm"):
-            try:
-                os.chmod(str(self.path) + suffix, 0o600)
-            except FileNotFoundError:
-                pass
 
     def _drop_details_keys(self) -> None:
         """Remove :data:`DROPPED_DETAILS` from every row that still has one, in one transaction
@@ -284,7 +292,7 @@ class Ledger:
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        self._commit("removal of keys earlier versions stored")
         log.info("removed keys earlier versions stored and nothing reads", ledger=str(self.path),
                  keys=list(DROPPED_DETAILS), rows=len(changed))
 
