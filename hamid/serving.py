@@ -104,6 +104,10 @@ MAX_CONNECTIONS = 256  # per listener; more are accepted and closed at once. The
                        # listener hold a few each (kubelet, dockerd, the API server, the leader); 256
                        # x ~16 KB stays small, and 256 per listener x 8 listeners stays under the file
                        # descriptor limit the daemon raises itself to (raise_fd_limit)
+LISTEN_BACKLOG = 4096  # the kernel's queue of connections not yet accepted (hypercorn's default is 100). A
+                      # flood's handshakes fill a short queue faster than the accept loop closes them, and a
+                      # caller's connection that finds it full waits out a SYN retransmit (1 s, then 3 s...);
+                      # 4,096 is Linux's default cap (net.core.somaxconn) and costs nothing until used
 PER_SOURCE = 32  # connections one source (an IPv4 address, an IPv6 /64) may hold on one listener until
                  # they are authenticated. The callers that matter hold one to a few each: the API server
                  # sends admission reviews over HTTP/2 (one connection, a few while it rotates them),
@@ -347,6 +351,7 @@ async def serve_asgi(app, bind: str, *, what: str = "", certfile: str | None = N
     cfg.accesslog = None
     cfg.errorlog = None
     cfg.graceful_timeout = 1.0
+    cfg.backlog = LISTEN_BACKLOG
     cfg.keep_alive_timeout = HEADER_DEADLINE_S
     cfg.read_timeout = READ_TIMEOUT_S
     cfg.ssl_handshake_timeout = HEADER_DEADLINE_S
