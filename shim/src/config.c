@@ -5,7 +5,7 @@
  * (HAMi-core's variable names plus hamid's own); parsing memory sizes in
  * HAMi-core's units (base 10 only); failing closed (a value that cannot be
  * parsed, or a limits file that is not right, refuses CUDA: shim_refused());
- * the log sink, and the clocks. It must not call the driver.
+ * and the log sink. It must not call the driver.
  */
 #include "shim.h"
 #include "hamid_limits.h"
@@ -38,20 +38,6 @@ HIDDEN void shim_log(int level, const char *fmt, ...)
     buf[n++] = '\n';
     ssize_t w = write(2, buf, (size_t)n);
     (void)w;
-}
-
-HIDDEN uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-HIDDEN uint64_t real_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /*

@@ -301,13 +301,6 @@ static void put_event_locked(CUevent e, CUcontext ctx)
 
 /* ---- the schedule ---- */
 
-static void sleep_until(uint64_t t)
-{
-    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-    }
-}
-
 /*
  * The slot (part of a period) that contains t, or else the next one: its
  * absolute start and end. With slots, the container's kernels run only there.
@@ -487,7 +480,7 @@ static void slot_admit(struct hamid_device *d, int rdev, uint64_t est, int may_w
         if (fits && may_wait && !g_cfg.sm_observe_only && patient && cal_backlog(rdev, ws)) {
             if (!backlog_since) backlog_since = now;
             int64_t until = now + 200000; /* the backlog is polled every 200 us */
-            sleep_until((uint64_t)until);
+            sleep_until_ns((uint64_t)until);
             __atomic_fetch_add(&d->throttle_ns, (uint64_t)(until - now), __ATOMIC_RELAXED);
             continue;
         }
@@ -502,7 +495,7 @@ static void slot_admit(struct hamid_device *d, int rdev, uint64_t est, int may_w
             cal_slot_full(rdev, st);
             slot_at(rdev, we, &next, &we);
         }
-        sleep_until((uint64_t)next);
+        sleep_until_ns((uint64_t)next);
         __atomic_fetch_add(&d->throttle_ns, (uint64_t)(next - now), __ATOMIC_RELAXED);
     }
 }
@@ -568,7 +561,7 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
     if (!may_wait || g_cfg.sm_observe_only) return;
     int64_t until = base - g_cfg.sm_ahead_ns;
     if (until > (int64_t)now) {
-        sleep_until((uint64_t)until);
+        sleep_until_ns((uint64_t)until);
         __atomic_fetch_add(&d->throttle_ns, (uint64_t)(until - (int64_t)now), __ATOMIC_RELAXED);
     }
 }
@@ -829,13 +822,12 @@ static void poll_pending(uint64_t now) { poll_pending_force(now, 0); }
 static void wait_first_sample(struct est *e, uint64_t key, uint64_t fn, int rdev)
 {
     uint64_t start = mono_ns();
-    struct timespec ts = {0, 20000};
     while (A_LD(&e->key) == key && A_LD(&g_npend) && !A_LD(&e->est_ns) && !fallback_est(fn, rdev) &&
            !A_LD(&g_capture_active)) {
         uint64_t now = mono_ns();
         if (now - start > 20000000ull) break;
         poll_pending_force(now, 1);
-        nanosleep(&ts, NULL);
+        sleep_for_ns(20000);
     }
 }
 
@@ -1007,8 +999,7 @@ static void hold_wait(int rdev)
     struct hamid_device *d = &g_region->devices[rdev];
     while ((until = A_LD(&g_held_until[rdev])) > now) {
         uint64_t step = until - now < 1000000ull ? until - now : 1000000ull;
-        struct timespec ts = {0, (long)step};
-        nanosleep(&ts, NULL);
+        sleep_for_ns(step);
         uint64_t t = mono_ns();
         __atomic_fetch_add(&d->throttle_ns, t - now, __ATOMIC_RELAXED);
         now = t;
@@ -1213,11 +1204,10 @@ HIDDEN void limiter_monitor_poll(void)
 static void *mon_main(void *arg)
 {
     (void)arg;
-    struct timespec ts = {0, (long)MON_GAP_NS};
     if (!nvml_ready()) return NULL; /* contended stays 1: limits hold */
     for (;;) {
         limiter_monitor_poll();
-        nanosleep(&ts, NULL);
+        sleep_for_ns(MON_GAP_NS);
     }
     return NULL;
 }

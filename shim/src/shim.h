@@ -87,8 +87,11 @@ struct hamid_limits;
 HIDDEN int limits_read(struct hamid_limits *out, char *err, size_t errlen); /* 0 absent, 1 read, -1 refused */
 HIDDEN const char *limits_path(void);
 HIDDEN void mps_before_init(void);        /* mps.c: an MPS share's driver variables, set before the real cuInit */
+/* clock.c: the shim's only clocks and sleeps (a test build takes them from the stand-in driver) */
 HIDDEN uint64_t mono_ns(void);
 HIDDEN uint64_t real_ns(void);
+HIDDEN void sleep_until_ns(uint64_t t); /* until mono_ns() reads t */
+HIDDEN void sleep_for_ns(uint64_t d);
 
 /* ---- real entry points (resolve.c) ---- */
 struct real_cuda {

@@ -6,6 +6,12 @@ stand-ins the tests run against: a fake libcuda.so.1 and libnvidia-ml.so.1
 state file), the test program shimtest in its three linking modes, and the
 small libraries for the dlsym tests; plus a runner that starts shimtest under
 LD_PRELOAD=libvgpu.so with a fresh fake GPU and region per test.
+
+A runner made with vclock=True runs on the stand-in driver's virtual clock
+(FAKE_VCLOCK=1, tests/shim/csrc/fake_state.h) with a test build of the shim
+that reads time and sleeps through it (-DHAMID_TEST_CLOCK, shim/src/clock.c):
+the rate tests measure simulated time, not the machine's, so a busy machine
+neither slows them nor moves their results.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class Built:
     limits_path: Path
     limitsdump: Path  # the shim's own limits reader (shim/src/limits.c), printing what it read
     mps_pipe: Path  # the test build's HAMID_MPS_PIPE_DIR
+    shim_vclock: Path  # a test build of the shim on the stand-in driver's clock (HAMID_TEST_CLOCK)
 
 
 def build_all(tmp_path_factory) -> Built:
@@ -59,10 +66,13 @@ def build_all(tmp_path_factory) -> Built:
     define = f"EXTRA_CFLAGS=-DHAMID_LIMITS_PATH='\"{limits_path}\"' -DHAMID_MPS_PIPE_DIR='\"{mps_pipe}\"'"
     subprocess.run(["make", "-s", "-C", str(SHIM_DIR), f"BUILD={d / 'shimbuild'}", define], check=True,
                    capture_output=True, text=True)
+    subprocess.run(["make", "-s", "-C", str(SHIM_DIR), f"BUILD={d / 'shimvclock'}", "EXTRA_CFLAGS=-DHAMID_TEST_CLOCK"],
+                   check=True, capture_output=True, text=True)
     _cc(*CFLAGS, f"-I{SHIM_DIR / 'src'}", f"-DHAMID_LIMITS_PATH=\"{limits_path}\"", "-DHAMID_SHIM_VERSION=\"test\"",
         "-o", str(d / "limitsdump"), str(CSRC / "limitsdump.c"), str(SHIM_DIR / "src" / "limits.c"))
     return Built(d, shim, d / "shimtest", d / "libfake_unrelated.so", d / "libnext_a.so",
-                 (d / "shimbuild" / "libvgpu.so").resolve(), limits_path, d / "limitsdump", mps_pipe)
+                 (d / "shimbuild" / "libvgpu.so").resolve(), limits_path, d / "limitsdump", mps_pipe,
+                 (d / "shimvclock" / "libvgpu.so").resolve())
 
 
 @dataclass
@@ -85,6 +95,7 @@ class Shim:
     built: Built
     tmp: Path
     env: dict[str, str] = field(default_factory=dict)
+    vclock: bool = False  # on the stand-in driver's virtual clock (see the module docstring)
 
     @property
     def region(self) -> Path:
@@ -102,7 +113,9 @@ class Shim:
             CUDA_DEVICE_MEMORY_SHARED_CACHE=str(self.region),
         )
         if preload:
-            env["LD_PRELOAD"] = str(self.built.shim)
+            env["LD_PRELOAD"] = str(self.built.shim_vclock if self.vclock else self.built.shim)
+        if self.vclock:
+            env["FAKE_VCLOCK"] = "1"
         env.update(self.env)
         env.update(extra)
         return env

@@ -2,14 +2,16 @@
 (tests/shim/csrc: a fake GPU, and a fake NVML whose per-process utilization
 samples the test writes): ``default`` limits only while another container
 runs kernels on the GPU, ``force`` always, ``disable`` never; where NVML
-cannot tell (no per-process samples), ``default`` limits."""
+cannot tell (no per-process samples), ``default`` limits. Rates are measured
+on the stand-in driver's virtual clock (shimharness.py): the same on a busy
+machine as on a quiet one."""
 
 from __future__ import annotations
 
 import pytest
 
 from hamid.shimregion import read_region
-from shimharness import finish, wait_ready
+from shimharness import Shim, finish, wait_ready
 
 pytestmark = pytest.mark.timing  # rates measured in real processes: a quiet CPU (see the Makefile)
 
@@ -22,10 +24,15 @@ def share(res_line: list[str], bare: float) -> float:
     return int(n) / (int(ns) / 1e9) / bare
 
 
+@pytest.fixture
+def shim(built, tmp_path) -> Shim:
+    return Shim(built, tmp_path, vclock=True)
+
+
 @pytest.fixture(scope="module")
 def bare(built, tmp_path_factory) -> float:
-    from shimharness import Shim
-    r = Shim(built, tmp_path_factory.mktemp("bare")).run("direct", "init", f"run:1.0:{KERNEL_US}:k", preload=False)
+    r = Shim(built, tmp_path_factory.mktemp("bare"), vclock=True).run("direct", "init", f"run:1.0:{KERNEL_US}:k",
+                                                                      preload=False)
     n, ns = r.one("run")[1:3]
     return int(n) / (int(ns) / 1e9)
 

@@ -10,16 +10,214 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "fake_state.h"
 #include "hamid_cuda.h"
 
 #define API __attribute__((visibility("default")))
+
+/* ---- the virtual clock (FAKE_VCLOCK=1; see struct fake_vclock): taking part, reading, sleeping ---- */
+static __thread int t_vc_slot = -1;
+static __thread int32_t t_vc_pid, t_vc_tid;
+static pthread_key_t g_vc_key;
+static pthread_once_t g_vc_once = PTHREAD_ONCE_INIT;
+static int g_vc_exiting;
+
+static void vc_lock(struct fake_vclock *c)
+{
+    while (__atomic_exchange_n(&c->lock, 1, __ATOMIC_ACQUIRE)) usleep(10);
+}
+static void vc_unlock(struct fake_vclock *c) { __atomic_store_n(&c->lock, 0, __ATOMIC_RELEASE); }
+
+static int vc_mine(struct fake_vclock *c)
+{
+    return t_vc_slot >= 0 && t_vc_pid == fake_host_pid() && c->who[t_vc_slot].pid == t_vc_pid &&
+           c->who[t_vc_slot].tid == t_vc_tid;
+}
+
+/* How many threads a process has now (/proc/<pid>/stat's 20th field); 0 when it is gone. */
+static int proc_threads(int32_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    for (int field = 2; p && field < 20; field++) p = strchr(p + 1, ' ');
+    return p ? atoi(p + 1) : 0;
+}
+
+/*
+ * Under the lock: when every thread taking part sleeps, and every thread of their processes takes part (a
+ * thread just started has yet to read the clock: time waits for it, as it would not wait in a real process
+ * only for as long as starting a thread takes), the one to wake first (the earliest wake-up; on a tie the
+ * first to take part) wakes alone and time moves to its wake-up. One thread runs at a time, in an order set
+ * by simulated time alone: the same run gives the same result on a quiet machine and a loaded one.
+ */
+static void vc_advance_locked(struct fake_vclock *c)
+{
+    int first = -1;
+    for (int i = 0; i < FAKE_VCLOCK_THREADS; i++) {
+        if (!c->who[i].pid) continue;
+        if (!c->who[i].asleep) return;
+        if (first < 0 || c->who[i].wake < c->who[first].wake) first = i;
+    }
+    if (first < 0) return;
+    for (int i = 0; i < FAKE_VCLOCK_THREADS; i++) {
+        int32_t pid = c->who[i].pid, mine = 0, seen = 0;
+        if (!pid) continue;
+        for (int j = 0; j < FAKE_VCLOCK_THREADS; j++) {
+            if (c->who[j].pid != pid) continue;
+            mine++;
+            if (j < i) seen = 1;
+        }
+        if (!seen && proc_threads(pid) > mine) return;
+    }
+    if (c->who[first].wake > c->now) __atomic_store_n(&c->now, c->who[first].wake, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->who[first].asleep, 0, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&c->epoch, 1, __ATOMIC_RELEASE);
+    syscall(SYS_futex, &c->epoch, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Under the lock: threads of processes that died (killed: no exit handler ran) take part no more. */
+static void vc_reap_locked(struct fake_vclock *c)
+{
+    for (int i = 0; i < FAKE_VCLOCK_THREADS; i++)
+        if (c->who[i].pid && !fake_pid_alive(c->who[i].pid)) c->who[i].pid = 0;
+}
+
+static void vc_leave_thread(void *unused)
+{
+    (void)unused;
+    struct fake_vclock *c = &fake_state_get()->vc;
+    vc_lock(c);
+    if (vc_mine(c)) c->who[t_vc_slot].pid = 0;
+    t_vc_slot = -1;
+    vc_advance_locked(c);
+    vc_unlock(c);
+}
+
+/* The process ends (exit(), not a thread's end: the main thread runs no key destructor): all its threads leave. */
+static void vc_leave_process(void)
+{
+    struct fake_vclock *c = &fake_state_get()->vc;
+    int32_t pid = fake_host_pid();
+    vc_lock(c);
+    __atomic_store_n(&g_vc_exiting, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < FAKE_VCLOCK_THREADS; i++)
+        if (c->who[i].pid == pid) c->who[i].pid = 0;
+    vc_advance_locked(c);
+    vc_unlock(c);
+}
+
+static void vc_setup(void)
+{
+    pthread_key_create(&g_vc_key, vc_leave_thread);
+    atexit(vc_leave_process);
+}
+
+/* The calling thread takes part in the virtual clock (once): from now on time waits for it to sleep. */
+static int vc_join(struct fake_vclock *c)
+{
+    if (vc_mine(c)) return t_vc_slot;
+    pthread_once(&g_vc_once, vc_setup);
+    int32_t pid = fake_host_pid(), tid = (int32_t)syscall(SYS_gettid);
+    vc_lock(c);
+    int slot = -1;
+    for (int i = 0; i < FAKE_VCLOCK_THREADS && slot < 0; i++)
+        if (!c->who[i].pid) slot = i;
+    if (slot < 0) {
+        vc_unlock(c);
+        fprintf(stderr, "fake_cuda: more than %d threads on the virtual clock\n", FAKE_VCLOCK_THREADS);
+        abort();
+    }
+    c->who[slot].pid = pid;
+    c->who[slot].tid = tid;
+    c->who[slot].asleep = 0;
+    vc_unlock(c);
+    t_vc_slot = slot;
+    t_vc_pid = pid;
+    t_vc_tid = tid;
+    pthread_setspecific(g_vc_key, (void *)1);
+    return slot;
+}
+
+/* Monotonic ns on the stand-in's clock (the shim's test build and shimtest read time here). */
+API uint64_t fake_clock_mono_ns(void)
+{
+    if (fake_vclock_on()) vc_join(&fake_state_get()->vc);
+    return (uint64_t)fake_now();
+}
+API uint64_t fake_clock_real_ns(void)
+{
+    if (fake_vclock_on()) vc_join(&fake_state_get()->vc);
+    return (uint64_t)fake_real_now();
+}
+
+/* Sleep until fake_clock_mono_ns() reads t. */
+API void fake_clock_sleep_until(uint64_t t)
+{
+    if (!fake_vclock_on()) {
+        struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+        }
+        return;
+    }
+    struct fake_vclock *c = &fake_state_get()->vc;
+    int me = vc_join(c);
+    vc_lock(c);
+    if (__atomic_load_n(&c->now, __ATOMIC_ACQUIRE) >= (int64_t)t) {
+        vc_unlock(c);
+        return;
+    }
+    c->who[me].wake = (int64_t)t;
+    c->who[me].asleep = 1;
+    vc_advance_locked(c);
+    vc_unlock(c);
+    for (;;) {
+        uint32_t e = __atomic_load_n(&c->epoch, __ATOMIC_ACQUIRE);
+        if (!__atomic_load_n(&c->who[me].asleep, __ATOMIC_ACQUIRE) && vc_mine(c)) break;
+        if (__atomic_load_n(&g_vc_exiting, __ATOMIC_ACQUIRE)) /* the process is ending: this thread with it */
+            for (;;) pause();
+        /* woken when time moves; the real timeout only looks for participants that died or threads that ended
+           before taking part */
+        struct timespec rt = {0, 20000000};
+        if (syscall(SYS_futex, &c->epoch, FUTEX_WAIT, e, &rt, NULL, 0) != 0 && errno == ETIMEDOUT) {
+            vc_lock(c);
+            vc_reap_locked(c);
+            vc_advance_locked(c);
+            vc_unlock(c);
+        }
+    }
+}
+
+/* The caller spends ns: asleep on the virtual clock, or (real clock) sleeping. */
+static void spend_sleeping(int64_t ns)
+{
+    if (ns > 0) fake_clock_sleep_until(fake_clock_mono_ns() + (uint64_t)ns);
+}
+/* The caller's CPU is busy for ns (a launch's own cost): on the virtual clock a sleep, on the real one a spin. */
+static void spend_cpu(int64_t ns)
+{
+    if (fake_vclock_on()) {
+        spend_sleeping(ns);
+        return;
+    }
+    int64_t until = fake_now() + ns;
+    while (fake_now() < until) {
+    }
+}
 
 static __thread int t_cur = -1; /* current device ordinal (via context) */
 static __thread uintptr_t t_ctx;  /* current context: 0x1000 + ordinal for a primary one, see cuCtxCreate_v2 */
@@ -138,9 +336,9 @@ static void ctx_create(int p)
 {
     const char *v = getenv("FAKE_CTX_CREATE_MS");
     long ms = v && *v ? atol(v) : 0;
-    if (ms) usleep((useconds_t)(ms * 500));
+    spend_sleeping(ms * 500000);
     fake_charge(p, (int64_t)ctx_size(), 0);
-    if (ms) usleep((useconds_t)(ms * 500));
+    spend_sleeping(ms * 500000);
 }
 API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
 {
@@ -422,35 +620,28 @@ static void unload_module(int p)
 static void launch_cpu_cost(void)
 {
     const char *v = getenv("FAKE_LAUNCH_US");
-    if (!v || !*v) return;
-    int64_t until = fake_now() + atoll(v) * 1000;
-    while (fake_now() < until) {
-    }
+    if (v && *v) spend_cpu(atoll(v) * 1000);
 }
 
 static CUresult run_work(CUstream s, uint64_t us)
 {
     if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT;
     launch_cpu_cost();
-    if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && ((struct fstream *)s)->launch_cpu_us) {
-        int64_t until = fake_now() + (int64_t)((struct fstream *)s)->launch_cpu_us * 1000;
-        while (fake_now() < until) {
-        }
-    }
+    if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && ((struct fstream *)s)->launch_cpu_us)
+        spend_cpu((int64_t)((struct fstream *)s)->launch_cpu_us * 1000);
     if (is_real_stream(s) && ((struct fstream *)s)->capturing) { ((struct fstream *)s)->captured += (int)us; return CUDA_SUCCESS; }
     us = work_us(us, us);
     struct fake_state *st = fake_state_get();
     int p = phys(t_cur);
     load_module(p);
-    int64_t now = fake_now(), old, end;
+    int64_t now = (int64_t)fake_clock_mono_ns(), old, end;
     fake_lock(st); /* the timeline and its history (NVML's device samples) move together */
     old = st->dev[p].busy_until;
     end = (old > now ? old : now) + (int64_t)us * 1000;
     __atomic_store_n(&st->dev[p].busy_until, end, __ATOMIC_RELEASE);
     fake_busy_add_locked(st, p, end - (int64_t)us * 1000, end);
     fake_unlock(st);
-    int64_t ahead = end - now - queue_ns();
-    if (ahead > 0) { struct timespec ts = {ahead / 1000000000, ahead % 1000000000}; nanosleep(&ts, NULL); }
+    if (end - now > queue_ns()) fake_clock_sleep_until((uint64_t)(end - queue_ns()));
     return CUDA_SUCCESS;
 }
 /* A kernel's work in us: the function's value, or, when its first argument is given, that argument (a
@@ -470,8 +661,7 @@ API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return run_work(s, 
 static void wait_idle(void)
 {
     if (t_cur < 0) return;
-    int64_t t = busy_until(phys(t_cur)) - fake_now();
-    if (t > 0) { struct timespec ts = {t / 1000000000, t % 1000000000}; nanosleep(&ts, NULL); }
+    fake_clock_sleep_until((uint64_t)busy_until(phys(t_cur)));
 }
 API CUresult cuCtxSynchronize(void) { wait_idle(); return CUDA_SUCCESS; }
 API CUresult cuStreamSynchronize(CUstream s) { (void)s; wait_idle(); return CUDA_SUCCESS; }
@@ -483,16 +673,12 @@ API CUresult cuEventRecord(CUevent e, CUstream s)
 {
     if (t_cur < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && ((struct fstream *)s)->record_block_ms)
-        usleep(((struct fstream *)s)->record_block_ms * 1000u);
+        spend_sleeping((int64_t)((struct fstream *)s)->record_block_ms * 1000000);
     /* FAKE_RECORD_US: recording an event costs the CPU that long before the GPU sees it (as a launch does: the
        driver rings the doorbell at the call's end; a real record takes 1-2 us, more with the driver busy) */
     const char *rv = getenv("FAKE_RECORD_US");
-    if (rv && *rv) {
-        int64_t until = fake_now() + atoll(rv) * 1000;
-        while (fake_now() < until) {
-        }
-    }
-    int64_t now = fake_now(), b = busy_until(phys(t_cur));
+    if (rv && *rv) spend_cpu(atoll(rv) * 1000);
+    int64_t now = (int64_t)fake_clock_mono_ns(), b = busy_until(phys(t_cur));
     ((struct fevent *)e)->ts = b > now ? b : now;
     return CUDA_SUCCESS;
 }

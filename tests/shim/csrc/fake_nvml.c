@@ -121,9 +121,7 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessUtil
     FILE *f = fopen(p, "r");
     if (!f) return 3;
     unsigned int n = 0, pid, sm;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    unsigned long long now = (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+    unsigned long long now = (unsigned long long)fake_real_now() / 1000;
     char line[128];
     while (fgets(line, sizeof line, f)) {
         unsigned int age_ms = 0;
@@ -168,9 +166,7 @@ API nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t h, nvmlSamplingType_t type, u
     int64_t P = sample_period_ns();
     struct fake_state *s = fake_state_get();
     int d = idx_of(h);
-    struct timespec rt;
-    clock_gettime(CLOCK_REALTIME, &rt);
-    int64_t mono = fake_now(), real_us = (int64_t)rt.tv_sec * 1000000ll + rt.tv_nsec / 1000;
+    int64_t mono = fake_now(), real_us = fake_real_now() / 1000;
     unsigned int n = 0;
     fake_lock(s);
     for (int64_t end = (mono - 2000000000ll) / P * P + P; end <= mono; end += P) {

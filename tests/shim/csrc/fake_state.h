@@ -22,6 +22,32 @@
 /* The busy history NVML's device samples are computed from: GPU time per 10 ms bucket, 4 s of them. */
 #define FAKE_BUCKET_NS 10000000ll
 #define FAKE_BUCKETS 400
+/* The virtual clock (FAKE_VCLOCK=1): where it starts (a monotonic clock is never 0), and how many threads of
+   the test's processes may take part in it. */
+#define FAKE_VCLOCK_START_NS 1000000000000ll
+#define FAKE_VCLOCK_THREADS 64
+
+/*
+ * The virtual clock a test's processes share when FAKE_VCLOCK=1: simulated time that moves only when every
+ * thread taking part (any thread that read it or slept on it, until it ends) is asleep on it, and then
+ * straight to the earliest wake-up. CPU work takes no simulated time; a kernel takes its own time on the
+ * device's timeline; a sleep, a launch's CPU cost and a full launch queue take the caller's. So a rate
+ * measured on it is the same on a quiet machine and a loaded one. fake_cuda.c owns the taking part and the
+ * sleeping (it exports them to the shim's test build and to shimtest); fake_nvml.c only reads it.
+ */
+struct fake_vclock {
+    int64_t now;   /* virtual CLOCK_MONOTONIC, ns */
+    int64_t real0; /* CLOCK_REALTIME when now was FAKE_VCLOCK_START_NS: the virtual wall clock runs from it */
+    uint32_t lock;
+    uint32_t epoch; /* a futex word: bumped whenever now moves */
+    struct {
+        int32_t pid; /* host pid (0: a free entry) */
+        int32_t tid;
+        int32_t asleep;
+        int32_t pad;
+        int64_t wake; /* while asleep: the now it waits for */
+    } who[FAKE_VCLOCK_THREADS];
+};
 
 struct fake_state {
     uint64_t magic;
@@ -39,13 +65,41 @@ struct fake_state {
         uint32_t dev;
         uint64_t used;
     } procs[FAKE_MAX_PROC];
+    struct fake_vclock vc;
 };
 
-static inline int64_t fake_now(void)
+static inline struct fake_state *fake_state_get(void);
+
+static inline int fake_vclock_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("FAKE_VCLOCK");
+        on = v && !strcmp(v, "1");
+    }
+    return on;
+}
+
+static inline int64_t fake_clock_read(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+/* Monotonic ns: the virtual clock's with FAKE_VCLOCK=1, else the kernel's. */
+static inline int64_t fake_now(void)
+{
+    if (fake_vclock_on()) return __atomic_load_n(&fake_state_get()->vc.now, __ATOMIC_ACQUIRE);
+    return fake_clock_read(CLOCK_MONOTONIC);
+}
+
+/* Wall-clock ns (NVML's sample stamps): with FAKE_VCLOCK=1 moving with the virtual clock. */
+static inline int64_t fake_real_now(void)
+{
+    if (!fake_vclock_on()) return fake_clock_read(CLOCK_REALTIME);
+    struct fake_state *s = fake_state_get();
+    return s->vc.real0 + (__atomic_load_n(&s->vc.now, __ATOMIC_ACQUIRE) - FAKE_VCLOCK_START_NS);
 }
 
 static inline void fake_lock(struct fake_state *s)
@@ -100,6 +154,8 @@ static inline struct fake_state *fake_state_get(void)
         s->ndev = n ? (uint32_t)atoi(n) : 2;
         if (s->ndev > FAKE_MAX_DEV) s->ndev = FAKE_MAX_DEV;
         for (uint32_t i = 0; i < FAKE_MAX_DEV; i++) s->dev[i].total = (mem ? strtoull(mem, 0, 10) : 16384ull) << 20;
+        s->vc.now = FAKE_VCLOCK_START_NS;
+        s->vc.real0 = fake_clock_read(CLOCK_REALTIME) / 1000000000ll * 1000000000ll; /* whole: no run's digits */
         s->magic = 0xFA4EC0DAull;
     }
     fake_unlock(s);

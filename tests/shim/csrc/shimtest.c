@@ -175,7 +175,19 @@ static uint64_t parse_size(const char *s)
     return v;
 }
 
-static int64_t now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return (int64_t)t.tv_sec * 1000000000ll + t.tv_nsec; }
+/* Time is the stand-in driver's (tests/shim/csrc/fake_clock in fake_state.h): virtual under FAKE_VCLOCK=1, so the
+   rates this program prints are measured on the same clock the driver runs kernels on and the shim limits by. */
+static uint64_t (*g_clock_now)(void);
+static void (*g_clock_sleep_until)(uint64_t);
+static void clock_load(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    g_clock_now = h ? (uint64_t (*)(void))dlsym(h, "fake_clock_mono_ns") : NULL;
+    g_clock_sleep_until = h ? (void (*)(uint64_t))dlsym(h, "fake_clock_sleep_until") : NULL;
+    if (!g_clock_now || !g_clock_sleep_until) { printf("error no fake_clock in libcuda.so.1\n"); exit(3); }
+}
+static int64_t now_ns(void) { return (int64_t)g_clock_now(); }
+static void sleep_us(int64_t us) { g_clock_sleep_until((uint64_t)(now_ns() + us * 1000)); }
 
 static CUresult do_alloc(const char *kind, uint64_t size, uint64_t *out)
 {
@@ -292,7 +304,7 @@ static void *stall_a(void *arg)
     api.cuStreamCreate(&sa, 0);
     void (*set)(CUstream, unsigned, unsigned) = (void (*)(CUstream, unsigned, unsigned))dlsym(RTLD_DEFAULT, "fake_stream_set");
     set(sa, 1500, 0);
-    usleep(100000);
+    sleep_us(100000);
     api.cuLaunchKernel((CUfunction)(uintptr_t)50, 7, 1, 1, 1, 1, 1, 0, sa, NULL, NULL);
     return NULL;
 }
@@ -316,6 +328,7 @@ int main(int argc, char **argv)
     if (argc < 2) return 2;
     if (getenv("SHIMTEST_CUDA_VERSION")) g_version = atoi(getenv("SHIMTEST_CUDA_VERSION"));
     load(argv[1]);
+    clock_load();
     CUcontext ctx = NULL, own = NULL;
     for (int i = 2; i < argc; i++) {
         char buf[512];
@@ -393,11 +406,12 @@ int main(int argc, char **argv)
             fflush(stdout);
             while (access(tok[1], F_OK) != 0) usleep(10000);
         } else if (!strcmp(c, "wait")) {
+            now_ns(); /* on the virtual clock, time waits for this thread (processes started together run together) */
             printf("ready\n");
             char line[64];
             if (!fgets(line, sizeof line, stdin)) return 0;
         } else if (!strcmp(c, "sleep")) {
-            usleep((useconds_t)atoi(tok[1]) * 1000);
+            sleep_us((int64_t)atoi(tok[1]) * 1000);
         } else if (!strcmp(c, "kill")) {
             raise(SIGKILL);
         } else if (!strcmp(c, "exit")) {
@@ -446,7 +460,7 @@ int main(int argc, char **argv)
             long n = 0;
             while (now_ns() < end) {
                 launch(tok[4] ? tok[4] : "k", us);
-                usleep((useconds_t)atoi(tok[3]));
+                sleep_us(atoi(tok[3]));
                 n++;
             }
             api.cuCtxSynchronize();
