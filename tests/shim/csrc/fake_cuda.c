@@ -616,11 +616,14 @@ static void unload_module(int p)
     g_module[p] = 0;
 }
 
-/* FAKE_LAUNCH_US: a launch costs the CPU that long before the GPU sees the kernel (a real one: 3-4 us). */
+/* FAKE_LAUNCH_US: a launch costs the CPU that long before the GPU sees the kernel (a real one: 3-4 us). On the
+   virtual clock 1 us unless set: a launch that took no time at all would line work up to the nanosecond with the
+   limiter's slot ends and period edges, which no real launcher does. */
 static void launch_cpu_cost(void)
 {
     const char *v = getenv("FAKE_LAUNCH_US");
     if (v && *v) spend_cpu(atoll(v) * 1000);
+    else if (fake_vclock_on()) spend_cpu(1000);
 }
 
 static CUresult run_work(CUstream s, uint64_t us)

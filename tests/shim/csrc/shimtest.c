@@ -275,7 +275,8 @@ static uint64_t shape_key(uint64_t f, unsigned gx)
 /* stall: thread B launches on a stream whose launches cost 20 ms of CPU, each a new shape (so sampled);
    thread A, 100 ms in, launches once on a stream whose event records block for 1.5 s. */
 static CUcontext g_stall_ctx;
-static volatile int g_stall_stop;
+static int g_stall_done; /* threads finished: the main thread waits for them asleep, not in a join, so that on the
+                            virtual clock (where a thread blocked in a join would hold time still) time moves on */
 static int64_t g_stall_longest;
 static long g_stall_n;
 static void *stall_b(void *arg)
@@ -294,6 +295,7 @@ static void *stall_b(void *arg)
         t = t2;
         g_stall_n++;
     }
+    __atomic_add_fetch(&g_stall_done, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 static void *stall_a(void *arg)
@@ -306,6 +308,7 @@ static void *stall_a(void *arg)
     set(sa, 1500, 0);
     sleep_us(100000);
     api.cuLaunchKernel((CUfunction)(uintptr_t)50, 7, 1, 1, 1, 1, 1, 0, sa, NULL, NULL);
+    __atomic_add_fetch(&g_stall_done, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -507,6 +510,7 @@ int main(int argc, char **argv)
             pthread_t a, b;
             pthread_create(&b, NULL, stall_b, &secs);
             pthread_create(&a, NULL, stall_a, NULL);
+            while (__atomic_load_n(&g_stall_done, __ATOMIC_ACQUIRE) < 2) sleep_us(1000);
             pthread_join(b, NULL);
             pthread_join(a, NULL);
             printf("stall %ld %lld\n", g_stall_n, (long long)g_stall_longest);
