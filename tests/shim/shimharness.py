@@ -38,7 +38,7 @@ class Built:
     shimtest: Path
     unrelated: Path
     next_a: Path
-    shim_limits: Path  # a test build of the shim that reads its limits file at limits_path
+    shim_limits: Path  # a test build of the shim that reads its limits file at limits_path (test clock too)
     limits_path: Path
     limitsdump: Path  # the shim's own limits reader (shim/src/limits.c), printing what it read
     mps_pipe: Path  # the test build's HAMID_MPS_PIPE_DIR
@@ -63,7 +63,8 @@ def build_all(tmp_path_factory) -> Built:
     limits_path.parent.mkdir()
     mps_pipe = d / "mpspipe"  # where the test build looks for an MPS share's control socket
     mps_pipe.mkdir()
-    define = f"EXTRA_CFLAGS=-DHAMID_LIMITS_PATH='\"{limits_path}\"' -DHAMID_MPS_PIPE_DIR='\"{mps_pipe}\"'"
+    define = (f"EXTRA_CFLAGS=-DHAMID_LIMITS_PATH='\"{limits_path}\"' -DHAMID_MPS_PIPE_DIR='\"{mps_pipe}\"' "
+              "-DHAMID_TEST_CLOCK")
     subprocess.run(["make", "-s", "-C", str(SHIM_DIR), f"BUILD={d / 'shimbuild'}", define], check=True,
                    capture_output=True, text=True)
     subprocess.run(["make", "-s", "-C", str(SHIM_DIR), f"BUILD={d / 'shimvclock'}", "EXTRA_CFLAGS=-DHAMID_TEST_CLOCK"],

@@ -259,8 +259,8 @@ def test_a_busy_higher_priority_process_holds_the_launches_back(built, shim, lim
                                                                 held):
     """HAMi's priority: while a higher-priority container's process (listed in the file's live hold_pids by
     the daemon, updated in place) runs kernels (NVML's per-process samples), a lower-priority container's
-    launches wait; they go on once it has been idle for the hold time. No compute limit needed."""
-    import time
+    launches wait; they go on once it has been idle for the hold time. No compute limit needed. On the
+    stand-in driver's virtual clock (shimharness.py), the neighbour's changes at set moments of the run."""
     from hamid.shimlimits import write_hold_pids
     limits(mem=0, sm=0, priority=priority)
     if listed:
@@ -268,22 +268,13 @@ def test_a_busy_higher_priority_process_holds_the_launches_back(built, shim, lim
     util = tmp_path / "nvml_util"
     util.write_text("4242 0\n")  # idle while the process starts (its first launches start the monitor)
     e = bare_env(built, shim)
-    e["FAKE_NVML_UTIL"] = str(util)
-    p = subprocess.Popen([str(built.shimtest), "direct", "init", "launch:2:400:k", "wait", "run:0.5:400:k"], env=e,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # the neighbour busy only once the process is ready: busy from the start, a monitor that polled before
-    # the second of those launches held it, "ready" never came and the test waited for ever (a loaded CI run)
-    lines = []
-    while (ln := p.stdout.readline()) and ln.strip() != "ready":
-        lines.append(ln)
-    assert ln, (lines, p.stderr.read())
-    util.write_text("4242 80\n")  # the high-priority neighbour is busy
-    time.sleep(0.3)  # the monitor has seen the neighbour busy
-    p.stdin.write("go\n")
-    p.stdin.flush()
-    time.sleep(1.0)
-    util.write_text("4242 0\n")  # idle from now on: the hold ends within its 2 s
-    out, err = p.communicate(timeout=30)
+    e.update(FAKE_NVML_UTIL=str(util), FAKE_VCLOCK="1")
+    # the neighbour busy only once the monitor runs (busy from the start, a monitor that polled before the
+    # second launch would hold it), seen busy 0.3 s before the run, idle from 1.0 s into it: the hold ends
+    # within its 2 s
+    p = subprocess.run([str(built.shimtest), "direct", "init", "launch:2:400:k", f"at:0:{util}:4242 80", "sleep:300",
+                        f"at:1000:{util}:4242 0", "run:0.5:400:k"], env=e, capture_output=True, text=True, timeout=30)
+    out, err = p.stdout, p.stderr
     n, ns, longest = (int(x) for x in [ln for ln in out.splitlines() if ln.startswith("run ")][0].split()[1:4])
     if held:
         assert longest > 0.9e9 and ns > 1.4e9, (n, ns, longest, err)

@@ -312,6 +312,25 @@ static void *stall_a(void *arg)
     return NULL;
 }
 
+/* at:<ms>:<file>:<text>: a thread that, ms after the command (on the process's clock), writes text and a newline
+   to file: a test's change of the world (NVML's samples) at a set moment of a run, virtual or not. */
+struct at_job { int64_t when; char path[256]; char text[128]; };
+static void *at_main(void *arg)
+{
+    struct at_job *j = arg;
+    g_clock_sleep_until((uint64_t)j->when);
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s.at", j->path);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+        fprintf(f, "%s\n", j->text);
+        fclose(f);
+        rename(tmp, j->path); /* whole: a reader never sees half of it */
+    }
+    free(j);
+    return NULL;
+}
+
 static int g_thread_iters;
 static uint64_t g_thread_size;
 static void *thread_main(void *arg)
@@ -413,6 +432,14 @@ int main(int argc, char **argv)
             printf("ready\n");
             char line[64];
             if (!fgets(line, sizeof line, stdin)) return 0;
+        } else if (!strcmp(c, "at")) {
+            struct at_job *j = calloc(1, sizeof *j);
+            j->when = now_ns() + (int64_t)atoi(tok[1]) * 1000000;
+            snprintf(j->path, sizeof j->path, "%s", tok[2]);
+            snprintf(j->text, sizeof j->text, "%s", tok[3] ? tok[3] : "");
+            pthread_t t;
+            pthread_create(&t, NULL, at_main, j);
+            pthread_detach(t);
         } else if (!strcmp(c, "sleep")) {
             sleep_us((int64_t)atoi(tok[1]) * 1000);
         } else if (!strcmp(c, "kill")) {
