@@ -5,7 +5,10 @@
  * exercise every path on a machine without a GPU. Memory is bookkept in the
  * shared fake_state; a kernel "runs" for as many microseconds as its
  * CUfunction handle's value, on one busy timeline per device, which events
- * observe the way real events do.
+ * observe the way real events do. It also owns the virtual clock's taking
+ * part and sleeping (FAKE_VCLOCK=1, see struct fake_vclock), exported as
+ * fake_clock_* for the shim's test build and shimtest: its timeline, its
+ * sleeps and its CPU costs are then on simulated time.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>

@@ -3,7 +3,8 @@
  * libcuda.so.1 and the fake libnvidia-ml.so.1 that tests/shim builds: a tiny
  * simulated GPU (memory per device and per process, one busy timeline per
  * device) kept in a file named by FAKE_GPU_STATE so that every process of a
- * test sees the same "hardware", the way NVML sees the host.
+ * test sees the same "hardware", the way NVML sees the host, and with it the
+ * virtual clock those processes share when a test asks for one.
  */
 #ifndef FAKE_STATE_H
 #define FAKE_STATE_H
