@@ -11,7 +11,10 @@ A runner made with vclock=True runs on the stand-in driver's virtual clock
 (FAKE_VCLOCK=1, tests/shim/csrc/fake_state.h) with a test build of the shim
 that reads time and sleeps through it (-DHAMID_TEST_CLOCK, shim/src/clock.c):
 the rate tests measure simulated time, not the machine's, so a busy machine
-neither slows them nor moves their results.
+neither slows them nor moves their results (the same run gives the same
+numbers, to the launch). A thread blocked on anything but the clock (stdin, a
+lock) holds simulated time still: a shim that slept holding a lock another
+thread waits for would hang, and the runner's timeout fails the test.
 """
 
 from __future__ import annotations
