@@ -13,8 +13,6 @@ import pytest
 from hamid.shimregion import read_region
 from shimharness import Shim, finish, wait_ready
 
-pytestmark = pytest.mark.timing  # rates measured in real processes: a quiet CPU (see the Makefile)
-
 KERNEL_US = 400
 BUSY_NEIGHBOUR = "999999 60\n"  # a process of no container of ours (its NVML pid in no slot), 60 % busy
 
