@@ -13,8 +13,11 @@ that reads time and sleeps through it (-DHAMID_TEST_CLOCK, shim/src/clock.c):
 the rate tests measure simulated time, not the machine's, so a busy machine
 neither slows them nor moves their results (the same run gives the same
 numbers, to the launch). A thread blocked on anything but the clock (stdin, a
-lock) holds simulated time still: a shim that slept holding a lock another
-thread waits for would hang, and the runner's timeout fails the test.
+lock) holds simulated time still, and so does a thread of the process that
+has yet to read the clock (so that one just started is not left behind): a
+shim that slept holding a lock another thread waits for, or started a thread
+that never reads the clock, would hang, and the runner's timeout fails the
+test.
 """
 
 from __future__ import annotations
