@@ -981,7 +981,9 @@ class SchedulerStandIn:
                 raise _Unschedulable(fit_error(len(states), statuses))
             chosen = feasible[0] if len(feasible) == 1 else self._score(pod, feasible)
             self._dra_prebind(pod, chosen.name)
-            self._bind(pod, chosen.name)
+            with self._lock:  # the failure goes with the bind: whoever sees the pod bound reads none left
+                self._bind(pod, chosen.name)
+                self._failures.pop((ns, name), None)
         except _Unschedulable as e:
             self._failed(pod, "Unschedulable", str(e))
             return
@@ -989,8 +991,6 @@ class SchedulerStandIn:
             self._failed(pod, "SchedulerError", str(e))
             return
         chosen.add(pod)
-        with self._lock:
-            self._failures.pop((ns, name), None)
         self._event(pod, "Normal", "Scheduled", "Binding", f"Successfully assigned {ns}/{name} to {chosen.name}")
         log.info("scheduler_standin_bound", pod=f"{ns}/{name}", node=chosen.name)
 
