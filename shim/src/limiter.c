@@ -517,7 +517,7 @@ static void free_queue_wait(int rdev, uint64_t now)
     while (A_LD(&g_cum[rdev]) > A_LD(&g_cum_done[rdev]) + FREE_QUEUE_NS && A_LD(&g_npend) &&
            now - start < FREE_WAIT_NS && !A_LD(&g_contended[rdev]) && !A_LD(&g_capture_active)) {
         poll_pending_force(now, 1);
-        sleep_until(now + 1000000ull);
+        sleep_until_ns(now + 1000000ull);
         now = mono_ns();
     }
     if (now > start) __atomic_fetch_add(&g_region->devices[rdev].throttle_ns, now - start, __ATOMIC_RELAXED);
