@@ -429,14 +429,15 @@ def test_policy_default_limits_while_the_daemon_says_another_container_is_active
                                                                                  active, expect):
     """others_active (ABI 4, live): the daemon's word that another container on the GPU launched kernels within
     HAMi's window, which this process's NVML watch may not see (a launch-bound neighbour's samples are rare).
-    Policy default, NVML showing nobody busy: held to the limit while the file says 1, free while it says 0."""
+    Policy default, NVML showing nobody busy: held to the limit while the file says 1, free while it says 0.
+    Rates on the stand-in driver's virtual clock (shimharness.py)."""
     from hamid.shimlimits import write_others_active
     limits(mem=0, sm=30, sm_policy="default")
     write_others_active(built.limits_path, 0, active)
     util = tmp_path / "nvml_util"
     util.write_text("")  # NVML answers, nobody busy
     e = bare_env(built, shim)
-    e["FAKE_NVML_UTIL"] = str(util)
+    e.update(FAKE_NVML_UTIL=str(util), FAKE_VCLOCK="1")
     bare_out, _, _ = run([str(built.shimtest), "direct", "init", "run:1.0:400:k"],
                          {k: v for k, v in e.items() if k != "LD_PRELOAD"})
     out, err, rc = run([str(built.shimtest), "direct", "init", "run:0.4:400:k", "run:1.2:400:k"], e)
@@ -469,13 +470,14 @@ def test_others_active_out_of_range_is_refused_by_writer_and_shim(built, shim, l
 @root_only
 def test_a_hold_list_naming_the_process_itself_never_holds_it(built, shim, limits, tmp_path):
     """A hold list that names the container's own process (a daemon that got it wrong, a file from before the
-    host's pid map): the shim leaves its own pids out, so a busy process is never held behind itself."""
+    host's pid map): the shim leaves its own pids out, so a busy process is never held behind itself. On the
+    stand-in driver's virtual clock (shimharness.py): time stands still while the process waits for "go"."""
     from hamid.shimlimits import write_hold_pids
     limits(mem=0, sm=0, priority=1)
     util = tmp_path / "nvml_util"
     util.write_text("")
     e = bare_env(built, shim)
-    e["FAKE_NVML_UTIL"] = str(util)
+    e.update(FAKE_NVML_UTIL=str(util), FAKE_VCLOCK="1")
     p = subprocess.Popen([str(built.shimtest), "direct", "init", "launch:2:400:k", "wait", "run:0.5:400:k"], env=e,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
@@ -483,9 +485,7 @@ def test_a_hold_list_naming_the_process_itself_never_holds_it(built, shim, limit
         lines.append(ln)
     assert ln, (lines, p.stderr.read())
     write_hold_pids(built.limits_path, 0, [p.pid])
-    util.write_text(f"{p.pid} 80\n")  # the process itself, busy
-    import time
-    time.sleep(0.3)  # the monitor has read the list and seen the sample
+    util.write_text(f"{p.pid} 80\n")  # the process itself, busy: the monitor reads both within the run's 0.1 s
     p.stdin.write("go\n")
     p.stdin.flush()
     out, err = p.communicate(timeout=30)
