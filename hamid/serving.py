@@ -272,7 +272,12 @@ class CountedStream(trio.abc.HalfCloseableStream):
         await self._inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes=None) -> bytes:
-        return await self._inner.receive_some(max_bytes)
+        data = await self._inner.receive_some(max_bytes)
+        if not data:
+            # the caller closed its side: it can send nothing more, while hypercorn keeps the socket until its
+            # keep-alive timer ends (5 s), so a scraper opening one connection per scrape would fill its share
+            self.uncount_source()
+        return data
 
     async def send_eof(self) -> None:
         await self._inner.send_eof()

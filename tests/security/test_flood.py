@@ -289,3 +289,35 @@ def test_a_source_is_an_ipv4_address_or_an_ipv6_64_and_a_unix_socket_is_none():
     assert source_of(("2001:db8:1:2:aaaa::1", 5, 0, 0)) == source_of(("2001:db8:1:2:bbbb::9", 7, 0, 0)) \
         == "2001:db8:1:2::/64"
     assert source_of("/run/x.sock") is None and source_of("") is None
+
+
+async def test_a_caller_that_opens_a_connection_per_request_is_never_refused():
+    # A scraper without keep-alive closes each connection after its answer; hypercorn keeps such a socket until
+    # its keep-alive timer ends, so counting it against the source until then refused the 33rd scrape.
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from hamid.serving import PER_SOURCE, ConnectionCount, serve_asgi
+
+    async def ok(_req):
+        return PlainTextResponse("ok")
+
+    counts = ConnectionCount()
+    async with trio.open_nursery() as nursery:
+        (bound,) = await nursery.start(lambda task_status: serve_asgi(
+            Starlette(routes=[Route("/", ok)]), "127.0.0.1:0", counts=counts, task_status=task_status))
+        host, port = bound.split("://")[1].rsplit(":", 1)
+        for i in range(2 * PER_SOURCE + 5):
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            with trio.fail_after(10):
+                while not got.endswith(b"ok"):
+                    chunk = await stream.receive_some(4096)
+                    assert chunk, f"request {i} refused: the connection was closed with {got!r}"
+                    got += chunk
+            assert got.startswith(b"HTTP/1.1 200"), got
+            await stream.aclose()
+        assert counts.refused_source == 0
+        nursery.cancel_scope.cancel()
