@@ -59,7 +59,7 @@ def _view(name: str, used: int):
     from hamid.placement.view import GpuView, NodeView
 
     gpus = tuple(GpuView(uuid=f"GPU-{name}-{i}", index=i, name="NVIDIA H100 80GB HBM3", mode="hami-core",
-                         mem_total=81559, cores_total=100, slots_total=10, mem_used=used if i == 0 else 0)
+                         mem_total=81559, cores_total=100, shares_total=10, mem_used=used if i == 0 else 0)
                  for i in range(8))
     return NodeView(name, gpus)
 

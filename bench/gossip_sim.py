@@ -71,7 +71,7 @@ CURVE_AT = (0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)  # seconds a
 
 def _doc(name: str, version: int, used: int = 0) -> dict:
     gpus = tuple(GpuView(uuid=f"GPU-{name}-{i}", index=i, name="NVIDIA H100 80GB HBM3", mode="hami-core",
-                         mem_total=81559, cores_total=100, slots_total=10, mem_used=used if i == 0 else 0)
+                         mem_total=81559, cores_total=100, shares_total=10, mem_used=used if i == 0 else 0)
                  for i in range(8))
     doc = doc_from_view(NodeView(name, gpus), version)
     doc["peer"] = f"{name}.example:7947"

@@ -204,8 +204,8 @@ def _hammer(path: str, worker: int, rounds: int, seed: int, out) -> None:
             conflicts += 1
         if i % 7 == 0:  # observe the node while the other process writes
             for g in led.view().gpus:
-                if g.mem_used > g.mem_total or g.cores_used > g.cores_total or g.slots_used > g.slots_total:
-                    out.put(("overbooked", worker, i, g.index, g.mem_used, g.cores_used, g.slots_used))
+                if g.mem_used > g.mem_total or g.cores_used > g.cores_total or g.shares_used > g.shares_total:
+                    out.put(("overbooked", worker, i, g.index, g.mem_used, g.cores_used, g.shares_used))
                     return
     out.put(("done", worker, ok, conflicts))
 
@@ -227,7 +227,7 @@ def test_two_processes_never_overbook(tmp_path):
     assert sum(r[2] for r in results) > 500 and sum(r[3] for r in results) > 50, results  # both paths exercised
     led = Ledger(path)
     for g in led.view().gpus:
-        assert g.mem_used <= g.mem_total and g.cores_used <= g.cores_total and g.slots_used <= g.slots_total
+        assert g.mem_used <= g.mem_total and g.cores_used <= g.cores_total and g.shares_used <= g.shares_total
 
 
 def test_change_stamp_moves_on_every_commit_from_anyone_and_only_then(tmp_path):

@@ -110,7 +110,7 @@ def snapshot(led: Ledger) -> tuple:
     """What a caller sees: every reservation as stored, and every GPU's use and capacity."""
     view = led.view()
     return ([r.to_dict() for r in led.list()],
-            [(g.uuid, g.mem_total, g.mem_used, g.cores_used, g.slots_used) for g in view.gpus])
+            [(g.uuid, g.mem_total, g.mem_used, g.cores_used, g.shares_used) for g in view.gpus])
 
 
 def on_disk(path) -> tuple:

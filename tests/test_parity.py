@@ -220,7 +220,7 @@ def test_cordon_keeps_existing_tenants_and_refuses_new_ones_on_recheck(tmp_path)
     cordoned, = planmod.load_cluster(path)
     cordoned.decisions.append(d1)
     view = cordoned.view()
-    assert view.gpus[0].mem_used == 1000 and view.gpus[0].slots_used == 1  # the tenant stays
+    assert view.gpus[0].mem_used == 1000 and view.gpus[0].shares_used == 1  # the tenant stays
     assert any("cordoned" in p for p in check(d2, view))
     assert isinstance(d2, Decision) and check(d2, node.view()) == []
 

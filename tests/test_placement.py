@@ -53,7 +53,7 @@ def test_binpack_and_spread_across_nodes():
 def test_split_count_and_exclusive():
     n = node_view("n", "T4", deviceSplitCount=2)
     n = apply(n, place(docker("mem=1g", cid="1"), [n]), place(docker("mem=1g", cid="2"), [n]))
-    assert "all 2 share slots in use" in place(docker("mem=1g"), [n]).message()
+    assert "all 2 shares in use" in place(docker("mem=1g"), [n]).message()
     n = node_view("n", "T4:2")
     whole = place(docker(devices="0"), [n])  # a whole GPU is exclusive
     assert whole.containers[0].devices[0].cores == 100

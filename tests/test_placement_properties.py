@@ -151,7 +151,7 @@ def test_invariants_hold_for_any_workload(sc):
         for g in view.gpus:
             assert g.mem_used <= g.mem_total, g
             assert g.cores_used <= g.cores_total, g
-            assert g.slots_used <= g.slots_total, g
+            assert g.shares_used <= g.shares_total, g
             if g.uuid in exclusive:
                 assert len(holders[g.uuid]) == 1, "an exclusive GPU has exactly one pod on it"
             if g.mode == MODE_MIG:
@@ -209,7 +209,7 @@ def test_nofit_only_when_no_gpu_has_room(sc, mem):
                                                                          cores=0, mode="hami-core")),))
     got = place(req, nodes)
     room = any(g.mode != MODE_MIG and not g.filtered and g.healthy and g.mem_total - g.mem_used >= mem
-               and g.slots_used < g.slots_total and not g.exclusive and g.cores_used < g.cores_total
+               and g.shares_used < g.shares_total and not g.exclusive and g.cores_used < g.cores_total
                for n in nodes for g in n.gpus)
     assert isinstance(got, Decision) == room
 

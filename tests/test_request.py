@@ -157,6 +157,23 @@ def test_request_round_trips_through_json():
     assert Request.from_dict(json.loads(json.dumps(d.to_dict()))) == d
 
 
+
+def test_scoring_weights_travel_under_hamis_slot_key_and_a_later_shares_key_is_read():
+    """A request's JSON form is stored in the ledger and sent to peers of other versions: the shares
+    weight keeps the key HAMi's annotation and every earlier reader use (``slot``), and the name the
+    code uses (``shares``) is read too, so a later version can switch to it."""
+    import json
+
+    r = parse_pod(pod([ctr("a", gpu=1)], {"hami.io/device-scoring-weights": "slot=2,core=0,memory=3"}))
+    assert r.weights is not None and r.weights.shares == 2.0
+    wire = json.loads(json.dumps(r.to_dict()))
+    assert wire["weights"] == {"slot": 2.0, "core": 0.0, "memory": 3.0}
+    assert Request.from_dict(wire) == r
+    later = dict(wire, weights={"shares": 2.0, "core": 0.0, "memory": 3.0})
+    assert Request.from_dict(later) == r
+    with pytest.raises(RequestError, match="request.weights"):
+        Request.from_dict(dict(wire, weights={"slot": 1, "shares": 2, "core": 0, "memory": 3}))
+
 # --- fuzzing: only our own error type ever escapes ------------------------------
 
 SPEC_ALPHABET = st.sampled_from(list("memcoresgpusmodepriority=,.%0123456789gGmMkKtT+-_ ") + ["1g.10gb", "mig", "hami-core"])

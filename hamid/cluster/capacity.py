@@ -34,7 +34,7 @@ def doc_from_view(view: NodeView, version: int) -> dict[str, Any]:
         profs = d.pop("mig_profiles")
         if profs:
             profiles.setdefault(g.name, profs)
-        d["use"] = [g.mem_used, g.cores_used, g.slots_used, g.exclusive,
+        d["use"] = [g.mem_used, g.cores_used, g.shares_used, g.exclusive,
                     [[s.profile, s.placement.start, s.placement.size] for s in g.mig_used]]
         if g.mps_used:
             d["use"].append(g.mps_used)  # a sixth item only when some shares are MPS clients
@@ -73,9 +73,9 @@ def view_from_doc(doc: dict) -> NodeView:
     gpus = []
     tables = {name: _table(items) for name, items in doc.get("profiles", {}).items()}
     for d in doc["gpus"]:
-        mem, cores, slots, excl, mig, *rest = d["use"]
+        mem, cores, shares, excl, mig, *rest = d["use"]
         gpus.append(gpu_view_from_dict(d, tables.get(d["name"], ()), (
-            int(mem), int(cores), int(slots), bool(excl),
+            int(mem), int(cores), int(shares), bool(excl),
             tuple(MigSlot(p, MigPlacement(int(s), int(z))) for p, s, z in mig) if mig else (),
             int(rest[0]) if rest else 0)))
     return NodeView(doc["node"], tuple(gpus), doc.get("policy", "spread"))
@@ -138,7 +138,7 @@ def gpu_rows(doc: dict) -> list[dict[str, Any]]:
         rows.append({"index": g.index, "uuid": g.uuid, "name": g.name, "mode": g.mode, "healthy": g.healthy,
                      "filtered": g.filtered, "memory_total_mib": g.mem_total, "memory_used_mib": g.mem_used,
                      "memory_free_mib": g.mem_total - g.mem_used, "cores_total": g.cores_total,
-                     "cores_used": g.cores_used, "shares_total": g.slots_total, "shares_used": g.slots_used,
+                     "cores_used": g.cores_used, "shares_total": g.shares_total, "shares_used": g.shares_used,
                      "exclusive": g.exclusive, "serves": list(g.serves), "share_mode": g.share_mode,
                      "mps_shares": g.mps_used,
                      "mig_instances": [{"profile": s.profile, "start": s.placement.start, "size": s.placement.size}

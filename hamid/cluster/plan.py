@@ -37,7 +37,7 @@ Items are placed in order; each sees the ones before it. A pod asking more
 than 100 gpucores is placed as HAMi places it (the whole GPU), with a
 warning, as the webhook warns. ``-o json`` prints,
 per item, every node considered with each GPU's capacity and use before the
-item (memory, cores, share slots, model and HAMi type, health, cordon,
+item (memory, cores, shares, model and HAMi type, health, cordon,
 exclusivity, MIG instances) and its score for the item, so that a decision
 can be checked against the printed numbers alone.
 """
@@ -178,7 +178,7 @@ def gpu_doc(g: GpuView, score) -> dict:
     d = {"uuid": g.uuid, "index": g.index, "model": g.name, "type": g.hami_type, "mode": g.mode, "numa": g.numa,
          "healthy": g.healthy, "cordoned": g.cordoned, "filtered": g.filtered, "memory_mib": g.mem_total,
          "memory_used_mib": g.mem_used, "cores": g.cores_total, "cores_used": g.cores_used,
-         "split_count": g.slots_total, "shares_used": g.slots_used, "exclusive": g.exclusive,
+         "split_count": g.shares_total, "shares_used": g.shares_used, "exclusive": g.exclusive,
          "serves": list(g.serves) if g.mode != MODE_MIG else [], "share_mode": g.share_mode,
          "mps_shares": g.mps_used}
     if g.mode == MODE_MIG or g.mig_used:

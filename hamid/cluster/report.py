@@ -54,7 +54,7 @@ class LiveNode:
             return self.base
         fresh = [g.with_use(0, 0, 0, False, ()) for g in self.base.gpus]
         added = {g.uuid: g for g in with_usage(self.name, fresh, self.decisions).gpus}
-        gpus = tuple(g.with_use(g.mem_used + a.mem_used, g.cores_used + a.cores_used, g.slots_used + a.slots_used,
+        gpus = tuple(g.with_use(g.mem_used + a.mem_used, g.cores_used + a.cores_used, g.shares_used + a.shares_used,
                                 g.exclusive or a.exclusive, g.mig_used + a.mig_used,
                             g.mps_used + a.mps_used)
                      for g in self.base.gpus for a in (added[g.uuid],))

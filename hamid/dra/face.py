@@ -125,7 +125,7 @@ class DraFace:
             facts.append(GpuFacts(view=g, foreign_mem_mib=max(0, g.mem_used - f["mem"]),
                                   foreign_cores=max(0, g.cores_used - f["cores"]),
                                   foreign_exclusive=g.exclusive and not f["excl"],
-                                  foreign_slots=max(0, g.slots_used - f["n"]),
+                                  foreign_shares=max(0, g.shares_used - f["n"]),
                                   foreign_mig=tuple(m for m in g.mig_used if m not in f["mig"]),
                                   health_reason="" if ok else UNHEALTHY))
         return pool(facts, default_mem_mib=self.defaults.memory_mib, default_cores=self.defaults.cores,

@@ -70,7 +70,7 @@ class GpuFacts:
     foreign_mem_mib: int = 0  # booked by pods and containers of the other faces
     foreign_cores: int = 0
     foreign_exclusive: bool = False
-    foreign_slots: int = 0  # tenants of the other faces
+    foreign_shares: int = 0  # tenants of the other faces
     foreign_mig: tuple[MigSlot, ...] = ()  # MIG instances the other faces hold
     health_reason: str = ""  # non-empty: unhealthy, why
 
@@ -150,7 +150,7 @@ def shared_device(gf: GpuFacts, *, default_mem_mib: int, default_cores: int,
         return None, "another face holds all its compute"
     if mem < 2:
         return None, "another face holds all its memory"
-    shares = g.slots_total - gf.foreign_slots
+    shares = g.shares_total - gf.foreign_shares
     if shares < 1:
         return None, "the other faces' tenants take all its shares (deviceSplitCount)"
     sharing = SHARE_MPS if g.serves and g.serves[0] == SHARE_MPS else "shim"

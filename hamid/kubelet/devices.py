@@ -46,6 +46,6 @@ def advertised(gpus: Iterable[GpuView], health: dict[str, bool]) -> list[pb.Devi
             continue  # filterDevices: never handed out, not even registered
         ok = health.get(g.uuid, g.healthy)
         topo = pb.TopologyInfo(nodes=[pb.NUMANode(ID=g.numa)]) if g.numa is not None else None
-        for n in range(g.slots_total):
+        for n in range(g.shares_total):
             out.append(pb.Device(ID=device_id(g.uuid, n), health=HEALTHY if ok else UNHEALTHY, topology=topo))
     return out

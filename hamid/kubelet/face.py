@@ -361,7 +361,7 @@ class KubeletFace:
         return {n.memory: str(sum(g.mem_total for g in gpus) // max(1, self.defaults.memory_factor)),
                 n.memory_percentage: str(100 * len(gpus)),
                 n.cores: str(sum(g.cores_total for g in gpus)),
-                n.priority: str(sum(g.slots_total for g in gpus))}
+                n.priority: str(sum(g.shares_total for g in gpus))}
 
     async def _advertise(self, kube: AsyncKube, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The node resources into the node's status: a patch on the event loop through ``kube`` (no

@@ -54,7 +54,7 @@ def register_devices(views: list[GpuView], infos: dict[str, GpuInfo]) -> list[di
             continue
         info = infos.get(g.uuid)
         mig = g.mode == MODE_MIG
-        d: dict[str, Any] = {"id": g.uuid, "index": g.index, "count": g.slots_total,
+        d: dict[str, Any] = {"id": g.uuid, "index": g.index, "count": g.shares_total,
                              "devmem": (info.memory_mib if info is not None else g.mem_total) if mig else g.mem_total,
                              "devcore": 100 if mig else g.cores_total, "type": hami_model(g.name),
                              "numa": g.numa or 0, "mode": "mig" if mig else "hami-core"}

@@ -40,7 +40,7 @@ def status_document(view: NodeView, reservations: list[Reservation], backend: st
             "memory_total_mib": g.mem_total, "memory_used_mib": g.mem_used,
             "memory_free_mib": g.mem_total - g.mem_used,
             "cores_total": g.cores_total, "cores_used": g.cores_used,
-            "shares_total": g.slots_total, "shares_used": g.slots_used, "exclusive": g.exclusive,
+            "shares_total": g.shares_total, "shares_used": g.shares_used, "exclusive": g.exclusive,
             "serves": list(g.serves) if g.mode != MODE_MIG else [], "share_mode": g.share_mode,
             "mps_shares": g.mps_used,
             "mps_missing": g.mps_missing,

@@ -86,7 +86,7 @@ class LedgerCollector:
             e.add("hami_gpu_core_limit_ratio", lab, g.cores_total)
             e.add("hami_gpu_memory_allocated_bytes", (view.name, g.uuid, idx, str(g.cores_total), typ),
                   g.mem_used * MIB)
-            e.add("hami_gpu_shared_count", lab, g.slots_used)
+            e.add("hami_gpu_shared_count", lab, g.shares_used)
             e.add("hami_gpu_core_allocated_ratio", lab, g.cores_used)
             e.add("hami_node_gpu_overview", (view.name, g.uuid, idx, str(g.cores_total), str(g.mem_total), typ),
                   g.mem_used * MIB)

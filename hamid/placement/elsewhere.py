@@ -38,7 +38,7 @@ def _free(g: GpuView) -> tuple[int, int]:
     if g.mode == MODE_MIG and g.memory_slices:
         used = sum(s.placement.size for s in g.mig_used)
         return g.mem_total * (g.memory_slices - used) // g.memory_slices, 0
-    if g.slots_used >= g.slots_total:
+    if g.shares_used >= g.shares_total:
         return 0, 0
     return max(0, g.mem_total - g.mem_used), max(0, g.cores_total - g.cores_used)
 

@@ -120,8 +120,8 @@ def _fit_container(req: GpuRequest, node: NodeView, use: _NodeUse, init: bool, p
                 statically_ok += 1
             continue
         statically_ok += 1
-        if primary == "mutex" and u.slots > 0:
-            reasons.append(Reason("idle", f"GPU {g.index} has {u.slots} tenant(s); the mutex policy takes idle GPUs only",
+        if primary == "mutex" and u.shares > 0:
+            reasons.append(Reason("idle", f"GPU {g.index} has {u.shares} tenant(s); the mutex policy takes idle GPUs only",
                                   gpu=g.index))
             continue
         mem, cores = got[0], got[1]
@@ -203,11 +203,11 @@ def _quick_reject(req: GpuRequest, node: NodeView) -> str | None:
     if short <= 0:
         return None
     if len(free) < short:
-        return Reason("slots", f"needs {need} GPU(s) with a free share slot, {len(free) + mig_ok} have one",
+        return Reason("shares", f"needs {need} GPU(s) with a free share, {len(free) + mig_ok} have one",
                       asked=need, free=len(free) + mig_ok)
     if req.mem_mib is not None and free[short - 1] < req.mem_mib:
         n = sum(1 for f in free if f >= req.mem_mib)
-        return Reason("mem", f"needs {need} GPU(s) with {req.mem_mib} MiB free and a free share slot, {n + mig_ok} "
+        return Reason("mem", f"needs {need} GPU(s) with {req.mem_mib} MiB free and a free share, {n + mig_ok} "
                       f"have it (most free: {free[0]} MiB)", asked=req.mem_mib, free=free[0])
     return None
 
@@ -262,7 +262,7 @@ def feasible(request: Request, node: NodeView) -> list[str]:
     n = 0
     for g in node.gpus:
         u = use.app_use(g)
-        if isinstance(try_gpu(req, g, u), str) or (primary == "mutex" and u.slots > 0):
+        if isinstance(try_gpu(req, g, u), str) or (primary == "mutex" and u.shares > 0):
             continue
         n += 1
         if n >= req.count:

@@ -1,6 +1,6 @@
 """Per-GPU checks: may this GPU serve this request, and does it have room.
 
-Checks run in HAMi's order (health, cordon, filters, mode, UUIDs, slots,
+Checks run in HAMi's order (health, cordon, filters, mode, UUIDs, shares,
 memory, cores, exclusivity, MIG) and each failure is a sentence naming the GPU and
 the numbers, e.g. ``GPU 1 has 2048 MiB free, 4096 requested``.
 """
@@ -33,17 +33,17 @@ class Use:
 
     mem: int
     cores: int
-    slots: int
+    shares: int  # tenants, against the GPU's shares_total (deviceSplitCount)
     exclusive: bool
     mig: list[MigSlot] = field(default_factory=list)
-    mps: int = 0  # of slots, the MPS client shares
+    mps: int = 0  # of shares, the MPS client shares
 
     @classmethod
     def of(cls, g: GpuView) -> "Use":
-        return cls(g.mem_used, g.cores_used, g.slots_used, g.exclusive, list(g.mig_used), g.mps_used)
+        return cls(g.mem_used, g.cores_used, g.shares_used, g.exclusive, list(g.mig_used), g.mps_used)
 
     def copy(self) -> "Use":
-        return Use(self.mem, self.cores, self.slots, self.exclusive, list(self.mig), self.mps)
+        return Use(self.mem, self.cores, self.shares, self.exclusive, list(self.mig), self.mps)
 
 
 def eligible(req: GpuRequest, g: GpuView) -> Reason | None:
@@ -90,7 +90,7 @@ def share_mode(req: GpuRequest, g: GpuView, u: "Use") -> str:
     the mode the GPU's current tenants use, else the GPU's default."""
     if req.mode in (MODE_SHIM, SHARE_MPS):
         return req.mode
-    if u.slots:
+    if u.shares:
         return SHARE_MPS if u.mps else MODE_SHIM
     if g.mps_missing:  # the first mode it can run (an mps-only GPU stays mps, and mode_room says why not)
         return next((m for m in g.serves if m != SHARE_MPS), g.serves[0])
@@ -102,8 +102,8 @@ def mode_room(g: GpuView, u: "Use", mode: str) -> Reason | None:
     (a non-MPS context would time-slice against the MPS server's partitions)."""
     if mode == SHARE_MPS and g.mps_missing:
         return mps_missing_reason(g)
-    if mode == SHARE_MPS and u.slots > u.mps:
-        return Reason("onemode", f"GPU {g.index} has {u.slots - u.mps} hami-core tenant(s); an MPS share needs a GPU "
+    if mode == SHARE_MPS and u.shares > u.mps:
+        return Reason("onemode", f"GPU {g.index} has {u.shares - u.mps} hami-core tenant(s); an MPS share needs a GPU "
                       "without them (a GPU serves one mode at a time)", gpu=g.index, asked=mode, what=MODE_SHIM)
     if mode == MODE_SHIM and u.mps:
         return Reason("onemode", f"GPU {g.index} has {u.mps} MPS tenant(s); a hami-core share needs a GPU without "
@@ -136,12 +136,12 @@ def takes_whole(g: GpuView, cores: int) -> bool:
 
 def room(g: GpuView, u: Use, mem: int, cores: int) -> Reason | None:
     """Does a shim (hami-core) share of ``mem`` MiB and ``cores`` % fit now."""
-    if u.slots >= g.slots_total:
-        return Reason("slots", f"GPU {g.index} has all {g.slots_total} share slots in use", gpu=g.index)
+    if u.shares >= g.shares_total:
+        return Reason("shares", f"GPU {g.index} has all {g.shares_total} shares in use (deviceSplitCount)", gpu=g.index)
     if u.exclusive:
         return Reason("exclusive", f"GPU {g.index} is held exclusively (cores=100)", gpu=g.index)
-    if takes_whole(g, cores) and u.slots > 0:
-        return Reason("idle", f"GPU {g.index} has {u.slots} tenant(s); exclusive use (cores=100) needs an idle GPU",
+    if takes_whole(g, cores) and u.shares > 0:
+        return Reason("idle", f"GPU {g.index} has {u.shares} tenant(s); exclusive use (cores=100) needs an idle GPU",
                       gpu=g.index)
     free = g.mem_total - u.mem
     if mem > free:
@@ -160,12 +160,12 @@ def score(g: GpuView, u: Use, mem: int, cores: int, weights: ScoringWeights | No
     if g.mode == MODE_MIG:
         used = sum(s.placement.size for s in u.mig)
         return 10.0 * used / max(1, g.memory_slices)
-    slot = (u.slots + 1) / max(1, g.slots_total)
+    shares = (u.shares + 1) / max(1, g.shares_total)
     core = (u.cores + cores) / max(1, g.cores_total)
     memory = (u.mem + mem) / max(1, g.mem_total)
     if weights is None:
-        return 10.0 * (slot + core + memory)
-    return 10.0 * (weights.slot * slot + weights.core * core + weights.memory * memory)
+        return 10.0 * (shares + core + memory)
+    return 10.0 * (weights.shares * shares + weights.core * core + weights.memory * memory)
 
 
 def try_gpu(req: GpuRequest, g: GpuView, u: Use):
@@ -191,11 +191,11 @@ def book(u: Use, g: GpuView, mem: int, cores: int, mig_profile: str | None,
          placement: MigPlacement | None, mps: bool = False) -> None:
     if mig_profile is not None and placement is not None:
         u.mig.append(MigSlot(mig_profile, placement))
-        u.slots += 1
+        u.shares += 1
         return
     u.mem += mem
     u.cores += cores
-    u.slots += 1
+    u.shares += 1
     u.mps += int(mps)
     if takes_whole(g, cores):
         u.exclusive = True

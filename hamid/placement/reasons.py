@@ -15,7 +15,8 @@ KINDS = (
     "mem",        # not enough memory on a GPU (gpu, asked MiB, free MiB), or on enough GPUs (asked, free: most free)
     "cores",      # not enough cores on a GPU (gpu, asked %, free %)
     "nocores",    # a GPU with every core reserved, for a request of no cores
-    "slots",      # no free share slot (on a GPU, or on enough GPUs)
+    "shares",     # no free share: all of a GPU's deviceSplitCount in use (on a GPU, or on enough GPUs);
+                  # HAMi's CardTimeSlicingExhausted
     "exclusive",  # a GPU held exclusively
     "idle",       # an idle GPU is needed (exclusive use, the mutex policy)
     "unhealthy", "cordoned", "filtered",

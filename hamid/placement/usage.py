@@ -2,7 +2,7 @@
 
 Per decision and GPU, a pod books the larger of its init containers' peak
 and its app containers' sum (they never run together); a tenant with
-``cores >= 100`` holds a GPU of 100% cores exclusively; MIG slots always add up;
+``cores >= 100`` holds a GPU of 100% cores exclusively; MIG instances always add up;
 MPS client shares are counted apart (``mps_used``) so the GPU keeps one share mode.
 """
 
@@ -15,8 +15,8 @@ from .result import Decision
 from .view import GpuView, MigSlot, NodeView
 
 
-# One decision's use of one GPU: memory, cores, tenant slots, whether it holds the GPU whole,
-# its MIG slots, and how many of its slots are MPS shares.
+# One decision's use of one GPU: memory, cores, shares (tenants, against deviceSplitCount), whether it
+# holds the GPU whole, its MIG instances, and how many of its shares are MPS clients.
 Part = tuple[int, int, int, bool, tuple[MigSlot, ...], int]
 
 
@@ -46,10 +46,10 @@ def parts(dec: Decision, caps: dict[str, GpuView]) -> dict[str, Part]:
     out: dict[str, Part] = {}
     for uuid in set(per) | set(mig) | whole:
         p = per.get(uuid, [0, 0, 0, 0, 0, 0, 0])
-        slots = tuple(mig.get(uuid, ()))
+        instances = tuple(mig.get(uuid, ()))
         n = max(p[2], p[5])
         # a pod's shares of one GPU are all MPS or none (one mode per GPU)
-        out[uuid] = (max(p[0], p[3]), max(p[1], p[4]), n + len(slots), uuid in whole, slots, n if p[6] else 0)
+        out[uuid] = (max(p[0], p[3]), max(p[1], p[4]), n + len(instances), uuid in whole, instances, n if p[6] else 0)
     return out
 
 

@@ -37,7 +37,7 @@ class GpuView:
     mode: str  # MODE_SHIM or MODE_MIG
     mem_total: int  # MiB bookable: physical x deviceMemoryScaling; MIG: largest profile
     cores_total: int  # percent bookable: 100 x deviceCoreScaling
-    slots_total: int  # deviceSplitCount
+    shares_total: int  # deviceSplitCount: how many tenants may share the GPU (MIG: its largest instance count)
     numa: int | None = None
     healthy: bool = True
     filtered: bool = False  # excluded by filterDevices
@@ -46,20 +46,20 @@ class GpuView:
     memory_slices: int = 0
     mem_used: int = 0
     cores_used: int = 0
-    slots_used: int = 0
+    shares_used: int = 0  # tenants booked (a MIG instance is one)
     exclusive: bool = False  # held by a tenant with cores=100 (on a GPU of 100% cores)
     mig_used: tuple[MigSlot, ...] = ()
     cordoned: bool = False  # hami.io/device-cordon: no new tenants, existing ones stay
     mig_capable: bool = False  # the GPU can be put in MIG mode (whatever mode it is in now)
     links: tuple[tuple[str, int], ...] = ()  # (peer UUID, HAMi link score), see link_score
     serves: tuple[str, ...] = DEFAULT_SERVES  # share modes of a whole GPU ("hami-core", "mps"), default first
-    mps_used: int = 0  # of slots_used, the MPS client shares (the rest are hami-core shares)
+    mps_used: int = 0  # of shares_used, the MPS client shares (the rest are hami-core shares)
     mps_missing: bool = False  # configured to serve mps, but its node lacks NVIDIA's MPS programs: mps refused
 
     @property
     def share_mode(self) -> str | None:
         """The mode the GPU's current tenants share it in (one at a time), None when idle."""
-        if self.mode == MODE_MIG or not self.slots_used:
+        if self.mode == MODE_MIG or not self.shares_used:
             return None
         return SHARE_MPS if self.mps_used else MODE_SHIM
 
@@ -96,13 +96,13 @@ class GpuView:
                 return p
         return None
 
-    def with_use(self, mem: int, cores: int, slots: int, exclusive: bool, mig: tuple[MigSlot, ...],
+    def with_use(self, mem: int, cores: int, shares: int, exclusive: bool, mig: tuple[MigSlot, ...],
                  mps: int = 0) -> "GpuView":
         """A copy with the given use (a fast ``dataclasses.replace`` for the hot path)."""
         new = object.__new__(GpuView)
         d = new.__dict__
         d.update(self.__dict__)
-        d["mem_used"], d["cores_used"], d["slots_used"], d["exclusive"], d["mig_used"] = mem, cores, slots, exclusive, mig
+        d["mem_used"], d["cores_used"], d["shares_used"], d["exclusive"], d["mig_used"] = mem, cores, shares, exclusive, mig
         d["mps_used"] = mps
         return new
 
@@ -139,11 +139,11 @@ def restrict_mig_profiles(g: GpuView, allowlist) -> GpuView:
         return g
     allowed = set(entry.profiles)
     profs = tuple(p for p in g.mig_profiles if p.name in allowed)
-    mem_total, slots = g.mem_total, g.slots_total
+    mem_total, shares = g.mem_total, g.shares_total
     if g.mode == MODE_MIG:
         mem_total = max((p.memory_mib for p in profs), default=0)
-        slots = max((p.max_instances for p in profs), default=0)
-    return replace(g, mig_profiles=profs, mem_total=mem_total, slots_total=slots)
+        shares = max((p.max_instances for p in profs), default=0)
+    return replace(g, mig_profiles=profs, mem_total=mem_total, shares_total=shares)
 
 
 @dataclass
@@ -157,7 +157,7 @@ class NodeView:
         """Free MiB of each shim GPU that could take one more tenant, most free first."""
         return tuple(sorted((g.mem_total - g.mem_used for g in self.gpus
                              if g.mode == MODE_SHIM and g.healthy and not g.filtered and not g.exclusive
-                             and not g.cordoned and g.slots_used < g.slots_total), reverse=True))
+                             and not g.cordoned and g.shares_used < g.shares_total), reverse=True))
 
     @cached_property
     def mig_creatable(self) -> tuple[tuple[int, frozenset[str]], ...]:
@@ -182,14 +182,14 @@ class NodeView:
 
     @cached_property
     def usage_score(self) -> float:
-        """HAMi's node score on current use: 10*(slots + cores + memory fractions)."""
-        slots = cores = mem = 0
-        tslots = tcores = tmem = 0
+        """HAMi's node score on current use: 10*(shares + cores + memory fractions)."""
+        shares = cores = mem = 0
+        tshares = tcores = tmem = 0
         for g in self.gpus:
             if g.filtered:
                 continue
-            slots += g.slots_used
-            tslots += g.slots_total
+            shares += g.shares_used
+            tshares += g.shares_total
             cores += g.cores_used
             tcores += g.cores_total
             if g.mode == MODE_MIG and g.memory_slices:
@@ -199,8 +199,8 @@ class NodeView:
                 mem += g.mem_used
             tmem += g.mem_total
         score = 0.0
-        if tslots:
-            score += slots / tslots
+        if tshares:
+            score += shares / tshares
         if tcores:
             score += cores / tcores
         if tmem:
@@ -221,24 +221,39 @@ def gpu_view_from_info(info: GpuInfo, *, split_count: int = 10, memory_scaling: 
     if info.mig_enabled:
         mem_total = max((p.memory_mib for p in info.mig_profiles), default=info.memory_mib)
         return GpuView(uuid=info.uuid, index=info.index, name=info.name, mode=MODE_MIG, mem_total=mem_total,
-                       cores_total=100, slots_total=max((p.max_instances for p in info.mig_profiles), default=1),
+                       cores_total=100, shares_total=max((p.max_instances for p in info.mig_profiles), default=1),
                        numa=info.numa_node, healthy=info.healthy, filtered=filtered,
                        mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
                        memory_slices=info.memory_slices, links=links, mig_capable=True)
     return GpuView(uuid=info.uuid, index=info.index, name=info.name, mode=MODE_SHIM,
                    mem_total=int(info.memory_mib * memory_scaling), cores_total=int(round(100 * core_scaling)),
-                   slots_total=split_count, numa=info.numa_node, healthy=info.healthy, filtered=filtered,
+                   shares_total=split_count, numa=info.numa_node, healthy=info.healthy, filtered=filtered,
                    mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
                    memory_slices=info.memory_slices, links=links,
                    mig_capable=bool(info.mig_capable or info.mig_profiles), serves=tuple(serves),
                    mps_missing=mps_missing and SHARE_MPS in serves)
 
 
+# A GPU's share count in its JSON form (the gossiped capacity document, the ledger's gpus table) is
+# written under its old key "slots_total": nodes and ledgers of earlier versions read only that key
+# (a rolling upgrade mixes them), and a key they lack fails their whole document. Readers take either
+# key, so a later version may write "shares_total" once no earlier reader is left.
+SHARES_TOTAL_WRITTEN = "slots_total"
+SHARES_TOTAL_KEYS = ("shares_total", "slots_total")
+
+
+def _shares_total(d: dict) -> int:
+    for k in SHARES_TOTAL_KEYS:
+        if k in d:
+            return int(d[k])
+    raise KeyError(f"GPU entry has no share count (deviceSplitCount); expected one of {', '.join(SHARES_TOTAL_KEYS)}")
+
+
 def gpu_view_to_dict(g: GpuView) -> dict:
     """The capacity part of a view, as plain JSON-able data (no use)."""
     d = {
         "uuid": g.uuid, "index": g.index, "name": g.name, "mode": g.mode, "mem_total": g.mem_total,
-        "cores_total": g.cores_total, "slots_total": g.slots_total, "numa": g.numa, "healthy": g.healthy,
+        "cores_total": g.cores_total, SHARES_TOTAL_WRITTEN: g.shares_total, "numa": g.numa, "healthy": g.healthy,
         "filtered": g.filtered, "compute_slices": g.compute_slices, "memory_slices": g.memory_slices,
         "mig_profiles": [
             {"name": p.name, "id": p.profile_id, "memory_mib": p.memory_mib, "slices": p.slices,
@@ -270,7 +285,7 @@ def mig_profiles_from_list(items) -> tuple[MigProfile, ...]:
 def gpu_view_from_dict(d: dict, profiles: tuple[MigProfile, ...] | None = None,
                        use: tuple | None = None) -> GpuView:
     """``profiles``: the GPU's MIG table already parsed (shared by every GPU of a model), else read from ``d``;
-    ``use``: (mem, cores, slots, exclusive, MIG slots, MPS shares) to build the view with, else none used.
+    ``use``: (mem, cores, shares, exclusive, MIG instances, MPS shares) to build the view with, else none used.
 
     Built without the dataclass's ``__init__`` (one dict, no per-field frozen setattr): gossip turns every
     document that changed into a view on the leader, which is this function per GPU."""
@@ -279,17 +294,17 @@ def gpu_view_from_dict(d: dict, profiles: tuple[MigProfile, ...] | None = None,
     new = object.__new__(GpuView)
     new.__dict__.update({
         "uuid": d["uuid"], "index": int(d["index"]), "name": d["name"], "mode": d["mode"],
-        "mem_total": int(d["mem_total"]), "cores_total": int(d["cores_total"]), "slots_total": int(d["slots_total"]),
+        "mem_total": int(d["mem_total"]), "cores_total": int(d["cores_total"]), "shares_total": _shares_total(d),
         "numa": d.get("numa"), "healthy": bool(d.get("healthy", True)), "filtered": bool(d.get("filtered", False)),
         "mig_profiles": profs, "compute_slices": int(d.get("compute_slices", 0)),
         "memory_slices": int(d.get("memory_slices", 0)),
-        "mem_used": 0, "cores_used": 0, "slots_used": 0, "exclusive": False, "mig_used": (),
+        "mem_used": 0, "cores_used": 0, "shares_used": 0, "exclusive": False, "mig_used": (),
         "cordoned": bool(d.get("cordoned", False)), "mig_capable": bool(d.get("mig_capable", False)),
         "links": tuple(sorted((str(u), int(s)) for u, s in links.items())) if links else (),
         "serves": _serves(d.get("serves")), "mps_used": 0, "mps_missing": bool(d.get("mps_missing", False))})
     if use is not None:
         u = new.__dict__
-        u["mem_used"], u["cores_used"], u["slots_used"], u["exclusive"], u["mig_used"], u["mps_used"] = use
+        u["mem_used"], u["cores_used"], u["shares_used"], u["exclusive"], u["mig_used"], u["mps_used"] = use
     return new
 
 

@@ -49,10 +49,12 @@ def parse_gpu_policy(text: str, what: str) -> str:
 
 @dataclass(frozen=True)
 class ScoringWeights:
-    """``hami.io/device-scoring-weights``: weights of the share-slot, core and
-    memory fractions in the GPU score (HAMi's default is 1 each)."""
+    """``hami.io/device-scoring-weights``: weights of the shares, core and
+    memory fractions in the GPU score (HAMi's default is 1 each). HAMi's
+    annotation names the shares weight ``slot``, and so does the request's
+    JSON form (:meth:`Request.to_dict`, stored and sent to peers)."""
 
-    slot: float = 1.0
+    shares: float = 1.0
     core: float = 1.0
     memory: float = 1.0
 
@@ -79,6 +81,12 @@ class ScoringWeights:
         if not any(got.values()):
             raise RequestError(f"{what}: all weights are 0 in {echo(text)}; accepted: {cls.FORMS}")
         return cls(got["slot"], got["core"], got["memory"])
+
+    def to_dict(self) -> dict[str, float]:
+        # "slot", HAMi's key, not the field's name: earlier versions (a peer, the ledger after a
+        # downgrade) accept exactly these three keys; from_dict takes "shares" too, so a later
+        # version may write it once no earlier reader is left
+        return {"slot": self.shares, "core": self.core, "memory": self.memory}
 
 
 @dataclass(frozen=True)
@@ -187,7 +195,10 @@ class Request:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.weights is not None:
+            d["weights"] = self.weights.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: Any) -> "Request":
@@ -226,6 +237,8 @@ class Request:
         w = d.get("weights")
         weights = None
         if w is not None:
+            if isinstance(w, dict) and "shares" in w and "slot" not in w:
+                w = {"slot": w["shares"], **{k: v for k, v in w.items() if k != "shares"}}
             if not isinstance(w, dict) or set(w) != {"slot", "core", "memory"} or not all(
                     isinstance(w[k], (int, float)) and not isinstance(w[k], bool) and w[k] >= 0 for k in w) \
                     or not any(w.values()):

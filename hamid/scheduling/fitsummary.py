@@ -24,7 +24,7 @@ def _gpu_reason(kind: str, req: str | None, free: int | None, what: str | None) 
         return f"GPU cores ({req}% requested, at most {max(free, 0)}% free on any GPU)"
     return {
         "nocores": "GPU cores (none left on any GPU)",
-        "slots": "GPU share slots (all in use)",
+        "shares": "GPU shares (all in use: deviceSplitCount)",
         "exclusive": "GPU held exclusively (cores=100)",
         "idle": "GPU in use (an idle GPU is needed)",
         "unhealthy": "GPU unhealthy",
@@ -89,7 +89,7 @@ def summarize(reasons_by_node: dict[str, list[str]], total: int) -> str:
     ``"<count> <reason>"`` parts are sorted as strings (``sort.Strings``, as
     ``FitError.Error`` does, so "10 ..." sorts before "2 ..."). The placement
     engine's per-GPU reasons are folded per node into one reason per kind
-    (memory, cores, share slots, ...) whose numbers are the request and the
+    (memory, cores, shares, ...) whose numbers are the request and the
     most free on any GPU of the nodes counted. A PreFilter rejection (every
     node) is said once, without a count, as kube-scheduler says it.
     """

@@ -24,7 +24,7 @@ P = GossipParams(probe_interval=0.4, probe_timeout=0.2, gossip_interval=0.1, pus
 
 def _view(name: str) -> NodeView:
     return NodeView(name, (GpuView(uuid=f"GPU-{name}", index=0, name="Tesla T4", mode="hami-core",
-                                   mem_total=15360, cores_total=100, slots_total=10),))
+                                   mem_total=15360, cores_total=100, shares_total=10),))
 
 
 async def _cluster(nursery, n: int, faults: Faults | None):

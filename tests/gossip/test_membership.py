@@ -44,6 +44,25 @@ async def test_idle_gossip_loop_sleeps_and_a_queued_update_goes_out_on_the_next_
         trio.lowlevel.remove_instrument(steps)
 
 
+
+def test_a_capacity_document_keeps_the_share_count_key_earlier_nodes_read_and_reads_the_new_one():
+    """A GPU's share count (deviceSplitCount) goes out under ``slots_total``, the one key nodes of
+    earlier versions read (a document without it is malformed to them), and a document from a later
+    node that writes ``shares_total`` instead is read the same; one with neither is refused."""
+    from hamid.cluster.capacity import doc_from_view, doc_problem, view_from_doc
+    from hamid.placement.view import GpuView, NodeView
+
+    view = NodeView("a", (GpuView(uuid="G0", index=0, name="T4", mode="hami-core", mem_total=15360,
+                                  cores_total=100, shares_total=4, shares_used=3, mem_used=1024),))
+    doc = doc_from_view(view, 1)
+    g = doc["gpus"][0]
+    assert g["slots_total"] == 4 and "shares_total" not in g and g["use"][2] == 3
+    assert view_from_doc(doc).gpus == view.gpus
+    later = dict(doc, gpus=[{**{k: v for k, v in g.items() if k != "slots_total"}, "shares_total": 4}])
+    assert doc_problem(later) is None and view_from_doc(later).gpus == view.gpus
+    neither = dict(doc, gpus=[{k: v for k, v in g.items() if k != "slots_total"}])
+    assert doc_problem(neither) == "malformed GPU entry (KeyError)"
+
 async def test_capacity_is_read_only_when_the_ledger_stamp_moved():
     from hamid.gossip.service import GossipService
     from hamid.placement.view import GpuView, NodeView
@@ -53,7 +72,7 @@ async def test_capacity_is_read_only_when_the_ledger_stamp_moved():
     def view():
         reads.append(1)
         return NodeView("a", (GpuView(uuid="G0", index=0, name="T4", mode="hami-core", mem_total=15360,
-                                      cores_total=100, slots_total=10, mem_used=used[0]),))
+                                      cores_total=100, shares_total=10, mem_used=used[0]),))
 
     svc = GossipService("a", "127.0.0.1:0", params=GossipParams(), read_view=view, view_in_thread=False,
                         read_stamp=lambda: stamp[0])

@@ -296,7 +296,7 @@ def test_kubectl_apply_malformed_is_refused_valid_is_placed_bound_and_started(tm
 
 def test_five_hundred_pods_at_once_across_ten_nodes(tmp_path, api_server):
     """No double booking and no node lock: 500 gated pods created at once over 10 daemons; every pod
-    placed once, no GPU over its memory or its share slots; the throughput is printed."""
+    placed once, no GPU over its memory or its shares; the throughput is printed."""
     env = ClusterEnv(tmp_path / "c", api_server, nodes=10, split=30).start(webhook=False)
     try:
         env.leader(timeout=30)

@@ -453,10 +453,10 @@ def test_summarize_edges():
         "0/1 nodes are available: 1 no hamid daemon publishes this node's GPUs."
 
 
-def gpu(i, mem_total=8192, mem_used=0, cores_used=0, slots_used=0, slots=10, **kw):
+def gpu(i, mem_total=8192, mem_used=0, cores_used=0, shares_used=0, shares=10, **kw):
     return GpuView(uuid=f"GPU-{i}", index=i, name="NVIDIA H100", mode=MODE_SHIM, mem_total=mem_total,
-                   cores_total=100, slots_total=slots, mem_used=mem_used, cores_used=cores_used,
-                   slots_used=slots_used, **kw)
+                   cores_total=100, shares_total=shares, mem_used=mem_used, cores_used=cores_used,
+                   shares_used=shares_used, **kw)
 
 
 def gpu_pod(mem=4096, cores=None, count=1):
@@ -486,10 +486,10 @@ def test_summarize_folds_the_engines_gpu_memory_reasons():
 @pytest.mark.parametrize("views,request_,text", [
     ([NodeView("g1", (gpu(0, cores_used=80),)), NodeView("g2", (gpu(0, cores_used=70),))], dict(mem=10, cores=50),
      "2 GPU cores (50% requested, at most 30% free on any GPU)"),
-    ([NodeView("g1", (gpu(0, slots_used=2, slots=2),)), NodeView("g2", (gpu(0, slots_used=1, slots=1),))],
-     dict(mem=10), "2 GPU share slots (all in use)"),
-    ([NodeView("g1", (gpu(0, slots_used=1, exclusive=True),))], dict(mem=10), "1 GPU held exclusively (cores=100)"),
-    ([NodeView("g1", (gpu(0, slots_used=1, mem_used=10, cores_used=10),))], dict(mem=10, cores=100),
+    ([NodeView("g1", (gpu(0, shares_used=2, shares=2),)), NodeView("g2", (gpu(0, shares_used=1, shares=1),))],
+     dict(mem=10), "2 GPU shares (all in use: deviceSplitCount)"),
+    ([NodeView("g1", (gpu(0, shares_used=1, exclusive=True),))], dict(mem=10), "1 GPU held exclusively (cores=100)"),
+    ([NodeView("g1", (gpu(0, shares_used=1, mem_used=10, cores_used=10),))], dict(mem=10, cores=100),
      "1 GPU in use (an idle GPU is needed)"),
     ([NodeView("g1", (gpu(0, healthy=False),)), NodeView("g2", (gpu(0, healthy=False), gpu(1, healthy=False)))],
      dict(mem=10), "2 GPU unhealthy"),
@@ -627,7 +627,7 @@ def test_no_regular_expression_reads_a_message_in_hamid():
     root = pathlib.Path(__file__).resolve().parents[2] / "hamid"
     for path in root.rglob("*.py"):
         text = path.read_text()
-        for needle in ("MiB free, ", "share slots in use", "cores free, ", "fit\\)", "_GPU_PATTERNS"):
+        for needle in ("MiB free, ", "shares in use", "cores free, ", "fit\\)", "_GPU_PATTERNS"):
             for line in text.splitlines():
                 if "re.compile" in line and needle in line:
                     raise AssertionError(f"{path}: a regular expression reads a placement message: {line.strip()}")
