@@ -46,7 +46,9 @@ run: venv shim
 # shim's rates are measured on the stand-in driver's virtual clock, speed is bench/'s), so a busy
 # machine makes the suite slower, never red. A tier that PYTEST_ARGS leaves empty is not a failure
 # (pytest's exit code 5).
-SLOW_TMP ?= /tmp/hamid-slow-tests
+# One base directory per checkout: pytest empties its basetemp at start, so two checkouts testing at once (CI
+# beside a developer's run) must not share one.
+SLOW_TMP ?= /tmp/hamid-slow-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
 test: venv shim lint
 	$(PY) tests/prepare_host.py
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not docker" -n auto $(PYTEST_ARGS) || [ $$? -eq 5 ]
