@@ -45,8 +45,11 @@ spec:
 class ClusterEnv:
     def __init__(self, root: Path, api, *, nodes: int = 3, simulate: str = "H100:2", split: int = 10,
                  mode: str = "gate", extra_config: str = "", web: bool = False, front: bool = False,
-                 reconcile_interval: float = 1.0, deployed_timings: bool = False) -> None:
-        """``web``: every daemon serves the web view on loopback, at ``web_ports[i]``;
+                 reconcile_interval: float = 1.0, deployed_timings: bool = False, dra: str = "",
+                 strategy: str = "envvar") -> None:
+        """``dra``: every node's ``draDevices`` (:class:`NodeEnv`); ``strategy``: every node's
+        ``deviceListStrategy``;
+        ``web``: every daemon serves the web view on loopback, at ``web_ports[i]``;
         ``reconcile_interval``: each daemon's ``reconcileInterval`` (1 s: tests see releases soon;
         the benches pass the daemon's default);
         ``deployed_timings``: gossip and leader election at the daemon's defaults (gossip every
@@ -100,7 +103,7 @@ class ClusterEnv:
                    f"webhookCertFile: {self.tls.cert}\nwebhookKeyFile: {self.tls.key}\n"
                    f"{quick_lease}{web_line}{extra_config}")
             self.nodes.append(NodeEnv(root / f"n{i}", api, node=f"node-{i}", simulate=simulate, split=split,
-                                      reconcile_interval=reconcile_interval,
+                                      reconcile_interval=reconcile_interval, dra=dra, strategy=strategy,
                                       extra_config=cfg, front=front))
 
     def extender_tls(self) -> dict:
