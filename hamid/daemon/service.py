@@ -516,7 +516,7 @@ def kubelet_face(d: Daemon, api):
     c = d.config
     return KubeletFace(d.service, kubelet_dir=c.kubeletDir, resource=c.resourceCountName,
                        strategy=c.deviceListStrategy, cdi_dir=c.cdiSpecDir, defaults=request_defaults(d),
-                       api=api, health_interval=c.healthCheckInterval, dra_devices=d.settings.draDevices)
+                       api=api, health_interval=c.healthCheckInterval)
 
 
 def dra_face(d: Daemon, api):

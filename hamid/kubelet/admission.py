@@ -78,11 +78,10 @@ def _gpus(ids: tuple[str, ...]) -> tuple[str, ...]:
 
 class PodAdmission:
     def __init__(self, node: NodeDoor, pods: PodDirectory, *, strategy: str, cdi_dir: str,
-                 defaults: Defaults, cached_pod: Callable[[str, str], dict | None] | None = None,
-                 dra_gpus: Callable[[], frozenset[str]] = frozenset) -> None:
+                 defaults: Defaults, cached_pod: Callable[[str, str], dict | None] | None = None) -> None:
         """``cached_pod(namespace, name)``: the pod from a cache of this node's pods kept by a watch
-        (the face's shared informer), None on a miss: the API server is asked only then.
-        ``dra_gpus()``: the GPUs the DRA face serves (draDevices), which node-local admission never picks."""
+        (the face's shared informer), None on a miss: the API server is asked only then. The GPUs the
+        DRA face serves (draDevices) are never picked: the placement engine leaves them out."""
         if strategy not in STRATEGIES:
             raise HamidError(f"deviceListStrategy: bad value {strategy!r}; accepted: {', '.join(STRATEGIES)}")
         self.node = node
@@ -92,7 +91,6 @@ class PodAdmission:
         self.cdi_dir = cdi_dir
         node.own_file_dir(cdi_dir)  # release may delete the CDI specs written there, and nothing else
         self.defaults = defaults
-        self.dra_gpus = dra_gpus
 
     # --- Allocate: what depends on the devices alone ----------------------------------
 
@@ -258,7 +256,7 @@ class PodAdmission:
         gpus = {c: _gpus(i) for c, i in held.items()}
         res = self.node.get(owner.key)
         if res is None:  # node-local admission: the pod came with spec.nodeName, or without a reservation
-            request = _without(self._request(pod), self.dra_gpus())
+            request = self._request(pod)
             if self.strategy == "envvar":
                 request = _restricted(request, gpus)
             self.node.admit(owner, request, slots=slots)
@@ -291,15 +289,6 @@ class PodAdmission:
 
 def _is_mig(res, container: str) -> bool:
     return any(d.mig_profile for c in res.decision.containers if c.name == container for d in c.devices)
-
-
-def _without(request: Request, gpus: frozenset[str]) -> Request:
-    """``request`` with ``gpus`` (the DRA face's) out of every container's candidates."""
-    if not gpus:
-        return request
-    return replace(request, containers=tuple(
-        replace(c, gpu=replace(c.gpu, nouse_uuids=tuple(sorted(set(c.gpu.nouse_uuids) | gpus))))
-        if c.gpu is not None else c for c in request.containers))
 
 
 def _restricted(request: Request, gpus: dict[str, tuple[str, ...]]) -> Request:

@@ -42,7 +42,6 @@ from ..dirwatch import DirWatch
 from ..kube.informer import Informer
 from ..kube.rest import AsyncKube, KubeApiError
 from ..logs import get_logger
-from ..node.dragpus import dra_gpus
 from ..node.service import NodeService, Reservation
 from ..request.model import Defaults
 from .admission import AdmissionError, PodAdmission
@@ -64,16 +63,14 @@ class KubeletFace:
 
     def __init__(self, node: NodeService, *, kubelet_dir: str, resource: str, strategy: str, cdi_dir: str,
                  defaults: Defaults, api: Any, health_interval: float = 5.0, check_interval: float = 1.0,
-                 watch_timeout_s: int = 300, dra_devices: str = "") -> None:
+                 watch_timeout_s: int = 300) -> None:
         self.defaults = defaults
         self.node = node
         self.dir = os.path.join(kubelet_dir, DEVICE_PLUGINS_DIR)
         self.resource = resource
         self.pods = PodDirectory(node.name, kubelet_dir, resource, api)
         self.door = node.door()  # the node's verbs for this face's blocking work (gRPC handlers, threads)
-        self.dra_devices = dra_devices  # draDevices: GPUs served by the DRA face, never advertised here
         self.admission = PodAdmission(self.door, self.pods, strategy=strategy, cdi_dir=cdi_dir, defaults=defaults,
-                                      dra_gpus=lambda: dra_gpus(dra_devices, self.door.view().gpus),
                                       cached_pod=self._cached_pod)
         self.health_interval = health_interval
         self.check_interval = check_interval
@@ -297,8 +294,7 @@ class KubeletFace:
     def _read_devices(self) -> list[pb.Device]:
         view = self.door.view()
         health = {g.uuid: g.healthy for g in self.door.gpus()}
-        dra = dra_gpus(self.dra_devices, view.gpus)
-        return advertised([g for g in view.gpus if g.uuid not in dra], health)
+        return advertised([g for g in view.gpus if not g.dra], health)  # draDevices: the DRA face's, not ours
 
     async def _watch_health(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         events = self.node.health_events()

@@ -14,7 +14,9 @@ from two annotations on the Node:
     (``hami-core`` or ``mig``), ``migProfiles`` (MIG mode only: ``name``,
     ``memoryMB``, ``core`` = the profile's SMs in percent of the largest
     profile's, rounded up, ``sliceCount``, ``placements`` [{``start``,
-    ``size``}]), ``health``. GPUs excluded by ``filterDevices`` are not listed.
+    ``size``}]), ``health``. GPUs excluded by ``filterDevices`` are not listed,
+    nor those that serve DRA (``draDevices``): HAMi's scheduler would place
+    device-plugin pods there.
 
 ``hami.io/node-handshake``
     ``Requesting_<YYYY-MM-DD HH:MM:SS>`` (the node's local time), which HAMi's
@@ -50,7 +52,7 @@ def register_devices(views: list[GpuView], infos: dict[str, GpuInfo]) -> list[di
     """One object per GPU, HAMi's fields in HAMi's order, empty ones left out."""
     out = []
     for g in views:
-        if g.filtered:
+        if g.filtered or g.dra:
             continue
         info = infos.get(g.uuid)
         mig = g.mode == MODE_MIG

@@ -584,7 +584,7 @@ class Ledger:
         view = self._view(db)
         if decision.node != view.name:
             raise LedgerConflict(f"decision is for node {decision.node}, this ledger is {view.name}")
-        problems = check(decision, view)
+        problems = check(decision, view, request=request, claim=kind == "claim")
         if problems:
             raise LedgerConflict(f"{key} does not fit on {view.name}: " + "; ".join(problems), problems)
         return self._insert(db, key, kind, request, decision, details or Details(), name)
@@ -606,7 +606,7 @@ class Ledger:
             view = self._view(db, without=owner)
             if decision.node != view.name:
                 raise LedgerConflict(f"decision is for node {decision.node}, this ledger is {view.name}")
-            problems = check(decision, view)
+            problems = check(decision, view, request=existing.request, claim=existing.kind == "claim")
             if problems:
                 raise LedgerConflict(f"{owner} cannot move on {view.name}: " + "; ".join(problems), problems)
             self._touched.add(owner)

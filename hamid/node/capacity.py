@@ -11,6 +11,7 @@ from typing import Any
 from ..devices.modelnames import model_matches
 from ..devices.types import GpuInfo
 from ..placement.view import GpuView, gpu_view_from_info, restrict_mig_profiles
+from .dragpus import dra_gpus
 
 
 def is_filtered(info: GpuInfo, settings: Any) -> bool:
@@ -20,15 +21,19 @@ def is_filtered(info: GpuInfo, settings: Any) -> bool:
 
 def capacity_views(gpus: Iterable[GpuInfo], settings: Any, mps_missing: bool = False) -> list[GpuView]:
     """Each GPU as the node books it: split count, scaling, filterDevices,
-    the share modes it serves (``operatingMode``/``deviceModes``) and the MIG
-    profiles ``migProfileAllowlist`` leaves it. ``mps_missing``: NVIDIA's MPS
-    programs are not there, so a GPU set to serve mps is marked and refuses it."""
+    the share modes it serves (``operatingMode``/``deviceModes``), whether it
+    serves DRA (``draDevices``; one that names no GPU of the node is refused
+    here) and the MIG profiles ``migProfileAllowlist`` leaves it.
+    ``mps_missing``: NVIDIA's MPS programs are not there, so a GPU set to
+    serve mps is marked and refuses it."""
+    gpus = list(gpus)
+    dra = dra_gpus(settings.draDevices, gpus)
     return [restrict_mig_profiles(gpu_view_from_info(g, split_count=settings.deviceSplitCount,
                                                      memory_scaling=settings.deviceMemoryScaling,
                                                      core_scaling=settings.deviceCoreScaling,
                                                      filtered=is_filtered(g, settings),
                                                      serves=settings.share_modes(g.index, g.uuid),
-                                                     mps_missing=mps_missing),
+                                                     mps_missing=mps_missing, dra=g.uuid in dra),
                                   settings.migProfileAllowlist)
             for g in gpus]
 

@@ -28,7 +28,8 @@ from operator import attrgetter
 
 from ..request.model import GpuRequest, Request, ScoringWeights
 from . import mig
-from .fit import MODE_SETTING, Use, book, eligible, mode_room, not_mig_reason, room, score, try_gpu
+from .fit import (MODE_SETTING, Use, book, dra_reason, eligible, mode_room, names_gpu, not_mig_reason, room, score,
+                  try_gpu)
 from .result import ContainerAssignment, Decision, DeviceAssignment, NoFit
 from .view import MODE_MIG, MODE_SHIM, SHARE_MPS, GpuView, NodeView
 from .reasons import Reason, in_container
@@ -292,14 +293,17 @@ def place(request: Request, nodes: Sequence[NodeView], node_policy: str = "binpa
     return NoFit(reasons)
 
 
-def check(decision: Decision, node: NodeView) -> list[str]:
+def check(decision: Decision, node: NodeView, *, request: Request | None = None, claim: bool = False) -> list[str]:
     """Why ``decision`` cannot be committed on ``node`` as it is now ([] = it can).
 
     The ledger calls this inside its transaction, so whatever proposed the
     decision (the local API, the extender, a runtime hook) is re-checked
-    against the node's own record.
+    against the node's own record. ``claim``: the decision is a DRA claim's,
+    which goes on DRA GPUs only; anything else goes on a DRA GPU only where
+    ``request`` (what the owner asked) names it.
     """
     gpus = {g.uuid: g for g in node.gpus}
+    asked = {c.name: c.gpu for c in request.containers} if request is not None else {}
     use = _NodeUse(node)
     problems: list[str] = []
     for c in decision.containers:
@@ -321,6 +325,13 @@ def check(decision: Decision, node: NodeView) -> list[str]:
                 continue
             if g.cordoned:
                 problems.append(f"container {c.name}: GPU {g.index} is cordoned (hami.io/device-cordon)")
+                continue
+            if claim and not g.dra:
+                problems.append(f"container {c.name}: GPU {g.index} does not serve DRA on this node (draDevices)")
+                continue
+            req = asked.get(c.name)
+            if g.dra and not claim and (req is None or not names_gpu(req, g)):
+                problems.append(f"container {c.name}: {dra_reason(g)}")
                 continue
             u = use.init_use(g) if c.init else use.app_use(g)
             if d.mig_profile is not None:

@@ -50,6 +50,8 @@ def eligible(req: GpuRequest, g: GpuView) -> Reason | None:
     """Static checks that do not depend on use."""
     if g.filtered:
         return Reason("filtered", f"GPU {g.index} is excluded by this node's filterDevices", gpu=g.index)
+    if g.dra and not names_gpu(req, g):
+        return dra_reason(g)
     if not g.healthy:
         return Reason("unhealthy", f"GPU {g.index} is unhealthy", gpu=g.index)
     if g.cordoned:
@@ -77,6 +79,18 @@ def eligible(req: GpuRequest, g: GpuView) -> Reason | None:
     if req.mode == SHARE_MPS and g.mps_missing:
         return mps_missing_reason(g)
     return None
+
+
+def names_gpu(req: GpuRequest, g: GpuView) -> bool:
+    """Does ``req`` name ``g`` among its devices (Docker's ``HAMI_VISIBLE_DEVICES``)?"""
+    return str(g.index) in req.devices or g.uuid in req.devices
+
+
+def dra_reason(g: GpuView) -> Reason:
+    # A GPU of draDevices is DRA's: the device plugin does not offer it, and placement chooses it only for
+    # a container that names it, so nothing lands there by accident.
+    return Reason("dra", f"GPU {g.index} serves DRA (draDevices): DRA claims use it, and Docker containers that "
+                  "name it (HAMI_VISIBLE_DEVICES); not device-plugin pods", gpu=g.index)
 
 
 def mps_missing_reason(g: GpuView) -> Reason:

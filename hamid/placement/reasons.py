@@ -20,6 +20,7 @@ KINDS = (
     "exclusive",  # a GPU held exclusively
     "idle",       # an idle GPU is needed (exclusive use, the mutex policy)
     "unhealthy", "cordoned", "filtered",
+    "dra",        # the GPU serves DRA (draDevices) and the request does not name it
     "devices",    # not among the GPUs the request names (asked: the list)
     "usetype", "nousetype", "useuuid", "nouseuuid",  # the type and UUID selectors (asked: what they say)
     "notmig",     # a MIG request on a GPU not in MIG mode (what: "mode" when it can be put in MIG mode, else
@@ -44,7 +45,7 @@ KINDS = (
 NO_ROOM = "no room for this container"
 NOT_CONFIGURED = "not configured on this node for this container"
 NOT_POSSIBLE = "not possible on this node"
-_CONFIGURED = {"serves", "mpsmissing", "filtered", "cordoned", "mig"}
+_CONFIGURED = {"serves", "mpsmissing", "filtered", "cordoned", "mig", "dra"}
 _IMPOSSIBLE = {"unhealthy", "devices", "usetype", "nousetype", "useuuid", "nouseuuid", "migprofile", "migsize"}
 
 

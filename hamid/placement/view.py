@@ -55,6 +55,7 @@ class GpuView:
     serves: tuple[str, ...] = DEFAULT_SERVES  # share modes of a whole GPU ("hami-core", "mps"), default first
     mps_used: int = 0  # of shares_used, the MPS client shares (the rest are hami-core shares)
     mps_missing: bool = False  # configured to serve mps, but its node lacks NVIDIA's MPS programs: mps refused
+    dra: bool = False  # served through DRA (draDevices): placement chooses it only for a request naming it
 
     @property
     def share_mode(self) -> str | None:
@@ -210,7 +211,8 @@ class NodeView:
 
 def gpu_view_from_info(info: GpuInfo, *, split_count: int = 10, memory_scaling: float = 1.0,
                        core_scaling: float = 1.0, filtered: bool = False,
-                       serves: tuple[str, ...] = DEFAULT_SERVES, mps_missing: bool = False) -> GpuView:
+                       serves: tuple[str, ...] = DEFAULT_SERVES, mps_missing: bool = False,
+                       dra: bool = False) -> GpuView:
     """Capacity of a GPU under a node's settings, with nothing used yet.
 
     A GPU in MIG mode is booked by MIG instances only; its live instances
@@ -224,14 +226,14 @@ def gpu_view_from_info(info: GpuInfo, *, split_count: int = 10, memory_scaling: 
                        cores_total=100, shares_total=max((p.max_instances for p in info.mig_profiles), default=1),
                        numa=info.numa_node, healthy=info.healthy, filtered=filtered,
                        mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
-                       memory_slices=info.memory_slices, links=links, mig_capable=True)
+                       memory_slices=info.memory_slices, links=links, mig_capable=True, dra=dra)
     return GpuView(uuid=info.uuid, index=info.index, name=info.name, mode=MODE_SHIM,
                    mem_total=int(info.memory_mib * memory_scaling), cores_total=int(round(100 * core_scaling)),
                    shares_total=split_count, numa=info.numa_node, healthy=info.healthy, filtered=filtered,
                    mig_profiles=info.mig_profiles, compute_slices=info.compute_slices,
                    memory_slices=info.memory_slices, links=links,
                    mig_capable=bool(info.mig_capable or info.mig_profiles), serves=tuple(serves),
-                   mps_missing=mps_missing and SHARE_MPS in serves)
+                   mps_missing=mps_missing and SHARE_MPS in serves, dra=dra)
 
 
 # A GPU's share count in its JSON form (the gossiped capacity document, the ledger's gpus table) is
@@ -271,6 +273,8 @@ def gpu_view_to_dict(g: GpuView) -> dict:
         d["serves"] = list(g.serves)
     if g.mps_missing and g.mode != MODE_MIG:
         d["mps_missing"] = True
+    if g.dra:  # only where set: a node without DRA GPUs writes what older nodes read
+        d["dra"] = True
     return d
 
 
@@ -301,11 +305,19 @@ def gpu_view_from_dict(d: dict, profiles: tuple[MigProfile, ...] | None = None,
         "mem_used": 0, "cores_used": 0, "shares_used": 0, "exclusive": False, "mig_used": (),
         "cordoned": bool(d.get("cordoned", False)), "mig_capable": bool(d.get("mig_capable", False)),
         "links": tuple(sorted((str(u), int(s)) for u, s in links.items())) if links else (),
-        "serves": _serves(d.get("serves")), "mps_used": 0, "mps_missing": bool(d.get("mps_missing", False))})
+        "serves": _serves(d.get("serves")), "mps_used": 0, "mps_missing": bool(d.get("mps_missing", False)),
+        "dra": _dra(d.get("dra", False))})
     if use is not None:
         u = new.__dict__
         u["mem_used"], u["cores_used"], u["shares_used"], u["exclusive"], u["mig_used"], u["mps_used"] = use
     return new
+
+
+def _dra(v) -> bool:
+    # absent (a document from a node older than the flag): no DRA GPUs
+    if type(v) is not bool:
+        raise ValueError(f"dra={v!r}: expected true or false")
+    return v
 
 
 def _serves(v) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ def _gpu_reason(kind: str, req: str | None, free: int | None, what: str | None) 
         "unhealthy": "GPU unhealthy",
         "cordoned": "GPU cordoned (hami.io/device-cordon)",
         "filtered": "GPU excluded by filterDevices",
+        "dra": "GPU serves DRA (draDevices)",
         "devices": f"GPU not among the requested devices {req}",
         "usetype": f"GPU type (not use-gputype {req})",
         "nousetype": f"GPU type (nouse-gputype {req})",

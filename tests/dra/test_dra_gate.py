@@ -63,6 +63,7 @@ def test_the_leader_never_places_a_device_plugin_pod_on_a_dra_gpu(tmp_path, api_
             api.create(gated_pod(n, 1000))
         placed = {n: wait_for(f"{n} placed", lambda n=n: ungated(api, n)) for n in names}
         for n, p in placed.items():
+            assert p["metadata"]["annotations"]["hami.io/vgpu-node"] == node.node
             api.do_bind("default", n, {"target": {"kind": "Node", "name": node.node}})
             bound = api.get("Pod", "default", n)
             got = node.kubelet.admit(bound)

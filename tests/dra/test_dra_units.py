@@ -28,7 +28,7 @@ from nodeharness import make_node
 
 @pytest.fixture
 def node(tmp_path):
-    d = make_node(tmp_path / "state", simulate="H100:2")
+    d = make_node(tmp_path / "state", simulate="H100:2", draDevices="all")
     yield d
     d.close()
 
@@ -252,7 +252,7 @@ def test_a_device_allocated_without_consumed_capacity_books_the_whole_gpu(node):
     assert (dev.mem_mib, dev.cores) == (gpus[0].mem_total, 100)
 
 
-def test_dra_devices_are_checked_when_the_daemon_builds_its_faces(tmp_path, kubeconfig):
+def test_dra_devices_are_checked_when_the_daemon_starts(tmp_path, kubeconfig):
     from hamid.daemon.service import build_faces
     from hamid.errors import HamidError
 
@@ -262,12 +262,9 @@ def test_dra_devices_are_checked_when_the_daemon_builds_its_faces(tmp_path, kube
             trio.run(build_faces, d)
     finally:
         d.close()
-    d = make_node(tmp_path / "b", simulate="H100:2", draDevices="0,5", kubeconfig=kubeconfig, controlMode="none")
-    try:
-        with pytest.raises(HamidError, match="'5' is not a GPU of this node"):
-            trio.run(build_faces, d)
-    finally:
-        d.close()
+    # the node's capacity says which GPUs serve DRA: a GPU it does not have stops the daemon there
+    with pytest.raises(HamidError, match="'5' is not a GPU of this node"):
+        make_node(tmp_path / "b", simulate="H100:2", draDevices="0,5", kubeconfig=kubeconfig, controlMode="none")
 
 
 def test_kubelets_health_stream_says_each_devices_health_and_every_change(node):
@@ -307,3 +304,48 @@ def test_kubelets_health_stream_says_each_devices_health_and_every_change(node):
         assert (d.device.pool_name, d.device.device_name, d.health) == ("node-t", "gpu-1", hpb.HEALTHY)
         assert d.health_check_timeout_seconds == 30 and d.last_updated_time > 0
         assert changed.devices[0].message == "the device backend reports the GPU unhealthy"
+
+
+def test_docker_admission_takes_the_device_plugins_gpus_and_a_dra_gpu_only_when_named(tmp_path):
+    """docs/dra.md: a GPU of draDevices is DRA's. A Docker container that names no GPU is placed on the
+    others only; one that names a DRA GPU (HAMI_VISIBLE_DEVICES) is booked there in the one ledger
+    (the slice shrinks); on a node whose GPUs all serve DRA, one that names none is refused, saying why."""
+    from hamid.ledger.details import Details
+    from hamid.node.service import LedgerConflict
+    from hamid.placement.reasons import NOT_CONFIGURED, refusal_headline
+
+    def admit(d, cid, *env):
+        got = d.core.admit_container(cid, list(env), user=(0, 0), details=Details(), defaults=request_defaults(d))
+        return {dev.index for c in got.reservation.decision.containers for dev in c.devices}
+
+    d = make_node(tmp_path / "a", simulate="H100:2", draDevices="0")
+    try:
+        for i in range(3):  # spread over two idle GPUs would take GPU 0 first
+            assert admit(d, f"{i}" * 64, "HAMI_VGPU_SPEC=mem=1g") == {1}
+        assert admit(d, "a" * 64, "HAMI_VGPU_SPEC=mem=1g", "HAMI_VISIBLE_DEVICES=0") == {0}
+        assert admit(d, "b" * 64, "HAMI_VGPU_SPEC=mem=1g", "HAMI_VISIBLE_DEVICES=all") == {1}
+    finally:
+        d.close()
+    d = make_node(tmp_path / "b", simulate="H100:2", draDevices="all")
+    try:
+        with pytest.raises(LedgerConflict) as e:
+            admit(d, "c" * 64, "HAMI_VGPU_SPEC=mem=1g")
+        assert "GPU 0 serves DRA (draDevices)" in str(e.value), str(e.value)
+        assert refusal_headline(e.value.reasons) == NOT_CONFIGURED
+        assert admit(d, "d" * 64, "HAMI_VGPU_SPEC=mem=1g", "HAMI_VISIBLE_DEVICES=1") == {1}
+    finally:
+        d.close()
+
+
+def test_hamis_register_annotation_leaves_the_dra_gpus_out(tmp_path):
+    """HAMi's scheduler places device-plugin pods from hami.io/node-nvidia-register: a DRA GPU there
+    would be handed to one."""
+    from hamid.kubelet.register import register_devices
+
+    d = make_node(tmp_path / "a", simulate="H100:3", draDevices="1")
+    try:
+        views = list(d.ledger.view().gpus)
+        got = register_devices(views, {g.uuid: g for g in d.backend.gpus()})
+        assert [x["id"] for x in got] == [views[0].uuid, views[2].uuid]
+    finally:
+        d.close()
