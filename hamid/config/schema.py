@@ -166,7 +166,9 @@ class NodeSettings(BaseModel):
     a comma-separated list of indexes and UUIDs (``0,1`` or ``GPU-...``);
     empty (the default): DRA off, every GPU is the device plugin's. A GPU is
     never served by both: the device plugin leaves these out of what it
-    advertises to kubelet. Set per node in ``nodeconfig`` to turn DRA on for
+    advertises to kubelet, and placement never chooses them for a pod, nor
+    for a Docker container that does not name them (``HAMI_VISIBLE_DEVICES``).
+    Set per node in ``nodeconfig`` to turn DRA on for
     some nodes only. Needs ``kubernetes`` (the slices are published through
     the API server)."""
 
