@@ -50,6 +50,8 @@ def status_table(doc: dict) -> str:
             flags.append("exclusive")
         if g.get("mps_missing"):
             flags.append("NO-MPS-PROGRAMS")
+        if g.get("dra"):
+            flags.append("dra")  # served through DRA (draDevices): not the device plugin's
         if g["mode"] == "mig":
             mem = f"{bar(g['mig_slices_used'], g['mig_slices_total'])} {g['mig_slices_used']}/{g['mig_slices_total']} slices"
             cores = ", ".join(f"{m['profile']}@{m['start']}" for m in g["mig_instances"]) or "-"
@@ -102,6 +104,7 @@ def cluster_table(st: dict) -> str:
             flags = "" if g["healthy"] else " UNHEALTHY"
             flags += " filtered" if g["filtered"] else ""
             flags += " exclusive" if g["exclusive"] else ""
+            flags += " dra" if g.get("dra") else ""
             mig = f" mig:{len(g['mig_instances'])}" if g["mode"] == "mig" else ""
             rows.append([name if first else "", m["state"] if first else "", str(m["incarnation"]) if first else "",
                          m["addr"] if first else "", f"{g['index']} {g['name']}{flags}", mem, cores,

@@ -139,7 +139,7 @@ def gpu_rows(doc: dict) -> list[dict[str, Any]]:
                      "filtered": g.filtered, "memory_total_mib": g.mem_total, "memory_used_mib": g.mem_used,
                      "memory_free_mib": g.mem_total - g.mem_used, "cores_total": g.cores_total,
                      "cores_used": g.cores_used, "shares_total": g.shares_total, "shares_used": g.shares_used,
-                     "exclusive": g.exclusive, "serves": list(g.serves), "share_mode": g.share_mode,
+                     "exclusive": g.exclusive, "dra": g.dra, "serves": list(g.serves), "share_mode": g.share_mode,
                      "mps_shares": g.mps_used,
                      "mig_instances": [{"profile": s.profile, "start": s.placement.start, "size": s.placement.size}
                                        for s in g.mig_used]})

@@ -178,7 +178,7 @@ def gpu_doc(g: GpuView, score) -> dict:
     d = {"uuid": g.uuid, "index": g.index, "model": g.name, "type": g.hami_type, "mode": g.mode, "numa": g.numa,
          "healthy": g.healthy, "cordoned": g.cordoned, "filtered": g.filtered, "memory_mib": g.mem_total,
          "memory_used_mib": g.mem_used, "cores": g.cores_total, "cores_used": g.cores_used,
-         "split_count": g.shares_total, "shares_used": g.shares_used, "exclusive": g.exclusive,
+         "split_count": g.shares_total, "shares_used": g.shares_used, "exclusive": g.exclusive, "dra": g.dra,
          "serves": list(g.serves) if g.mode != MODE_MIG else [], "share_mode": g.share_mode,
          "mps_shares": g.mps_used}
     if g.mode == MODE_MIG or g.mig_used:

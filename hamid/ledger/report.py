@@ -44,6 +44,7 @@ def status_document(view: NodeView, reservations: list[Reservation], backend: st
             "serves": list(g.serves) if g.mode != MODE_MIG else [], "share_mode": g.share_mode,
             "mps_shares": g.mps_used,
             "mps_missing": g.mps_missing,
+            "dra": g.dra,
             "mig_slices_total": g.memory_slices if g.mode == MODE_MIG else 0,
             "mig_slices_used": sum(s.placement.size for s in g.mig_used),
             "mig_instances": [{"profile": s.profile, "start": s.placement.start, "size": s.placement.size}

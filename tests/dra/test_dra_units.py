@@ -349,3 +349,19 @@ def test_hamis_register_annotation_leaves_the_dra_gpus_out(tmp_path):
         assert [x["id"] for x in got] == [views[0].uuid, views[2].uuid]
     finally:
         d.close()
+
+
+def test_status_and_the_cluster_rows_say_which_gpus_serve_dra(tmp_path):
+    from hamid.cli.render import status_table
+    from hamid.cluster.capacity import doc_from_view, gpu_rows
+
+    d = make_node(tmp_path / "a", simulate="H100:2", draDevices="1")
+    try:
+        doc = d.core.status("test")
+        assert [g["dra"] for g in doc["gpus"]] == [False, True]
+        rows = status_table(doc).splitlines()
+        gpu_lines = [r for r in rows if "H100" in r]
+        assert not gpu_lines[0].rstrip().endswith("dra") and gpu_lines[1].rstrip().endswith("dra"), rows
+        assert [g["dra"] for g in gpu_rows(doc_from_view(d.ledger.view(), 1))] == [False, True]
+    finally:
+        d.close()
