@@ -33,6 +33,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .atomicfile import replace_file
 from .errors import HamidError
 
 FILE_NAME = "peer-identity.key"
@@ -94,21 +95,6 @@ def rotation_bytes(new_pk: str) -> bytes:
     return b"hamid-identity-rotate/1\0" + new_pk.encode()
 
 
-def _write_private(path: str, data: bytes) -> None:
-    """``data`` at ``path`` (0600) in one step: written beside it, synced, renamed over it."""
-    tmp = path + ".tmp"
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def rotate(state_dir: str | os.PathLike) -> tuple[str, str]:
     """Replace the node's key with a new one and keep the old key's word for it (the rotation
     statement), so members that pinned the old key take the new one. (old, new) public keys.
@@ -119,8 +105,8 @@ def rotate(state_dir: str | os.PathLike) -> tuple[str, str]:
     statement = cbor2.dumps([old.public_b64, old.sign(rotation_bytes(new.public_b64))])
     path = os.path.join(state_dir, FILE_NAME)
     try:  # the statement first: a crash between the two leaves the old key with a statement it ignores
-        _write_private(os.path.join(state_dir, ROTATION_NAME), statement)
-        _write_private(path, new.private_bytes())
+        replace_file(os.path.join(state_dir, ROTATION_NAME), statement, 0o600)
+        replace_file(path, new.private_bytes(), 0o600)
     except OSError as e:
         raise IdentityError(f"cannot write the node's new identity key {path}: {e.strerror}") from None
     return old.public_b64, new.public_b64

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "hamid"
 
 CORE = {"node", "ledger", "placement", "devices", "request", "shimlimits", "shimregion", "shiminstall"}
 SHARED = {"errors", "logs", "serving", "dirwatch", "nodekey", "keyring", "netaddr", "cborcheck", "cluster",
-          "config", "kube", "hamimetrics", "buildinfo", ""}  # "" is hamid/__init__.py (the version)
+          "config", "kube", "hamimetrics", "buildinfo", "atomicfile", ""}  # "" is hamid/__init__.py (the version)
 FACES = {"kubelet", "scheduling", "webhook", "docker", "localapi", "peer", "gossip", "web", "metrics", "dra"}
 PROGRAMS = {"daemon", "cli", "runtime"}
 

@@ -21,10 +21,10 @@ so this holds across daemon restarts.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
+from ..node.cdispec import write_cdi_spec
 from ..node.identity import Owner
 from ..node.realize import realize
 from ..node.service import LedgerConflict, NodeDoor, Reservation
@@ -36,7 +36,6 @@ from ..request.model import ContainerRequest, GpuRequest, Request
 from . import names
 from .claims import MIB, ClaimAllocation, ClaimError
 
-CDI_VERSION = "0.6.0"  # containerd >= 1.7 and CRI-O read it
 
 
 @dataclass(frozen=True)
@@ -150,23 +149,8 @@ class ClaimPreparer:
 
     def _write_spec(self, res: Reservation) -> str:
         uid = res.owner.partition(":")[2]
-        devices = []
-        for c in res.decision.containers:
-            edits = realize(res, self.door.facts, c.name).to_cdi()
-            if not edits.get("hooks"):
-                edits.pop("hooks", None)
-            devices.append({"name": f"{uid}-{c.name}", "containerEdits": edits})
-        doc = {"cdiVersion": CDI_VERSION, "kind": names.CDI_KIND, "devices": devices}
-        os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
-        path = spec_path(self.cdi_dir, uid)
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
+        devices = [(f"{uid}-{c.name}", realize(res, self.door.facts, c.name)) for c in res.decision.containers]
+        return write_cdi_spec(spec_path(self.cdi_dir, uid), names.CDI_KIND, devices)
 
 
 def _booked(decision: Decision) -> list[tuple]:

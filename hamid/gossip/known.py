@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+from ..atomicfile import replace_file
 from ..logs import get_logger
 from ..nodekey import valid_public_key
 from .transport import split_addr
@@ -71,15 +72,4 @@ def load(state_dir: str | os.PathLike) -> list[tuple[str, str, str | None]]:
 def save(state_dir: str | os.PathLike, known: list[tuple[str, str, str | None]]) -> None:
     """Replace the file with ``known`` (written beside it, synced, renamed over it)."""
     path = Path(state_dir) / FILE_NAME
-    tmp = path.with_name(FILE_NAME + ".tmp")
-    data = json.dumps([{"name": n, "addr": a, "pk": pk} for n, a, pk in sorted(known)]).encode()
-    try:
-        tmp.unlink()
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace_file(path, json.dumps([{"name": n, "addr": a, "pk": pk} for n, a, pk in sorted(known)]).encode(), 0o600)

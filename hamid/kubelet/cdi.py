@@ -11,13 +11,12 @@ which virtual device IDs kubelet chose. Specs are written atomically
 
 from __future__ import annotations
 
-import json
 import os
 
+from ..node.cdispec import write_cdi_spec
 from ..node.edits import ContainerEdits
 
 KIND = "hamid.io/vgpu"
-CDI_VERSION = "0.6.0"  # containerd >= 1.7 and CRI-O read it
 
 
 def device_name(slot: str) -> str:
@@ -29,17 +28,4 @@ def spec_path(cdi_dir: str, slot: str) -> str:
 
 
 def write_spec(cdi_dir: str, slot: str, edits: ContainerEdits) -> str:
-    cdi = edits.to_cdi()
-    if not cdi["hooks"]:
-        del cdi["hooks"]
-    doc = {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": [{"name": slot, "containerEdits": cdi}]}
-    os.makedirs(cdi_dir, mode=0o755, exist_ok=True)
-    path = spec_path(cdi_dir, slot)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    return write_cdi_spec(spec_path(cdi_dir, slot), KIND, [(slot, edits)])
