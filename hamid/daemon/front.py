@@ -1,16 +1,18 @@
 """``hamid front``: the node's faces for callers outside the node, in a process with no rights.
 
-Four listeners take calls from outside the node's trust: the admission
+Five listeners take calls from outside the node's trust: the admission
 webhook (the API server sends it every pod of the cluster), the scheduler
 extender (kube-scheduler's ``filter``/``prioritize``/``bind``),
-``/metrics`` (whoever can reach the pod network) and the peer API (other
+``/metrics`` (whoever can reach the pod network), the peer API (other
 daemons; anyone on the pod network can send it bytes: :mod:`hamid.peer.relay`
 opens and decodes them here and hands the daemon its own encoding over
-``frontDir/peer.sock``). They are where untrusted
+``frontDir/peer.sock``) and gossip (:mod:`hamid.gossip.frontface`: the
+listener and the links to the peers, every frame opened and checked here;
+the daemon's membership gets them over ``frontDir/gossip.sock``). They are where untrusted
 bytes arrive, so in the chart they run in a container of their own beside the
 privileged daemon: not root, no capabilities, no privilege escalation, a
 read-only root file system, RuntimeDefault seccomp, and nothing mounted but
-the config file, the certificates and ``frontDir``.
+the config file, the certificates, the gossip key and ``frontDir``.
 
 - The webhook needs nothing of the node (no state directory, GPUs or ledger):
   it is served here whole.
@@ -54,6 +56,7 @@ VERBS = ("filter", "prioritize", "bind")
 FORWARDED = "x-hamid-forwarded"  # the extender's own header (a follower's call the leader must not forward)
 EXTENDER_MAX_BODY = 8 * 1024 * 1024  # the extender's own limit (a NodeList of thousands of nodes)
 UPSTREAM_TIMEOUT_S = 25.0  # under the listener's 30 s request deadline: a bind's own calls take up to ~20 s
+DRAIN_S = 3.0  # at SIGTERM, how long gossip waits for the daemon's leave notice (it sends it within 1 s)
 METRICS_TIMEOUT_S = 10.0  # a scrape of the daemon's registry takes milliseconds; Prometheus' default timeout is 10 s
 
 
@@ -131,7 +134,7 @@ class ProxyFace:
 
 
 class KeyWatch:
-    """The gossip keyring the peer listener opens frames with, reread from its file as the daemon
+    """The gossip keyring the peer and gossip listeners open frames with, reread from its file as the daemon
     rereads its own (a rotated Secret reaches both)."""
 
     name = "keys"
@@ -144,23 +147,37 @@ class KeyWatch:
         await watch_key_file(self.keyring, self.path)
 
 
-def peer_face(c: Config) -> list:
-    """The peer API's listener and, with a key, the watch on its key file."""
+def peer_face(c: Config, keyring: Keyring | None) -> ProxyFace:
+    """The peer API's listener."""
     from ..peer.relay import SOCKET, relay_app
 
-    if c.gossipKeyFile:
-        keyring: Keyring | None = Keyring.load(c.gossipKeyFile)
-    elif c.peerInsecure:
-        keyring = None
+    if keyring is None and c.peerInsecure:
         log.warning("peer API without a key: requests are neither encrypted nor authenticated",
                     listen=c.peerListen)
-    else:
+    elif keyring is None:
         raise HamidError("the peer API needs the gossip keyring to authenticate peers: set gossipKeyFile (readable "
                          "by hamid front), or peerInsecure: true to run it unauthenticated")
     counts = ConnectionCount()
-    face = ProxyFace("peer", relay_app(socket_path(c.frontDir, SOCKET), keyring, max_body_bytes=c.peerMaxBodyBytes,
+    return ProxyFace("peer", relay_app(socket_path(c.frontDir, SOCKET), keyring, max_body_bytes=c.peerMaxBodyBytes,
                                        connections=counts), c.peerListen, counts=counts)
-    return [face] if keyring is None else [face, KeyWatch(keyring, c.gossipKeyFile)]
+
+
+def gossip_face(c: Config, keyring: Keyring | None):
+    """Gossip's listener and links (:mod:`hamid.gossip.frontface`), relayed to the daemon's membership."""
+    from ..gossip.frontface import GossipFront
+    from ..gossip.params import GossipParams
+    from ..gossip.relaywire import SOCKET
+    from ..gossip.service import FAULTS_ENV
+    from ..gossip.transport import Faults
+
+    if keyring is None:
+        log.warning("gossip without a key: frames are neither encrypted nor authenticated (gossipKeyFile)")
+    try:
+        faults = Faults.parse(os.environ.get(FAULTS_ENV))
+        return GossipFront(c.gossipListen, socket_path(c.frontDir, SOCKET), keyring, GossipParams.from_config(c),
+                           faults=faults)
+    except ValueError as e:
+        raise HamidError(f"gossip: {e}") from None
 
 
 def front_faces(config: Config, settings: NodeSettings) -> list:
@@ -178,11 +195,12 @@ def front_faces(config: Config, settings: NodeSettings) -> list:
                              "so it cannot make a CA of its own)")
         defaults = replace(Defaults.from_settings(settings), names=ResourceNames.from_settings(config))
         faces.append(WebhookFace.from_config(config, defaults=defaults))
-    if c.controlMode == "extender" or c.metricsPort or c.peerListen:
+    if c.controlMode == "extender" or c.metricsPort or c.peerListen or c.gossipListen:
         if not c.frontDir:
-            raise HamidError("hamid front serves the extender, the metrics and the peer API from the daemon's "
-                             "frontDir sockets: set frontDir (the same directory for hamid run and hamid front), "
-                             "or metricsPort: 0, no peerListen and a controlMode other than extender")
+            raise HamidError("hamid front serves the extender, the metrics, the peer API and gossip from the "
+                             "daemon's frontDir sockets: set frontDir (the same directory for hamid run and hamid "
+                             "front), or metricsPort: 0, no peerListen, no gossipListen and a controlMode other "
+                             "than extender")
     if c.controlMode == "extender":
         if c.extenderClientCAFile:
             tls = {"certfile": c.webhookCertFile, "keyfile": c.webhookKeyFile, "client_ca": c.extenderClientCAFile}
@@ -198,10 +216,17 @@ def front_faces(config: Config, settings: NodeSettings) -> list:
     if c.metricsPort:
         faces.append(ProxyFace("metrics", metrics_app(socket_path(c.frontDir, METRICS_SOCKET)),
                                f"{c.metricsAddress}:{c.metricsPort}"))
+    # one keyring for the peer API and gossip, reread from its file as the daemon rereads its own
+    keyring = Keyring.load(c.gossipKeyFile) if c.gossipKeyFile and (c.peerListen or c.gossipListen) else None
     if c.peerListen:
-        faces.extend(peer_face(c))
+        faces.append(peer_face(c, keyring))
+    if c.gossipListen:
+        faces.append(gossip_face(c, keyring))
+    if keyring is not None:
+        faces.append(KeyWatch(keyring, c.gossipKeyFile))
     if not faces:
-        raise HamidError("hamid front has nothing to serve: controlMode is none, metricsPort is 0 and no peerListen")
+        raise HamidError("hamid front has nothing to serve: controlMode is none, metricsPort is 0, no peerListen "
+                         "and no gossipListen")
     return faces
 
 
@@ -216,6 +241,11 @@ async def run(config: Config, settings: NodeSettings, *, task_status=trio.TASK_S
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     log.info("shutting down", signal=signal.Signals(signum).name)
+                    with trio.move_on_after(DRAIN_S):  # the daemon, stopping too, leaves gossip through us
+                        for face in faces:
+                            drain = getattr(face, "drain", None)
+                            if drain is not None:
+                                await drain()
                     nursery.cancel_scope.cancel()
                     return
 

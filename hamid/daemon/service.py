@@ -119,9 +119,10 @@ def _front_dir(path: Path, group: int) -> None:
             os.close(fd)
     except OSError as e:
         raise HamidError(f"cannot use frontDir {path}: {e.strerror}") from None
+    from ..gossip.relaywire import SOCKET as GOSSIP_SOCKET
     from ..peer.relay import SOCKET as PEER_SOCKET
 
-    for name in (EXTENDER_SOCKET, METRICS_SOCKET, PEER_SOCKET):
+    for name in (EXTENDER_SOCKET, METRICS_SOCKET, PEER_SOCKET, GOSSIP_SOCKET):
         _clear_stale_socket(path / name)
 
 
@@ -384,11 +385,16 @@ async def build_faces(d: Daemon):
             nodes = NodeNames(api)
             faces.append(nodes)
             admit, admit_ready = nodes.is_node, nodes.informer.synced
+        relay = None
+        if c.frontDir:  # hamid front serves gossipListen, dials the peers and opens every frame, as nobody
+            from ..gossip.relaywire import SOCKET as GOSSIP_SOCKET
+
+            relay = (front_socket(c.frontDir, GOSSIP_SOCKET), c.frontGroup)
         gossip = GossipService(d.node, c.gossipListen, params=GossipParams.from_config(c), seeds=seeds,
                                advertise=c.gossipAdvertise, keyring=keyring, read_view=d.ledger.view,
                                read_stamp=d.ledger.change_stamp, peer_address=peer_address,
                                extender_address=extender_address, identity=identity,
-                               state_dir=d.state_dir, admit=admit, admit_ready=admit_ready)
+                               state_dir=d.state_dir, admit=admit, admit_ready=admit_ready, relay=relay)
         d.service.subscribe(lambda event, key: gossip.poke() if event != "conflict" else None)
     faces.append(LocalApiFace(d.service, str(d.state_dir / SOCKET_NAME), defaults=request_defaults(d),
                               cluster=gossip.cluster_document if gossip is not None else None,

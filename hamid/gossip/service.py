@@ -34,6 +34,7 @@ from .identity import Rotation, Signer
 from .membership import Membership
 from .params import GossipParams
 from .stats import GossipCollector, Stats
+from .relay import RelayTransport
 from .transport import Faults, Transport, split_addr
 
 log = get_logger("gossip")
@@ -49,7 +50,8 @@ class GossipService:
                  view_in_thread: bool = True, read_stamp: Callable[[], object] | None = None,
                  peer_address: str | None = None, extender_address: str | None = None,
                  identity: NodeIdentity | None = None, state_dir: str | os.PathLike | None = None,
-                 admit: Callable[[str], bool] | None = None, admit_ready: trio.Event | None = None) -> None:
+                 admit: Callable[[str], bool] | None = None, admit_ready: trio.Event | None = None,
+                 relay: tuple[str, int | None] | None = None) -> None:
         """``peer_address``: this node's peer API (``peerAdvertise``), carried in
         its capacity document as ``peer`` so a leader knows where to commit;
         ``identity``: its identity key (:mod:`hamid.nodekey`): its statements and
@@ -58,7 +60,9 @@ class GossipService:
         known members and a key rotation statement are kept; ``admit``: whether
         a name may be a member (under Kubernetes: a Node's name), answerable once
         ``admit_ready`` is set (the first list of Nodes): joining waits for it,
-        at most :data:`ADMIT_WAIT_S`."""
+        at most :data:`ADMIT_WAIT_S`; ``relay``: (socket path, group) with ``frontDir``:
+        ``hamid front`` listens on ``listen``, dials the peers and opens the frames, and
+        this process serves it that socket (:mod:`.relay`) and opens no TCP port."""
         try:
             self.host, self.port = split_addr(listen)
             for s in seeds:
@@ -69,6 +73,9 @@ class GossipService:
             raise HamidError(f"gossip: {e}") from None
         if advertise is None and self.host in ("0.0.0.0", "::", ""):
             raise HamidError(f"gossip: listening on {listen} needs gossipAdvertise (the address peers dial)")
+        if relay is not None and advertise is None and self.port == 0:
+            raise HamidError(f"gossip: with frontDir hamid front listens on {listen}; its port must be named "
+                             "(not 0) or gossipAdvertise set: the daemon tells its peers where it is")
         self.name = name
         self.params = params
         self.advertise = advertise
@@ -86,15 +93,20 @@ class GossipService:
         self.read_stamp = read_stamp
         self.view_in_thread = view_in_thread
         self.stats = Stats()
-        self.codec = Codec(keyring, params.max_frame_bytes)
         if faults is None:
             try:
                 faults = Faults.parse(os.environ.get(FAULTS_ENV))
             except ValueError as e:
                 raise HamidError(str(e)) from None
-        self.transport = Transport(name, advertise or listen, self.codec, self.stats,
-                                   connect_timeout=params.connect_timeout, on_message=self._on_message,
-                                   faults=faults)
+        self.transport: Transport | RelayTransport
+        if relay is not None:
+            self.transport = RelayTransport(name, advertise or listen, relay[0], self.stats, group=relay[1],
+                                            connect_timeout=params.connect_timeout,
+                                            max_frame_bytes=params.max_frame_bytes, on_message=self._on_message)
+        else:
+            self.transport = Transport(name, advertise or listen, Codec(keyring, params.max_frame_bytes), self.stats,
+                                       connect_timeout=params.connect_timeout, on_message=self._on_message,
+                                       faults=faults)
         self.membership = Membership(name, self.transport.addr, params, self.stats, self.transport.send,
                                      seeds=tuple(seeds), forget=self.transport.forget, signer=signer,
                                      admit=admit)
@@ -150,6 +162,9 @@ class GossipService:
             if self.leave_on_exit:
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                     await self._leave()
+            if isinstance(self.transport, RelayTransport):
+                with trio.CancelScope(shield=True):
+                    await self.transport.aclose()
 
     def _found_by(self, remembered: int) -> str:
         """How this node will find the group, or be found (the start-up line says it)."""

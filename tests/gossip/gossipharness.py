@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +23,7 @@ import yaml
 from hamid.localapi.client import LocalClient
 
 HAMID = [sys.executable, "-m", "hamid.cli.main"]
+SETPRIV = shutil.which("setpriv")  # util-linux: drops the front's capabilities, as the chart's securityContext
 
 # Fast but not twitchy: a loaded 2-core CI machine must not see false deaths.
 FAST = {
@@ -34,7 +37,7 @@ FAST = {
 }
 
 
-from netports import free_port  # noqa: E402 - ports outside the ephemeral range
+from netports import free_port, listening_ports  # noqa: E402,F401 - ports outside the ephemeral range
 
 
 def new_key() -> str:
@@ -59,7 +62,9 @@ class Node:
     def __init__(self, root: Path, name: str, *, host: str = "127.0.0.1", port: int | None = None,
                  join: tuple[str, ...] = (), keys: list[str] | None = None, simulate: str = "T4",
                  config: dict | None = None, netns: str | None = None, env: dict | None = None,
-                 metrics_port: int = 0) -> None:
+                 metrics_port: int = 0, front: bool = False) -> None:
+        """``front``: as the chart runs it, ``hamid front`` (every capability dropped) holds the gossip port,
+        the links and the keyring; the daemon's membership talks to it over ``frontDir/gossip.sock``."""
         self.name = name
         self.dir = root / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -72,7 +77,13 @@ class Node:
         self.env = env
         self.metrics_port = metrics_port
         self.proc: subprocess.Popen | None = None
+        self.front_proc: subprocess.Popen | None = None
         cfg = dict(FAST if config is None else config)
+        self.front = front
+        if front:  # short: a unix socket path is at most 107 bytes
+            self.front_dir = Path(tempfile.mkdtemp(prefix="hg-")) / "front"
+            cfg.update(frontDir=str(self.front_dir), frontGroup=os.getgid() + 1, gossipListen=self.addr,
+                       metricsPort=0, controlMode="none")
         if keys is not None:
             kf = self.dir / "keys"
             kf.write_text("\n".join(keys) + "\n")
@@ -91,7 +102,30 @@ class Node:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
         env = dict(os.environ, **(self.env or {}))
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "a"), env=env)
+        if self.front:
+            self.start_front()
         return self
+
+    def start_front(self) -> None:
+        drop = [SETPRIV, "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"] if SETPRIV else []
+        cmd = [*drop, *HAMID, "front", "--config", str(self.config_file), "--node-name", self.name,
+               "--log-format", "json"]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns, *cmd]
+        self.front_log = self.dir / "front.log"
+        self.front_proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.front_log, "a"),
+                                           env=dict(os.environ, **(self.env or {})))
+
+    def stop_front(self, sig: int = signal.SIGTERM) -> None:
+        p = self.front_proc
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(sig)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
     def ready(self, timeout: float = 30) -> "Node":
         def up():
@@ -99,6 +133,9 @@ class Node:
                 raise AssertionError(f"{self.name} exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
             return self.cluster()
         wait_until(up, timeout, f"{self.name} to serve")
+        if self.front:  # and its front to relay gossip (it dials the daemon's socket every half second)
+            wait_until(lambda: "gossip relayed for the daemon" in self.front_log.read_text(), timeout,
+                       f"{self.name}'s front to reach its daemon")
         return self
 
     def cluster(self) -> dict:
@@ -114,9 +151,11 @@ class Node:
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
+        self.stop_front(signal.SIGKILL)
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
+            self.stop_front()
             return
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -124,6 +163,9 @@ class Node:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.stop_front()  # after the daemon: its leave notice goes out through the front
+        if self.front:
+            shutil.rmtree(self.front_dir.parent, ignore_errors=True)
 
 
 def start_all(nodes: list[Node]) -> list[Node]:

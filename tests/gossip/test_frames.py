@@ -11,7 +11,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket
 
-from gossipharness import Node, new_key
+from gossipharness import Node, listening_ports, new_key, wait_until
 from hamid.gossip.broadcast import Broadcasts
 from hamid.gossip.codec import VERSION, Codec, FrameRejected
 from hamid.keyring import Keyring, KeyringError
@@ -19,11 +19,19 @@ from hamid.gossip.params import GossipParams, suspicion_timeout
 from hamid.gossip.transport import RESOURCE
 
 
-async def test_malformed_and_oversized_frames_are_dropped_and_counted(tmp_path):
+@pytest.mark.parametrize("front", [False, True], ids=["daemon", "front"])
+async def test_malformed_and_oversized_frames_are_dropped_and_counted(tmp_path, front):
+    """Without frontDir the daemon reads the frames; with it, ``hamid front`` (no capabilities) holds the
+    port, answers and drops them, and the daemon, which listens on no TCP port for gossip, gets only
+    the frames that passed and the front's counters."""
     key = new_key()
-    node = Node(tmp_path, "a", keys=[key]).start()
+    node = Node(tmp_path, "a", keys=[key], front=front).start()
     try:
         await trio.to_thread.run_sync(node.ready)
+        if front:
+            await trio.to_thread.run_sync(lambda: wait_until(lambda: node.port in listening_ports(node.front_proc.pid),
+                                                             30, "the front's gossip port"))
+            assert node.port not in listening_ports(node.proc.pid)
         host, port = node.addr.split(":")
         good = Codec(Keyring([base64.b64decode(key)]), 256 * 1024)
         other = Codec(Keyring([os.urandom(32)]), 256 * 1024)
@@ -56,11 +64,18 @@ async def test_malformed_and_oversized_frames_are_dropped_and_counted(tmp_path):
                 await ws.get_message()
             assert e.value.reason.code == 1009
 
-        doc = await trio.to_thread.run_sync(node.cluster)
-        dropped = doc["stats"]["dropped"]
-        assert dropped == {"key": 3, "decode": 2, "version": 1, "schema": 3, "size": 1}, dropped
+        want = {"key": 3, "decode": 2, "version": 1, "schema": 3, "size": 1}
+        # with a front its counters reach the daemon within a second
+        def counted():
+            doc = node.cluster()
+            return doc if doc["stats"]["dropped"] == want else None
+
+        doc = await trio.to_thread.run_sync(lambda: wait_until(counted, 30, f"the drops counted as {want}"))
         assert [m["name"] for m in doc["members"]] == ["a"]  # nobody got in
         assert node.proc.poll() is None
+        if front:
+            assert node.front_proc.poll() is None
+            assert "gossip front connection closed" not in node.log.read_text()  # nothing odd reached the daemon
     finally:
         node.stop()
 

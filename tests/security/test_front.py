@@ -31,7 +31,7 @@ from hamid.webhook import certs
 HAMID = [sys.executable, "-m", "hamid.cli.main"]
 
 
-from netports import free_port as _port  # noqa: E402 - ports outside the ephemeral range
+from netports import free_port as _port, listening_ports  # noqa: E402 - ports outside the ephemeral range
 
 
 SETPRIV = shutil.which("setpriv")
@@ -116,25 +116,6 @@ def _wait(url: str, proc, timeout: float = 30.0, **kw) -> httpx.Response:
             time.sleep(0.1)
 
 
-def _listening_ports(pid: int) -> set[int]:
-    """TCP ports a process listens on (its socket inodes against /proc/net/tcp)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in open(table).read().splitlines()[1:]:
-            f = line.split()
-            if f[3] == "0A" and f[9] in inodes:  # LISTEN
-                ports.add(int(f[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
 @pytest.mark.skipif(SETPRIV is None, reason="setpriv (util-linux) drops the capabilities")
 def test_the_front_serves_a_daemons_metrics_and_checks_extender_bodies_before_the_daemon_sees_them():
     d = tempfile.mkdtemp(prefix="hamid-front-")  # short: unix socket paths are at most 107 bytes
@@ -165,7 +146,7 @@ def test_the_front_serves_a_daemons_metrics_and_checks_extender_bodies_before_th
         st = os.stat(sock)
         assert oct(st.st_mode & 0o777) == "0o660" and st.st_gid == os.getgid() + 1  # frontGroup, no one else
         assert oct(os.stat(front_dir).st_mode & 0o777) == "0o750"
-        assert metrics not in _listening_ports(daemon.pid)  # the daemon holds no metrics port of its own
+        assert metrics not in listening_ports(daemon.pid)  # the daemon holds no metrics port of its own
         front = subprocess.Popen([SETPRIV, "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
                                   *HAMID, "front", "--config", cfg], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE, text=True, env=env)
@@ -257,7 +238,7 @@ def test_the_peer_api_is_opened_by_the_front_and_the_daemon_answers_only_on_its_
             time.sleep(0.1)
         st = os.stat(sock)
         assert oct(st.st_mode & 0o777) == "0o660" and st.st_gid == os.getgid() + 1
-        assert peer not in _listening_ports(daemon.pid)
+        assert peer not in listening_ports(daemon.pid)
         front = subprocess.Popen([SETPRIV, "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
                                   *HAMID, "front", "--config", cfg], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE, text=True, env=env)
