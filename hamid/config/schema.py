@@ -449,15 +449,17 @@ class Config(NodeSettings, ResourceNameSettings):
     frontDir: str = ""
     """A directory shared with ``hamid front``, the unprivileged process that
     serves this node's network faces for callers outside the node (the
-    webhook, the extender, ``/metrics``, the peer API; the chart's ``front``
-    container). Set: ``hamid run`` serves none of them on TCP; it answers the
-    extender, the metrics and the relayed peer requests on unix sockets in
-    this directory (``extender.sock``, ``metrics.sock``, ``peer.sock``, mode
-    0660, group ``frontGroup``) and ``hamid front`` serves ``webhookListen``,
-    ``extenderListen``, the metrics port and ``peerListen``, doing the TLS,
-    client certificates, deadlines, size limits, JSON parsing and the opening
-    of peer frames with ``gossipKeyFile`` as nobody. Empty: ``hamid run``
-    serves them itself (a host without the chart)."""
+    webhook, the extender, ``/metrics``, the peer API, gossip; the chart's
+    ``front`` container). Set: ``hamid run`` serves none of them on TCP; it
+    answers the extender, the metrics, the relayed peer requests and gossip
+    (its membership) on unix sockets in this directory (``extender.sock``,
+    ``metrics.sock``, ``peer.sock``, ``gossip.sock``, mode 0660, group
+    ``frontGroup``) and ``hamid front`` serves ``webhookListen``,
+    ``extenderListen``, the metrics port, ``peerListen`` and ``gossipListen``
+    (and dials the other daemons' gossip ports), doing the TLS, client
+    certificates, deadlines, size limits, JSON parsing and the opening of
+    peer and gossip frames with ``gossipKeyFile`` as nobody. Empty: ``hamid
+    run`` serves them itself (a host without the chart)."""
 
     frontGroup: int | None = Field(None, ge=0)
     """The group whose members may connect to the sockets in ``frontDir``: the

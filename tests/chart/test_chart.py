@@ -83,7 +83,7 @@ def test_renders_one_daemonset_and_no_scheduler_workload(variant):
     ds = one(docs, "DaemonSet")
     c, *rest = ds["spec"]["template"]["spec"]["containers"]
     assert c["command"] == ["hamid"] and c["args"][:3] == ["run", "--config", "/etc/hamid/config.yaml"]
-    # every port a caller outside the node reaches (webhook, extender, metrics, peer API) is served
+    # every port a caller outside the node reaches (webhook, extender, metrics, peer API, gossip) is served
     # by the front container, unprivileged; the privileged daemon serves them only on frontDir's sockets
     (w,) = rest
     mode = VARIANTS[variant].get("mode", "gate")
@@ -92,15 +92,17 @@ def test_renders_one_daemonset_and_no_scheduler_workload(variant):
     assert sc["runAsNonRoot"] and sc["runAsUser"] != 0 and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]} and "privileged" not in sc
     mounts = {m["name"]: m for m in w["volumeMounts"]}
-    # nothing of the node; the gossip key opens peer frames
+    # nothing of the node; the gossip key opens peer and gossip frames
     assert set(mounts) <= {"config", "webhook-tls", "extender-client-ca", "front", "gossip-keys-front"}
     assert all(m.get("readOnly") for m in mounts.values())
     front_ports = {p["name"] for p in w["ports"]}
     assert "metrics" in front_ports and ("webhook" in front_ports) == (mode != "none")
     assert ("extender" in front_ports) == (mode == "extender")
-    assert "peer" in front_ports
-    assert not {"metrics", "webhook", "extender", "peer"} & {p["name"] for p in c["ports"]}
-    assert c["readinessProbe"]["tcpSocket"]["port"] == "gossip"
+    assert {"peer", "gossip"} <= front_ports
+    # the privileged daemon opens no port a peer or a stranger reaches (the web view is for people, opt-in)
+    assert {p["name"] for p in c.get("ports", [])} <= {"web"}
+    # ready once its local API answers with the gossiped view (no TCP port of its own to probe)
+    assert c["readinessProbe"]["exec"]["command"][:3] == ["hamid", "status", "--cluster"]
     vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert vols["front"]["emptyDir"]["medium"] == "Memory"
     assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["front"] == mounts["front"]["mountPath"]
