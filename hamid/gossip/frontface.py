@@ -21,7 +21,7 @@ from ..keyring import Keyring
 from ..logs import get_logger
 from .codec import Codec
 from .params import GossipParams
-from .relaywire import DROP_REASONS, ENVELOPE_BYTES, LINK_ERRORS, STAT_NAMES, Reader, RelayBroken, check_from_daemon, encode
+from .relaywire import DROP_REASONS, ENVELOPE_BYTES, HEADER, LINK_ERRORS, STAT_NAMES, Reader, RelayBroken, check_from_daemon, encode
 from .stats import Stats
 from .transport import Faults, Transport, split_addr
 
@@ -47,7 +47,7 @@ class GossipFront:
         self.transport = Transport("", listen, Codec(keyring, params.max_frame_bytes), self.stats,
                                    connect_timeout=params.connect_timeout, on_message=self._on_message,
                                    faults=faults)
-        self._up_in, self._up_out = trio.open_memory_channel[dict](QUEUE)
+        self._up_in, self._up_out = trio.open_memory_channel[bytes](QUEUE)  # encoded for the daemon
         self._ready = False  # a daemon connected and said hello
         self._nursery: trio.Nursery | None = None
         self._leaving = 0  # leave notices being dialled
@@ -64,8 +64,14 @@ class GossipFront:
         if not self._ready:
             self.stats.dropped["relay"] += 1
             return
+        data = encode({"k": "msg", "m": msg})
+        # our encoding can be longer than the frame was (cbor2 writes every float in 8 bytes): over the
+        # daemon's limit it would end the connection, so it is dropped here as too large
+        if len(data) - HEADER.size > self.params.max_frame_bytes + ENVELOPE_BYTES:
+            self.stats.dropped["size"] += 1
+            return
         try:
-            self._up_in.send_nowait(msg)
+            self._up_in.send_nowait(data)
         except trio.WouldBlock:
             self.stats.dropped["queue"] += 1
 
@@ -154,12 +160,12 @@ class GossipFront:
             while True:
                 out = None
                 with trio.move_on_at(next_stats):
-                    out = {"k": "msg", "m": await self._up_out.receive()}
+                    out = await self._up_out.receive()
                 if out is None:
-                    out = self._stats_message()
+                    out = encode(self._stats_message())
                     next_stats = trio.current_time() + STATS_INTERVAL_S
                 with trio.fail_after(self.params.connect_timeout):  # a daemon that stops reading is let go
-                    await stream.send_all(encode(out))
+                    await stream.send_all(out)
         except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             log.warning("the daemon is not reading gossip; reconnecting", error=repr(e))
             scope.cancel()

@@ -24,7 +24,8 @@ class Stats:
         self.bytes_received = 0
         self.frames_sent = 0
         self.frames_received = 0
-        self.dropped: Counter[str] = Counter()  # size, key, decode, version, schema, queue, fault, idle
+        # size, key, decode, version, schema, queue, fault, idle; relay: no front (frontDir) to hand it to or from
+        self.dropped: Counter[str] = Counter()
         self.push_pulls = 0
         # updates and documents not taken, by reason (hamid.gossip.membership's "Identity"): unsigned,
         # signature, identity, identity-self, unsigned-left, doc-unknown, doc-identity, ahead, not-a-node, cap
@@ -60,7 +61,7 @@ class GossipCollector:
         yield CounterMetricFamily("hamid_gossip_received_bytes", "Frame bytes received", value=s.bytes_received)
         yield CounterMetricFamily("hamid_gossip_push_pulls", "Full-state exchanges", value=s.push_pulls)
         d = CounterMetricFamily("hamid_gossip_dropped_frames", "Frames dropped, by reason", labels=["reason"])
-        for r in ("size", "key", "decode", "version", "schema", "queue", "fault"):
+        for r in ("size", "key", "decode", "version", "schema", "queue", "fault", "relay"):
             d.add_metric([r], s.dropped[r])
         yield d
         r = CounterMetricFamily("hamid_gossip_refused_updates",
