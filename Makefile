@@ -47,8 +47,8 @@ run: venv shim
 # machine makes the suite slower, never red. A tier that PYTEST_ARGS leaves empty is not a failure
 # (pytest's exit code 5).
 # One base directory per checkout: pytest empties its basetemp at start, so two checkouts testing at once (CI
-# beside a developer's run) must not share one.
-SLOW_TMP ?= /tmp/hamid-slow-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
+# beside a developer's run) must not share one; short, since the chart test's socket paths come near the 107-byte limit.
+SLOW_TMP ?= /tmp/hs-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
 test: venv shim lint
 	$(PY) tests/prepare_host.py
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not docker" -n auto $(PYTEST_ARGS) || [ $$? -eq 5 ]

@@ -31,6 +31,7 @@ import dockerharness as dh  # noqa: E402
 REPO = dh.REPO
 BASE_TAG = "hamid-test-base:{codename}"
 IMAGE_TAG = "hamid-test:image"
+REVISION = "0123456789abcdef0123456789abcdef01234567"  # what a release build passes (--build-arg REVISION)
 # What the Dockerfile's two stages need from a base (python:3.11-slim-bookworm
 # has Python; its build stage adds gcc, make and libc6-dev with apt-get).
 BASE_PACKAGES = ["python3", "python3-venv", "gcc", "make", "libc6-dev", "ca-certificates"]
@@ -213,7 +214,8 @@ def image(engine, base_tree, base_image, tmp_path_factory) -> str:
     # The legacy builder: what Debian's docker.io has (no buildx plugin needed).
     env = dict(os.environ, DOCKER_BUILDKIT="0")
     build = subprocess.run(["docker", "-H", f"unix://{engine.sock}", "build", "--build-arg", f"BASE={base_image}",
-                            "--build-arg", "PIP_NO_INDEX=1", "-t", IMAGE_TAG, str(ctx)],
+                            "--build-arg", "PIP_NO_INDEX=1", "--build-arg", f"REVISION={REVISION}",
+                            "-t", IMAGE_TAG, str(ctx)],
                            capture_output=True, text=True, env=env, timeout=900)
     (engine.root / "build.log").write_text(build.stdout + build.stderr)
     assert build.returncode == 0, f"docker build failed:\n{build.stdout[-5000:]}\n{build.stderr[-3000:]}"
@@ -273,7 +275,9 @@ def test_hamid_version_runs_in_the_image(engine, image):
 
     r = engine.docker("run", "--rm", image, "hamid", "version", timeout=300)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == f"hamid {hamid.__version__}"
+    lines = r.stdout.strip().splitlines()
+    shim_version = (Path(REPO) / "shim" / "VERSION").read_text().strip()
+    assert lines[:3] == [f"hamid {hamid.__version__}", f"shim {shim_version}", f"commit {REVISION}"], r.stdout
 
 
 @pytest.mark.docker

@@ -292,7 +292,8 @@ def test_the_chart_applied_with_kubectl_runs_as_daemonset_pods_and_places_a_gpu_
                 # RBAC: the daemons did their work with the chart's roles, and nothing was refused
                 mine = [a for a in api.audit if a.get("user") == SA_USER]
                 denied = [a for a in mine if not a.get("allowed")]
-                assert not denied, denied[:5]
+                assert not denied, [(a.get("verb"), a.get("resource"), a.get("subresource"), a.get("namespace"),
+                                     a.get("name")) for a in denied[:5]]
                 used = {(a.get("verb"), a.get("resource"), a.get("subresource") or "") for a in mine}
                 needs = [("update", "leases", ""), ("watch", "pods", ""), ("patch", "nodes", "status")]
                 needs += [("update", "pods", "")] if mode == "gate" else [("create", "pods", "binding"),
