@@ -11,11 +11,17 @@ another container's limits file, so it can neither make one of its processes
 look like a neighbour's nor a neighbour's look like its own. The map is read
 anew at every call, so a pid the kernel hands to another process belongs to
 whoever holds it now. Nothing here reads a region (what a container writes).
+
+The path inside is walked one component at a time, following no symlink: a
+container's root may rename its limits file's directory away (a parent of a
+bind mount can be renamed) and leave at the fixed path a symlink whose absolute
+target the kernel would resolve in the daemon's root, i.e. a neighbour's file.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Mapping
 
 
@@ -25,6 +31,28 @@ def _ident(path: str) -> tuple[int, int] | None:
     except OSError:  # gone, or a process whose root we may not look into
         return None
     return st.st_dev, st.st_ino
+
+
+def _ident_inside(root: str, inside: str) -> tuple[int, int] | None:
+    """(device, inode) of ``inside`` under the directory ``root``, reached with no symlink followed, or None."""
+    try:
+        fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        for part in [p for p in inside.split("/") if p]:
+            if part in (".", ".."):
+                return None
+            nxt = os.open(part, os.O_PATH | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        st = os.fstat(fd)
+        # O_PATH|O_NOFOLLOW on a symlink opens the link itself: a link is nobody's limits file
+        return None if stat.S_ISLNK(st.st_mode) else (st.st_dev, st.st_ino)
+    except OSError:  # gone, a component missing, or a process whose root we may not look into
+        return None
+    finally:
+        os.close(fd)
 
 
 def owners(pids: Iterable[int], files: Mapping[str, str], inside: str, *,
@@ -41,6 +69,6 @@ def owners(pids: Iterable[int], files: Mapping[str, str], inside: str, *,
     for pid in pids:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             continue
-        ident = _ident(f"{proc}/{pid}/root{inside}")
+        ident = _ident_inside(f"{proc}/{pid}/root", inside)
         out[pid] = by_ident.get(ident) if ident is not None else None
     return out

@@ -246,3 +246,28 @@ def test_untrusted_regions_are_counted_in_metrics(tmp_path):
     got = {s.labels["reason"]: s.value for fam in text_string_to_metric_families(generate_latest(reg).decode())
            for s in fam.samples if s.name == "hamid_vgpu_region_untrusted_total"}
     assert got == {"over-busy": 3.0}
+
+
+@root_only
+def test_a_symlink_at_the_fixed_path_does_not_make_a_process_a_neighbours(tmp_path):
+    """A container's root may rename its limits file's directory away (a parent of a bind mount can be renamed)
+    and put at the fixed path a symlink naming a neighbour's limits file on the host. The kernel resolves that
+    absolute target in the daemon's root, so following it would count the process as the neighbour's (into
+    the hold lists of whoever ranks below the neighbour). Such a process is nobody's."""
+    a, b = limits_file(tmp_path / "a.limits"), limits_file(tmp_path / "b.limits")
+    top = "/" + "/".join(LIMITS_IN_CONTAINER.strip("/").split("/")[:2])
+    parent = os.path.dirname(LIMITS_IN_CONTAINER)
+    script = (f'mount -t tmpfs none {top} && mkdir -p {parent} && touch {LIMITS_IN_CONTAINER} && '
+              f'mount --bind "$0" {LIMITS_IN_CONTAINER} && mv {parent} {parent}.away && mkdir {parent} && '
+              f'ln -s "$1" {LIMITS_IN_CONTAINER} && echo ok && exec sleep 60')
+    liar = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(a), str(b)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pb = in_container(b)
+    try:
+        assert liar.stdout.readline().strip() == "ok", liar.stderr.read()
+        got = owners([liar.pid, pb.pid], {"a": str(a), "b": str(b)}, LIMITS_IN_CONTAINER)
+        assert got == {liar.pid: None, pb.pid: "b"}
+    finally:
+        for p in (liar, pb):
+            p.kill()
+            p.wait()
