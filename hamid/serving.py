@@ -257,6 +257,7 @@ class CountedStream(trio.abc.HalfCloseableStream):
         self._open = True
         self.source = source  # None once no longer counted against it
         self.peer = peer
+        self._unanswered = False  # bytes received since the last sent: a request may be waiting for its answer
         self.socket = inner.socket  # what hypercorn and trio-websocket read addresses from
         counts._opened(self)
 
@@ -266,6 +267,7 @@ class CountedStream(trio.abc.HalfCloseableStream):
             self.source = None
 
     async def send_all(self, data) -> None:
+        self._unanswered = False
         await self._inner.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -273,10 +275,17 @@ class CountedStream(trio.abc.HalfCloseableStream):
 
     async def receive_some(self, max_bytes=None) -> bytes:
         data = await self._inner.receive_some(max_bytes)
-        if not data:
-            # the caller closed its side: it can send nothing more, while hypercorn keeps the socket until its
-            # keep-alive timer ends (5 s), so a scraper opening one connection per scrape would fill its share
+        if data:
+            self._unanswered = True
+        elif not self._unanswered and self._open:
+            # the caller closed its side with nothing left to answer (a scraper after its answer, or a flood):
+            # hypercorn would keep the socket until its keep-alive timer ends (5 s), holding a slot no source's
+            # share counts, so it is closed now. A caller that closed its side after asking keeps its
+            # connection, counted against its source, until hypercorn has answered and closed it.
+            self._open = False
             self.uncount_source()
+            self._counts._closed(self)
+            await trio.aclose_forcefully(self._inner)
         return data
 
     async def send_eof(self) -> None:

@@ -317,3 +317,84 @@ async def test_a_caller_that_opens_a_connection_per_request_is_never_refused():
         await trio.to_thread.run_sync(scrapes)
         assert counts.refused_source == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_connections_closed_on_their_side_with_nothing_asked_do_not_fill_the_listener(monkeypatch):
+    # A connection whose caller closed its side left its source's share at once but kept its slot until
+    # hypercorn's keep-alive timer ended: one source opening connections and closing its side at once held
+    # every slot (its share never counted them) and locked every other caller out.
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    import hamid.serving
+    from hamid.serving import ConnectionCount, serve_asgi
+
+    monkeypatch.setattr(hamid.serving, "HEADER_DEADLINE_S", 600)  # the timer cannot end within the test
+
+    async def ok(_req):
+        return PlainTextResponse("ok")
+
+    counts = ConnectionCount()
+    async with trio.open_nursery() as nursery:
+        (bound,) = await nursery.start(lambda task_status: serve_asgi(
+            Starlette(routes=[Route("/", ok)]), "127.0.0.1:0", counts=counts, max_connections=16,
+            task_status=task_status))
+        port = int(bound.rsplit(":", 1)[1])
+
+        def flood_then_ask() -> tuple[int, str]:
+            held = []
+            for _ in range(3 * 16):
+                s = socket.socket()
+                s.bind(("127.0.0.2", 0))
+                s.connect(("127.0.0.1", port))
+                s.shutdown(socket.SHUT_WR)
+                held.append(s)
+            try:
+                deadline = time.monotonic() + 60  # a busy machine's accept loop: only ever a failure's bound
+                while True:
+                    try:
+                        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3")) as c:
+                            r = c.get(f"http://127.0.0.1:{port}/", timeout=10)
+                        return r.status_code, r.text
+                    except httpx.TransportError:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.2)
+            finally:
+                for s in held:
+                    s.close()
+
+        assert await trio.to_thread.run_sync(flood_then_ask) == (200, "ok")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_caller_that_closes_its_side_after_asking_still_gets_its_answer():
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from hamid.serving import ConnectionCount, serve_asgi
+
+    async def slow(_req):
+        await trio.sleep(0.2)
+        return PlainTextResponse("ok")
+
+    counts = ConnectionCount()
+    async with trio.open_nursery() as nursery:
+        (bound,) = await nursery.start(lambda task_status: serve_asgi(
+            Starlette(routes=[Route("/", slow)]), "127.0.0.1:0", counts=counts, task_status=task_status))
+        port = int(bound.rsplit(":", 1)[1])
+
+        def ask() -> bytes:
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.shutdown(socket.SHUT_WR)
+                data = b""
+                while chunk := s.recv(4096):
+                    data += chunk
+                return data
+
+        got = await trio.to_thread.run_sync(ask)
+        assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"ok"), got
+        nursery.cancel_scope.cancel()
