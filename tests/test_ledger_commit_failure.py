@@ -223,3 +223,33 @@ def test_a_ledger_that_cannot_be_opened_on_a_full_disk_is_a_ledger_error_naming_
     assert f"cannot open ledger {small_fs / 'new.db'}" in str(e.value)
     os.unlink(filler)
     new_ledger(small_fs / "new.db").close()
+
+
+class FailingWrite(FailingCommit):
+    """The ledger's connection, except that the next write statement after ``arm`` fails as SQLITE_FULL or
+    SQLITE_IOERR may fail one: SQLite rolls the whole transaction back itself and reports the error."""
+
+    def execute(self, sql: str, *args):
+        if self.armed is not None and sql.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")) \
+                and self._db.in_transaction:
+            self.armed = None
+            self._db.execute("ROLLBACK")
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._db.execute(sql, *args)
+
+
+@pytest.mark.parametrize("site", [s for s in SITES if s.name in ("reserve", "commit", "commit_many", "recommit")],
+                         ids=lambda s: s.name)
+def test_a_write_statement_that_fails_and_rolls_back_leaves_no_trace(tmp_path, site):
+    # A statement's SQLITE_FULL may roll the transaction back before COMMIT is reached; the ledger's own
+    # ROLLBACK then failed ("no transaction is active") and the booked cache kept the failed booking.
+    path = tmp_path / "l.db"
+    led = new_ledger(path)
+    site.setup(led)
+    before = snapshot(led)
+    failing = FailingWrite(led._db)
+    led._db = failing
+    failing.armed = "rolled back"
+    with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+        site.change(led)
+    _check_no_trace_and_next_commit(led, path, site, before)

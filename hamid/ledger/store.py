@@ -334,10 +334,13 @@ class Ledger:
             try:
                 out = fn(self._db)
             except BaseException:
-                self._db.execute("ROLLBACK")
                 if self._touched:  # the cache saw this transaction's inserts: read it again next time
                     self._cache, self._cache_version = None, None
                 self._touched = set()
+                # a statement's SQLITE_FULL or SQLITE_IOERR may have rolled the transaction back already: a
+                # ROLLBACK then fails ("no transaction is active") and would hide the error that matters
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
             finally:
                 self._in_write = False
