@@ -229,13 +229,20 @@ class FailingWrite(FailingCommit):
     """The ledger's connection, except that the next write statement after ``arm`` fails as SQLITE_FULL or
     SQLITE_IOERR may fail one: SQLite rolls the whole transaction back itself and reports the error."""
 
-    def execute(self, sql: str, *args):
+    def _fail(self, sql: str) -> None:
         if self.armed is not None and sql.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")) \
                 and self._db.in_transaction:
             self.armed = None
             self._db.execute("ROLLBACK")
             raise sqlite3.OperationalError("database or disk is full")
+
+    def execute(self, sql: str, *args):
+        self._fail(sql)
         return self._db.execute(sql, *args)
+
+    def executemany(self, sql: str, *args):
+        self._fail(sql)
+        return self._db.executemany(sql, *args)
 
 
 @pytest.mark.parametrize("site", [s for s in SITES if s.name in ("reserve", "commit", "commit_many", "recommit")],
@@ -253,3 +260,31 @@ def test_a_write_statement_that_fails_and_rolls_back_leaves_no_trace(tmp_path, s
     with pytest.raises(sqlite3.OperationalError, match="disk is full"):
         site.change(led)
     _check_no_trace_and_next_commit(led, path, site, before)
+
+
+def test_a_change_at_open_whose_statement_fails_and_rolls_back_names_the_cause(tmp_path, monkeypatch):
+    # The open's own rewrite (a details key nothing reads) met SQLITE_FULL in its UPDATE, which rolled the
+    # transaction back: its ROLLBACK then failed and the open was refused for "no transaction is active".
+    import hamid.ledger.store as store
+    from hamid.ledger.store import DROPPED_DETAILS
+
+    path = tmp_path / "l.db"
+    led = new_ledger(path)
+    _full(led)
+    led.close()
+    raw = sqlite3.connect(str(path))
+    raw.execute("UPDATE reservations SET details=? WHERE owner='docker:a'",
+                ('{"runc_root": "/x", "%s": {"0": 1}}' % DROPPED_DETAILS[0],))
+    raw.commit()
+    raw.close()
+    real = sqlite3.connect
+
+    def connect(*args, **kw):
+        failing = FailingWrite(real(*args, **kw))
+        failing.armed = "rolled back"
+        return failing
+
+    monkeypatch.setattr(store.sqlite3, "connect", connect)
+    with pytest.raises(LedgerError) as e:
+        Ledger(path)
+    assert str(path) in str(e.value) and "disk is full" in str(e.value)

@@ -265,7 +265,7 @@ class Ledger:
                     else:  # made by this schema's CREATE: only the version to set
                         self._db.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    self._rollback_if_open()
                     raise
                 self._commit("upgrade to schema 2")
                 got = SCHEMA_VERSION
@@ -290,7 +290,7 @@ class Ledger:
         try:
             self._db.executemany("UPDATE reservations SET details=? WHERE owner=?", changed)
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self._rollback_if_open()
             raise
         self._commit("removal of keys earlier versions stored")
         log.info("removed keys earlier versions stored and nothing reads", ledger=str(self.path),
@@ -337,10 +337,7 @@ class Ledger:
                 if self._touched:  # the cache saw this transaction's inserts: read it again next time
                     self._cache, self._cache_version = None, None
                 self._touched = set()
-                # a statement's SQLITE_FULL or SQLITE_IOERR may have rolled the transaction back already: a
-                # ROLLBACK then fails ("no transaction is active") and would hide the error that matters
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
+                self._rollback_if_open()
                 raise
             finally:
                 self._in_write = False
@@ -350,6 +347,13 @@ class Ledger:
             except sqlite3.Error:  # committed, but its rows could not be read back: the cache is read anew
                 self._cache, self._cache_version, self._touched = None, None, set()
             return out
+
+    def _rollback_if_open(self) -> None:
+        """ROLLBACK the transaction a statement failed in. SQLite may have rolled it back itself (a
+        statement's SQLITE_FULL or SQLITE_IOERR): a ROLLBACK then fails ("no transaction is active") and
+        its error would hide the one that matters."""
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
 
     def _commit(self, what: str) -> None:
         """COMMIT the open transaction. When SQLite cannot (disk full, I/O error,
