@@ -12,10 +12,13 @@ look like a neighbour's nor a neighbour's look like its own. The map is read
 anew at every call, so a pid the kernel hands to another process belongs to
 whoever holds it now. Nothing here reads a region (what a container writes).
 
-The path inside is walked one component at a time, following no symlink: a
-container's root may rename its limits file's directory away (a parent of a
-bind mount can be renamed) and leave at the fixed path a symlink whose absolute
-target the kernel would resolve in the daemon's root, i.e. a neighbour's file.
+The path inside is walked one component at a time, each symlink resolved in
+the container's root: a container's root may rename its limits file's
+directory away (a parent of a bind mount can be renamed) and leave at the
+fixed path a symlink whose absolute target the kernel would resolve in the
+daemon's root, i.e. a neighbour's file; while an image whose /usr/local is a
+link (the runtime then mounted the file where the link leads) must still be
+seen as its own.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Mapping
+
+MAX_LINKS = 40  # symlinks followed in one lookup (Linux's own limit)
 
 
 def _ident(path: str) -> tuple[int, int] | None:
@@ -34,25 +39,45 @@ def _ident(path: str) -> tuple[int, int] | None:
 
 
 def _ident_inside(root: str, inside: str) -> tuple[int, int] | None:
-    """(device, inode) of ``inside`` under the directory ``root``, reached with no symlink followed, or None."""
+    """(device, inode) of ``inside`` under the directory ``root``, or None. Symlinks are followed as the
+    container sees them (an absolute target from ``root``, ``..`` never above it: what the kernel's
+    RESOLVE_IN_ROOT does), never into the daemon's own tree."""
     try:
-        fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+        top = os.open(root, os.O_PATH | os.O_DIRECTORY)
     except OSError:
         return None
+    stack = [top]  # the directories walked, ``root`` first: ``..`` goes back one, never past ``root``
+    parts = [p for p in inside.split("/") if p]
+    hops = 0
     try:
-        for part in [p for p in inside.split("/") if p]:
-            if part in (".", ".."):
-                return None
-            nxt = os.open(part, os.O_PATH | os.O_NOFOLLOW, dir_fd=fd)
+        while parts:
+            part = parts.pop(0)
+            if part == ".":
+                continue
+            if part == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                continue
+            fd = os.open(part, os.O_PATH | os.O_NOFOLLOW, dir_fd=stack[-1])
+            if not stat.S_ISLNK(os.fstat(fd).st_mode):
+                stack.append(fd)
+                continue
             os.close(fd)
-            fd = nxt
-        st = os.fstat(fd)
-        # O_PATH|O_NOFOLLOW on a symlink opens the link itself: a link is nobody's limits file
-        return None if stat.S_ISLNK(st.st_mode) else (st.st_dev, st.st_ino)
+            hops += 1
+            if hops > MAX_LINKS:
+                return None
+            target = os.readlink(part, dir_fd=stack[-1])
+            if target.startswith("/"):
+                while len(stack) > 1:
+                    os.close(stack.pop())
+            parts[:0] = [p for p in target.split("/") if p]
+        st = os.fstat(stack[-1])
+        return st.st_dev, st.st_ino
     except OSError:  # gone, a component missing, or a process whose root we may not look into
         return None
     finally:
-        os.close(fd)
+        for fd in stack:
+            os.close(fd)
 
 
 def owners(pids: Iterable[int], files: Mapping[str, str], inside: str, *,

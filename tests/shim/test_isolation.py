@@ -248,26 +248,55 @@ def test_untrusted_regions_are_counted_in_metrics(tmp_path):
     assert got == {"over-busy": 3.0}
 
 
+def in_root(root: Path) -> subprocess.Popen:
+    """A process whose root is ``root`` (chroot, as a container's is its image), once it is there."""
+    p = subprocess.Popen([sys.executable, "-c", "import os, sys, time; os.chroot(sys.argv[1]); "
+                          "print('ok', flush=True); time.sleep(60)", str(root)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ok", p.stderr.read()
+    return p
+
+
 @root_only
 def test_a_symlink_at_the_fixed_path_does_not_make_a_process_a_neighbours(tmp_path):
     """A container's root may rename its limits file's directory away (a parent of a bind mount can be renamed)
-    and put at the fixed path a symlink naming a neighbour's limits file on the host. The kernel resolves that
-    absolute target in the daemon's root, so following it would count the process as the neighbour's (into
-    the hold lists of whoever ranks below the neighbour). Such a process is nobody's."""
+    and put at the fixed path a symlink naming a neighbour's limits file on the host. The kernel resolves an
+    absolute target in the root of whoever looks, so a lookup through /proc/<pid>/root that follows it lands
+    on the neighbour's file and counts the process as the neighbour's (into the hold lists of whoever ranks
+    below the neighbour). Resolved in the container's own root, it names nothing there: nobody's."""
     a, b = limits_file(tmp_path / "a.limits"), limits_file(tmp_path / "b.limits")
-    top = "/" + "/".join(LIMITS_IN_CONTAINER.strip("/").split("/")[:2])
-    parent = os.path.dirname(LIMITS_IN_CONTAINER)
-    script = (f'mount -t tmpfs none {top} && mkdir -p {parent} && touch {LIMITS_IN_CONTAINER} && '
-              f'mount --bind "$0" {LIMITS_IN_CONTAINER} && mv {parent} {parent}.away && mkdir {parent} && '
-              f'ln -s "$1" {LIMITS_IN_CONTAINER} && echo ok && exec sleep 60')
-    liar = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(a), str(b)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root = tmp_path / "liar"
+    at = root / LIMITS_IN_CONTAINER.lstrip("/")
+    at.parent.mkdir(parents=True)
+    at.symlink_to(b)  # the neighbour's file as the host names it
+    liar = in_root(root)
     pb = in_container(b)
     try:
-        assert liar.stdout.readline().strip() == "ok", liar.stderr.read()
         got = owners([liar.pid, pb.pid], {"a": str(a), "b": str(b)}, LIMITS_IN_CONTAINER)
         assert got == {liar.pid: None, pb.pid: "b"}
     finally:
         for p in (liar, pb):
             p.kill()
             p.wait()
+
+
+@root_only
+def test_a_container_whose_image_links_the_limits_files_directory_is_still_its_own(tmp_path):
+    """An image may have the limits file's directory behind symlinks (here /usr/local/vgpu -> /opt/real, and
+    /opt/real -> ../srv/../srv/real, relative): the runtime mounts the file where the links lead, and the lookup
+    follows them inside the container's root, as the container itself sees the path."""
+    a = limits_file(tmp_path / "a.limits")
+    root = tmp_path / "image"
+    at = root / LIMITS_IN_CONTAINER.lstrip("/")
+    at.parent.parent.mkdir(parents=True)
+    at.parent.symlink_to("/opt/real")
+    (root / "opt").mkdir()
+    (root / "opt" / "real").symlink_to("../srv/../srv/real")
+    (root / "srv" / "real").mkdir(parents=True)
+    os.link(a, root / "srv" / "real" / at.name)  # the same inode, as the runtime's bind mount shows it
+    p = in_root(root)
+    try:
+        assert owners([p.pid], {"a": str(a)}, LIMITS_IN_CONTAINER) == {p.pid: "a"}
+    finally:
+        p.kill()
+        p.wait()
