@@ -1100,10 +1100,11 @@ static int mon_poll(int rdev, struct mon_dev *m, uint64_t now)
     int nhold = 0;
     struct live_part lp;
     if (g_cfg.live_file && live_read(rdev, &lp) == 0) {
-        /* never this container's own processes: a list that named them would hold the container whenever it
-           is busy itself (the daemon builds the lists from the host's pid map and leaves them out too) */
+        /* never this process itself: a list that named it would hold it whenever it is busy. Its container's
+           other processes are left out by the daemon (the host's pid map); the region's pids are not asked,
+           since the container writes them and could name a higher-priority neighbour's pid to escape its hold */
         for (int i = 0; g_cfg.hold_capable && i < HAMID_LIMITS_MAX_HOLD; i++)
-            if (lp.hold[i] > 0 && lp.hold[i] != nvmlpid_self() && !region_nvml_pid_ours(lp.hold[i]))
+            if (lp.hold[i] > 0 && lp.hold[i] != nvmlpid_self())
                 hold[nhold++] = lp.hold[i];
         int oa = g_cfg.live_others && lp.others_active == 1;
         if (oa != A_LD(&g_others_flag[rdev]))
