@@ -288,3 +288,32 @@ def test_a_change_at_open_whose_statement_fails_and_rolls_back_names_the_cause(t
     with pytest.raises(LedgerError) as e:
         Ledger(path)
     assert str(path) in str(e.value) and "disk is full" in str(e.value)
+
+
+class FailingCommitAndRollback(FailingCommit):
+    """A COMMIT that fails leaving the transaction open, and a ROLLBACK after it that fails too (an I/O error
+    on the WAL): the connection is left inside the transaction."""
+
+    def execute(self, sql: str, *args):
+        if sql == "ROLLBACK" and self.armed == "rollback-too" and self._db.in_transaction:
+            self.armed = None
+            raise sqlite3.OperationalError("disk I/O error")
+        if sql == "COMMIT" and self.armed == "rollback-too" and self._db.in_transaction:
+            raise sqlite3.OperationalError("database is locked")
+        return self._db.execute(sql, *args)
+
+
+def test_a_commit_and_rollback_that_both_fail_leave_no_transaction_open_and_the_next_write_commits(tmp_path):
+    path = tmp_path / "l.db"
+    led = new_ledger(path)
+    before = snapshot(led)
+    failing = FailingCommitAndRollback(led._db)
+    led._db = failing
+    failing.armed = "rollback-too"
+    with pytest.raises(LedgerError):
+        led.reserve(req("a"), kind="docker", details=Details(runc_root="/x"))
+    assert failing.armed is None, "no ROLLBACK was tried"
+    assert snapshot(led) == before
+    # the connection is not left in the failed transaction: the next write begins and commits
+    led.reserve(req("b"), kind="docker", details=Details(runc_root="/x"))
+    assert [r.owner for r in Ledger(path).list()] == ["docker:b"]

@@ -212,11 +212,10 @@ class Ledger:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             os.close(fd)
-            self._db = sqlite3.connect(str(self.path), timeout=busy_timeout_s, isolation_level=None,
-                                       check_same_thread=False)
+            self._busy_timeout_s = busy_timeout_s
+            self._db = self._connect()
         except (OSError, sqlite3.Error) as e:
             raise LedgerError(f"cannot open ledger {self.path}: {e}") from None
-        self._db.row_factory = sqlite3.Row
         self._lock = threading.RLock()
         self._stamp_db: sqlite3.Connection | None = None  # change_stamp's own connection
         self._stamp_lock = threading.Lock()
@@ -243,6 +242,23 @@ class Ledger:
                 os.chmod(str(self.path) + suffix, 0o600)
             except FileNotFoundError:
                 pass
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path), timeout=self._busy_timeout_s, isolation_level=None,
+                             check_same_thread=False)
+        db.row_factory = sqlite3.Row
+        return db
+
+    def _reconnect(self) -> None:
+        """A new connection in place of one left inside a transaction SQLite would not roll back: closing it
+        drops the transaction, as a crash would, so the next change does not meet it."""
+        try:
+            self._db.close()
+        except sqlite3.Error:
+            pass
+        self._db = self._connect()
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
 
     def _prepare(self, busy_timeout_s: float) -> None:
         """WAL mode, the schema, and what an earlier version's file needs changed."""
@@ -369,6 +385,7 @@ class Ledger:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
             except sqlite3.Error as e2:
+                self._reconnect()
                 raise CommitFailed(f"ledger {self.path}: the {what} could not be committed ({e}) nor rolled "
                                    f"back ({e2}): nothing of it was kept") from e
             raise CommitFailed(f"ledger {self.path}: the {what} could not be committed ({e}): nothing of it was "
