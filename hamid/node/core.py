@@ -43,6 +43,9 @@ from .realize import limits_of, priority_of, realize, slot_assignment, slot_name
 
 log = get_logger("node")
 
+PIDS_UNSEEN_PASSES = 3  # passes (one a second) in which none of NVML's processes is in /proc: a pid that exited
+                        # between NVML's answer and the look is one pass, not three
+
 Liveness = Callable[[Reservation], bool]
 
 
@@ -112,6 +115,7 @@ class NodeCore:
         self._backend: DeviceBackend | None = None
         self.claimant = claimant_id()
         self._live = LivePass()  # the limits files' live part: hold lists, sharing correction
+        self._pids_unseen_passes = 0
         # Directories outside the state directory where a face writes files for
         # a reservation (the kubelet face's CDI specs); release deletes a file
         # named in a reservation only when it is a plain entry of one of these.
@@ -540,6 +544,7 @@ class NodeCore:
         on: dict[str, frozenset[int]] = {u: (r.pids or frozenset()) | r.busy_pids for u, r in readings.items()}
         whose = owners({p for ps in on.values() for p in ps}, {lim: lim for _, lim, _, _, _, _ in found},
                        layout.LIMITS_IN_CONTAINER)
+        self._check_pid_namespace(whose)
         on_gpu: dict[str, list[Tenant]] = {}
         for uuid, limits, i, prio, du, charged in found:
             pids = tuple(sorted(p for p in on.get(uuid, ()) if whose.get(p) == limits))
@@ -550,6 +555,18 @@ class NodeCore:
         return self._live.run(time.monotonic(), {
             u: (GpuReading(readings[u].busy_pct, readings[u].busy_pids) if u in readings else GpuReading(None), ts)
             for u, ts in on_gpu.items()})
+
+    def _check_pid_namespace(self, whose: dict[int, str | None]) -> None:
+        """Says so, once, when NVML's processes are absent from this daemon's /proc pass after pass: it runs
+        outside the host's pid namespace (a pod without hostPID, a container without --pid=host), so no
+        process maps to a container, hold lists stay empty and priority does nothing."""
+        seen = [p for p in whose if os.path.exists(f"/proc/{p}")]
+        self._pids_unseen_passes = 0 if (seen or not whose) else self._pids_unseen_passes + 1
+        if self._pids_unseen_passes == PIDS_UNSEEN_PASSES:
+            log.warning("NVML's processes are not in this daemon's pid namespace: no process maps to a container, "
+                        "so priority hold lists stay empty", nvml_pids=sorted(whose)[:8],
+                        fix="run the daemon in the host's pid namespace (the chart's hostPID: true; "
+                            "docker run --pid=host)")
 
     def untrusted_regions(self) -> dict[str, int]:
         """Regions whose charges disagreed with NVML, by reason, since start (the live pass's count)."""

@@ -300,3 +300,35 @@ def test_a_container_whose_image_links_the_limits_files_directory_is_still_its_o
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_daemon_outside_the_hosts_pid_namespace_says_so_once(tmp_path, capsys):
+    """NVML reports host pids; a daemon that cannot see them in its /proc (no hostPID) maps no process to a
+    container and its hold lists stay empty: it says so once, with the fix, not on a single exited pid."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from nodeharness import make_node
+
+    from hamid.node.identity import Owner
+    from hamid.node.realize import slot_assignment
+    from hamid.request import parse_docker_env
+
+    d = make_node(tmp_path / "s", regionTmpfs=False)
+    try:
+        req = parse_docker_env(["HAMI_VISIBLE_DEVICES=0", "HAMI_VGPU_SPEC=mem=1g,cores=40,priority=1"], "lo")
+        res = d.core.admit(Owner("docker", "lo"), req).reservation
+        uuid = slot_assignment(res, "main").devices[0].uuid
+        unseen = frozenset(range(3_000_000, 3_000_004))  # beyond any pid_max this kernel hands out: not in /proc
+        mixed = unseen | {os.getpid()}
+        reading = {"now": BusyReading(busy_pct=50.0, busy_pids=frozenset(), pids=mixed)}
+        d.core.backend.busy = lambda: {uuid: reading["now"]}
+        for _ in range(5):  # one pid of ours is seen: nothing to say
+            d.core.priority_pass()
+        assert "pid namespace" not in capsys.readouterr().out
+        reading["now"] = BusyReading(busy_pct=50.0, busy_pids=frozenset(), pids=unseen)
+        for _ in range(6):
+            d.core.priority_pass()
+        out = capsys.readouterr().out
+        assert out.count("not in this daemon's pid namespace") == 1, out[-2000:]
+        assert "hostPID" in out
+    finally:
+        d.close()
