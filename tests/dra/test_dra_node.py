@@ -416,3 +416,77 @@ def test_a_node_that_stops_serving_dra_has_its_slices_wiped_by_kubelet(api_serve
         c.env.start_hamid()
         wait_for("wiped", lambda: c.kubelet.wiped == [DRIVER] and not c.slices())
         assert len(c.env.kubelet.devices("nvidia.com/gpu")) == 12  # every GPU is the device plugin's again
+
+
+def _one_claim_edits(c: DraCluster, pod_name: str):
+    """The container's CDI edits, checked to be ONE set: one CDI device of the claim, one limits file,
+    one region directory (two at one path would leave the shim reading one and mapping the other GPU)."""
+    claim = c.claim_of(pod_name)
+    uid = claim["metadata"]["uid"]
+    cfg = c.kubelet.container_config("default", pod_name, "main")
+    assert cfg.cdi_devices == [f"{DRIVER}/claim={uid}-d0"]
+    paths = [m.container_path for m in cfg.mounts]
+    assert paths.count("/usr/local/vgpu/hamid.limits") == 1, paths
+    assert paths.count("/run/hamid") == 1, paths
+    answered = c.kubelet.prepared[uid].driver_devices
+    # kubelet is told every allocated device; the first carries the claim's one CDI device
+    assert [list(d.cdi_device_ids) for d in answered] == [[f"{DRIVER}/claim={uid}-d0"]] + [[]] * (len(answered) - 1)
+    (res,) = [r for r in c.claim_reservations() if r["owner"] == f"claim:{uid}"]
+    assert len(res["decision"]["containers"]) == 1
+    return c.env.limits_of(cfg), cfg, claim
+
+
+def test_a_claim_of_two_devices_is_one_set_of_edits_listing_both_gpus(cluster):
+    """Two requests of one claim on two GPUs, each with its own memory and cores: the container
+    gets one limits file listing both GPUs with what each consumed, and NVIDIA_VISIBLE_DEVICES and
+    CUDA_DEVICE_MEMORY_LIMIT_<i> agree on the order; a repeated prepare answers the same, and the
+    pod's end releases the claim and its spec."""
+    cluster.device_class()
+    reqs = []
+    for name, idx, mem, cores in (("small", 0, "10Gi", "20"), ("large", 1, "30Gi", "40")):
+        reqs.append({"name": name, "exactly": {
+            "deviceClassName": "gpu.hamid.io", "capacity": {"requests": {"memory": mem, "cores": cores}},
+            "selectors": [{"cel": {"expression": f'device.attributes["gpu.hamid.io"].index == {idx}'}}]}})
+    cluster.api.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                        "metadata": {"name": "two", "namespace": "default"},
+                        "spec": {"spec": {"devices": {"requests": reqs, "config": [{"opaque": {
+                            "driver": DRIVER, "parameters": {"apiVersion": "gpu.hamid.io/v1alpha1",
+                                                             "kind": "GpuConfig", "priority": 0}}}]}}}})
+    cluster.pod("p", "two")
+    cluster.sched.wait_bound("default", "p", timeout=30)
+    cluster.kubelet.prepare_pod("default", "p")
+    lim, cfg, claim = _one_claim_edits(cluster, "p")
+    u0, u1 = (cluster.device(f"gpu-{i}")["attributes"]["uuid"]["string"] for i in (0, 1))
+    assert [(d.uuid, d.memory_bytes, d.sm_percent) for d in lim.devices] == [(u0, 10 * GiB, 20), (u1, 30 * GiB, 40)]
+    assert lim.priority == 0
+    assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == f"{u0},{u1}"
+    assert (cfg.env["CUDA_DEVICE_MEMORY_LIMIT_0"], cfg.env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("10240m", "30720m")
+    assert len([n for n in cfg.device_nodes if n.path.rstrip("0123456789") == "/dev/nvidia"]) == 2
+
+    cluster.kubelet.prepared.clear()  # kubelet asks again (a retry, its restart): the same answer
+    cluster.kubelet.prepare_pod("default", "p")
+    assert _one_claim_edits(cluster, "p")[0] == lim
+    cluster.delete("p")
+    assert cluster.claim_reservations() == []
+    assert not list(cluster.env.cdi.glob(f"{DRIVER}-claim-*.json"))
+
+
+def test_two_whole_gpus_through_the_extended_resource_class(api_server, tmp_path):
+    """``nvidia.com/gpu: 2`` served by DRA: a claim of two devices, one limits file listing both
+    GPUs, each with all its memory."""
+    with DraCluster(tmp_path / "n", api_server, simulate="H100:2", dra="all") as c:
+        c.device_class(extended="nvidia.com/gpu")
+        c.api.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "namespace": "default"},
+                      "spec": {"containers": [{"name": "main", "image": "cuda",
+                                               "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}})
+        c.sched.wait_bound("default", "w", timeout=30)
+        c.kubelet.prepare_pod("default", "w")
+        cfg = c.kubelet.container_config("default", "w", "main")
+        paths = [m.container_path for m in cfg.mounts]
+        assert paths.count("/usr/local/vgpu/hamid.limits") == 1, paths
+        lim = c.env.limits_of(cfg)
+        uuids = [c.device(f"gpu-{i}")["attributes"]["uuid"]["string"] for i in (0, 1)]
+        assert [(d.uuid, d.memory_bytes, d.sm_percent) for d in lim.devices] == \
+            [(uuids[0], 81559 * MiB, 0), (uuids[1], 81559 * MiB, 0)]
+        assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids)
+        assert (cfg.env["CUDA_DEVICE_MEMORY_LIMIT_0"], cfg.env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("81559m", "81559m")
