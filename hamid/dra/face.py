@@ -189,7 +189,7 @@ class DraFace:
         out = pb.NodePrepareResourceResponse()
         for d in prepared:
             dev = out.devices.add(request_names=[d.request], pool_name=self.node.name, device_name=d.device,
-                                  cdi_device_ids=[d.cdi_id])
+                                  cdi_device_ids=list(d.cdi_ids))
             if d.share_id:
                 dev.share_id = d.share_id
         log.info("claim prepared", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid,

@@ -1,28 +1,33 @@
 """A claim's allocation into the node's ledger, and back out: the blocking half of prepare.
 
 Runs in the node service's threads (:meth:`NodeService.run_blocking`). A
-claim is the owner ``claim:<UID>``; each allocated device is one "container"
-of its reservation (``d0``, ``d1``...): exactly the scheduler's choice (the
-GPU, the memory and cores the claim consumes; a MIG profile at the placement
-the scheduler allocated by the counters, so the published counters stay
-true), committed as a proposed placement: the ledger re-checks it against
-everything booked on the node (device-plugin pods, Docker containers, other
-claims) and refuses what does not fit. The reservation's
-edits (``realize``: device nodes, shim, ``/etc/ld.so.preload``, limits file,
-region directory, MPS pipe, MIG instance) become one CDI device per
-allocated device, in one spec file per claim, named by the claim's UID so a
-runtime's cache never serves a stale one; the ledger records the file, and
-release removes it.
+claim is the owner ``claim:<UID>``; its allocated devices are ONE "container"
+of its reservation (``d0``), since every container that references the claim
+gets all of them: exactly the scheduler's choice per device (the GPU, the
+memory and cores the claim consumes of it; a MIG profile at the placement the
+scheduler allocated by the counters, so the published counters stay true),
+committed as a proposed placement: the ledger re-checks each device's amounts
+against everything booked on the node (device-plugin pods, Docker containers,
+other claims) and refuses what does not fit. The reservation's edits
+(``realize``: device nodes, shim, ``/etc/ld.so.preload``, one limits file
+listing every GPU, one region directory, MPS pipe, MIG instances) become one
+CDI device of the claim, in one spec file per claim, named by the claim's UID
+so a runtime's cache never serves a stale one; the ledger records the file,
+and release removes it. What one container cannot say is refused per claim:
+one GPU twice, MIG instances beside shares, several MPS GPUs, devices whose
+GpuConfig differs.
 
 Idempotent: a claim prepared before is answered from its reservation (the
 spec rewritten: ``/var/run/cdi`` is a tmpfs); the ledger is the checkpoint,
-so this holds across daemon restarts.
+so this holds across daemon restarts, and a claim an earlier version prepared
+as one container per device keeps that layout until it is unprepared.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from ..node.cdispec import write_cdi_spec
 from ..node.identity import Owner
@@ -44,7 +49,7 @@ class PreparedDevice:
 
     request: str
     device: str
-    cdi_id: str
+    cdi_ids: tuple[str, ...]  # the claim's one CDI device on its first device, none on the others
     share_id: str | None
 
 
@@ -69,46 +74,88 @@ def devices_by_name(gpus: tuple[GpuView, ...]) -> dict[str, tuple[GpuView, MigPr
     return out
 
 
+# One container holds every allocated device of a claim: its name is the one the first layout gave a
+# claim's first device, so a one-device claim's reservation, slot and CDI device are what they were.
+CONTAINER = "d0"
+
+
 def claim_plan(alloc: ClaimAllocation, gpus: tuple[GpuView, ...], dra_gpus: frozenset[str],
                node: str) -> tuple[Request, Decision]:
-    """What the ledger books for ``alloc``: exactly the scheduler's choice (each allocated device one
-    "container" ``d<n>``: its GPU, the memory and cores it consumes, or its MIG profile placement),
-    and the request it stands for (kept with it: the priority and compute policy the limits file says).
+    """What the ledger books for ``alloc``: exactly the scheduler's choice, as ONE container
+    (:data:`CONTAINER`) holding every allocated device (its GPU, the memory and cores it consumes, or
+    its MIG profile placement), since every container that references the claim gets all of it:
+    one limits file listing each GPU with its own share, one region directory, one
+    ``NVIDIA_VISIBLE_DEVICES``. The request it stands for is kept with it for the priority and
+    compute policy the limits file says; each device's amounts are the decision's, which is what the
+    ledger re-checks (:func:`hamid.placement.engine.check`).
 
     A device without consumed capacity (a cluster whose consumable-capacity gate is off allocates
     it whole) books the whole GPU: all its memory and cores 100."""
     by_name = devices_by_name(gpus)
-    conts, assigned = [], []
-    for i, d in enumerate(alloc.devices):
+    claim = f"claim {alloc.namespace}/{alloc.name}"
+    devs: list[DeviceAssignment] = []
+    for d in alloc.devices:
         got = by_name.get(d.device)
         if got is None:
-            raise ClaimError(f"claim {alloc.namespace}/{alloc.name}: device {d.device!r} is not in this node's "
+            raise ClaimError(f"{claim}: device {d.device!r} is not in this node's "
                              f"pool (it has: {', '.join(sorted(by_name)) or 'none'})")
         g, prof, pl = got
         if g.uuid not in dra_gpus:
-            raise ClaimError(f"claim {alloc.namespace}/{alloc.name}: GPU {g.index} ({d.device}) does not serve DRA "
-                             "on this node (draDevices)")
-        name = f"d{i}"
+            raise ClaimError(f"{claim}: GPU {g.index} ({d.device}) does not serve DRA on this node (draDevices)")
         if prof is not None and pl is not None:
-            gpu = GpuRequest(count=1, mem_percent=None, mem_mib=None, devices=(g.uuid,), mig_profile=prof.name,
-                             mode="mig", priority=d.config.priority)
-            dev = DeviceAssignment(g.uuid, g.index, prof.memory_mib, 0, prof.name, pl, False)
-        else:
-            if d.memory_bytes == 0:
-                raise ClaimError(f"claim {alloc.namespace}/{alloc.name}: device {d.device} consumes no memory; "
-                                 "a share needs at least 1Mi")
-            whole = d.memory_bytes is None and d.cores is None
-            mem_mib = g.mem_total if d.memory_bytes is None else -(-d.memory_bytes // MIB)
-            cores = 100 if whole else (d.cores or 0)
-            mps = bool(g.serves) and g.serves[0] == SHARE_MPS
-            gpu = GpuRequest(count=1, mem_mib=mem_mib, mem_percent=None, cores=cores, devices=(g.uuid,),
-                             priority=d.config.priority, core_policy=d.config.core_policy,
-                             mode=SHARE_MPS if mps else None)
-            dev = DeviceAssignment(g.uuid, g.index, mem_mib, cores, None, None, mps)
-        conts.append(ContainerRequest(name=name, gpu=gpu))
-        assigned.append(ContainerAssignment(name, False, (dev,)))
-    request = Request(owner=f"claim:{alloc.namespace}/{alloc.name}", containers=tuple(conts), uid=alloc.uid)
-    return request, Decision(node=node, containers=tuple(assigned))
+            devs.append(DeviceAssignment(g.uuid, g.index, prof.memory_mib, 0, prof.name, pl, False))
+            continue
+        if d.memory_bytes == 0:
+            raise ClaimError(f"{claim}: device {d.device} consumes no memory; a share needs at least 1Mi")
+        whole = d.memory_bytes is None and d.cores is None
+        mem_mib = g.mem_total if d.memory_bytes is None else -(-d.memory_bytes // MIB)
+        cores = 100 if whole else (d.cores or 0)
+        mps = bool(g.serves) and g.serves[0] == SHARE_MPS
+        devs.append(DeviceAssignment(g.uuid, g.index, mem_mib, cores, None, None, mps))
+    _one_container(claim, alloc, devs)
+    first = alloc.devices[0].config
+    mig = devs[0].mig_profile is not None
+    # The typed request says one amount per GPU; a claim's devices may each consume another, so it
+    # says the common one where they agree (None / the largest cores where not: shown, not booked).
+    gpu = GpuRequest(count=len(devs), devices=tuple(d.uuid for d in devs), priority=first.priority,
+                     core_policy=None if mig else first.core_policy,
+                     mem_mib=None if mig else _common([d.mem_mib for d in devs]), mem_percent=None,
+                     cores=0 if mig else max(d.cores for d in devs),
+                     mig_profile=_common([d.mig_profile for d in devs]) if mig else None,
+                     mode="mig" if mig else (SHARE_MPS if devs[0].mps else None))
+    request = Request(owner=f"claim:{alloc.namespace}/{alloc.name}",
+                      containers=(ContainerRequest(name=CONTAINER, gpu=gpu),), uid=alloc.uid)
+    return request, Decision(node=node, containers=(ContainerAssignment(CONTAINER, False, tuple(devs)),))
+
+
+def _common(values: list) -> Any:
+    return values[0] if len(set(values)) == 1 else None
+
+
+def _one_container(claim: str, alloc: ClaimAllocation, devs: list[DeviceAssignment]) -> None:
+    """Refuse, naming the claim, what one container's edits cannot say of the allocated devices."""
+    if len(devs) < 2:
+        return
+    n = len(devs)
+    seen: dict[str, str] = {}
+    for a, d in zip(alloc.devices, devs):
+        if d.uuid in seen:  # one limits-file entry, one MIG instance record per GPU
+            raise ClaimError(f"{claim}: {n} devices, {seen[d.uuid]} and {a.device} on the same GPU {d.index}; "
+                             "one claim takes each GPU once (ask for the two shares in two claims)")
+        seen[d.uuid] = a.device
+    if len({d.mig_profile is None for d in devs}) > 1:
+        raise ClaimError(f"{claim}: {n} devices mixing MIG instances and shares of whole GPUs "
+                         f"({', '.join(a.device for a in alloc.devices)}); one container gets either; "
+                         "ask for them in separate claims")
+    if any(d.mps for d in devs):
+        raise ClaimError(f"{claim}: {n} devices on MPS GPUs ({', '.join(a.device for a in alloc.devices)}); "
+                         "an MPS client share is one GPU: a claim of one device each")
+    configs = {(a.config.priority, a.config.core_policy) for a in alloc.devices}
+    if len(configs) > 1:
+        shown = "; ".join(f"{a.request}: priority {a.config.priority}, corePolicy {a.config.core_policy}"
+                          for a in alloc.devices)
+        raise ClaimError(f"{claim}: its {n} devices have different GpuConfig ({shown}); one container has one "
+                         "priority and compute policy: give the claim's requests the same config")
 
 
 class ClaimPreparer:
@@ -144,8 +191,7 @@ class ClaimPreparer:
                 raise
         path = self._write_spec(res)
         self.door.attach_file(key, path)
-        return [PreparedDevice(request=d.request, device=d.device, cdi_id=f"{names.CDI_KIND}={alloc.uid}-d{i}",
-                               share_id=d.share_id) for i, d in enumerate(alloc.devices)]
+        return _answer(alloc, decision, res)
 
     def _write_spec(self, res: Reservation) -> str:
         uid = res.owner.partition(":")[2]
@@ -153,9 +199,34 @@ class ClaimPreparer:
         return write_cdi_spec(spec_path(self.cdi_dir, uid), names.CDI_KIND, devices)
 
 
+def _device_key(d: DeviceAssignment) -> tuple:
+    return (d.uuid, d.mem_mib, d.cores, d.mig_profile, d.mig_placement)
+
+
 def _booked(decision: Decision) -> list[tuple]:
-    return [(c.name, tuple((d.uuid, d.mem_mib, d.cores, d.mig_profile, d.mig_placement) for d in c.devices))
-            for c in decision.containers]
+    """The devices ``decision`` books, whatever containers hold them: a claim prepared by the first
+    layout (one container per device) matches the same allocation planned as one container."""
+    return sorted((_device_key(d) for c in decision.containers for d in c.devices), key=repr)
+
+
+def _answer(alloc: ClaimAllocation, planned: Decision, res: Reservation) -> list[PreparedDevice]:
+    """What kubelet is told: every allocated device, the first a container of ``res`` holds
+    carrying that container's CDI device, the others none. Kubelet hands a container the CDI
+    devices of all the claim's devices it references (Device.cdi_device_ids is repeated and may be
+    empty), so the claim's one set of edits reaches it once, never twice at the same paths. A claim
+    prepared by the first layout (one container per device) is answered as it was: its pods run
+    with those edits."""
+    uid = alloc.uid
+    where = {_device_key(d): c.name for c in res.decision.containers for d in c.devices}
+    told: set[str] = set()
+    out = []
+    for a, d in zip(alloc.devices, planned.containers[0].devices):
+        cont = where.get(_device_key(d))
+        ids = () if cont is None or cont in told else (f"{names.CDI_KIND}={uid}-{cont}",)
+        if cont is not None:
+            told.add(cont)
+        out.append(PreparedDevice(request=a.request, device=a.device, cdi_ids=ids, share_id=a.share_id))
+    return out
 
 
 def _shown(res: Reservation) -> str:

@@ -461,7 +461,6 @@ def test_a_claim_of_two_devices_is_one_set_of_edits_listing_both_gpus(cluster):
     assert lim.priority == 0
     assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == f"{u0},{u1}"
     assert (cfg.env["CUDA_DEVICE_MEMORY_LIMIT_0"], cfg.env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("10240m", "30720m")
-    assert len([n for n in cfg.device_nodes if n.path.rstrip("0123456789") == "/dev/nvidia"]) == 2
 
     cluster.kubelet.prepared.clear()  # kubelet asks again (a retry, its restart): the same answer
     cluster.kubelet.prepare_pod("default", "p")

@@ -365,3 +365,88 @@ def test_status_and_the_cluster_rows_say_which_gpus_serve_dra(tmp_path):
         assert [g["dra"] for g in gpu_rows(doc_from_view(d.ledger.view(), 1))] == [False, True]
     finally:
         d.close()
+
+
+def _two(mem0="10Gi", cores0="20", mem1="30Gi", cores1="40", config=(), uid="u2"):
+    return parse_claim(_claim([_result(request="small", device="gpu-0", consumedCapacity={"memory": mem0, "cores": cores0}),
+                               _result(request="large", device="gpu-1", consumedCapacity={"memory": mem1, "cores": cores1})],
+                              config=config, uid=uid), node="node-t", uid=uid)
+
+
+def test_a_claim_of_two_devices_is_one_container_the_ledger_rechecks_device_by_device(node):
+    """Both devices in one container, each with what it consumed; the typed request cannot say two
+    amounts, so the ledger's re-check takes the decision's: GPU 1's 30 GiB is what is checked there,
+    and a claim wanting more than GPU 1 has left is refused naming GPU 1, though GPU 0 has room."""
+    from hamid.node.identity import Owner
+    from hamid.node.realize import limits_of
+    from hamid.ledger import LedgerConflict
+
+    gpus = node.ledger.view().gpus
+    req, decision = claim_plan(_two(), gpus, frozenset(g.uuid for g in gpus), "node-t")
+    (c,) = decision.containers
+    assert [(d.uuid, d.mem_mib, d.cores) for d in c.devices] == [(gpus[0].uuid, 10240, 20), (gpus[1].uuid, 30720, 40)]
+    (cr,) = req.containers
+    assert cr.name == c.name and cr.gpu.count == 2 and cr.gpu.mem_mib is None  # no one amount for both
+    res = node.core.commit(Owner("claim", "u2", name="ns/c"), decision, request=req)
+    lim = limits_of(res, c.name, "default")
+    assert [(d.uuid, d.memory_bytes >> 20, d.sm_percent) for d in lim.devices] == \
+        [(gpus[0].uuid, 10240, 20), (gpus[1].uuid, 30720, 40)]
+    left1 = gpus[1].mem_total - 30720
+    req3, dec3 = claim_plan(_two(mem0="1Gi", mem1=f"{left1 + 1}Mi", cores0="1", cores1="1", uid="u3"), gpus,
+                            frozenset(g.uuid for g in gpus), "node-t")
+    with pytest.raises(LedgerConflict) as e:
+        node.core.commit(Owner("claim", "u3", name="ns/c3"), dec3, request=req3)
+    assert "GPU 1" in str(e.value) and "GPU 0" not in str(e.value)
+    req4, dec4 = claim_plan(_two(mem0="1Gi", mem1=f"{left1}Mi", cores0="1", cores1="1", uid="u4"), gpus,
+                            frozenset(g.uuid for g in gpus), "node-t")
+    node.core.commit(Owner("claim", "u4", name="ns/c4"), dec4, request=req4)  # exactly what is left: fits
+
+
+def test_what_one_containers_edits_cannot_say_is_refused_naming_the_claim(node):
+    gpus = node.ledger.view().gpus
+    every = frozenset(g.uuid for g in gpus)
+    twice = parse_claim(_claim([_result(request="a", consumedCapacity={"memory": "1Gi"}),
+                                _result(request="b", consumedCapacity={"memory": "2Gi"})]), node="node-t", uid="u1")
+    with pytest.raises(ClaimError, match="claim ns/c: 2 devices, gpu-0 and gpu-0 on the same GPU 0"):
+        claim_plan(twice, gpus, every, "node-t")
+    cfg = {"opaque": {"driver": names.DRIVER, "parameters": {"apiVersion": names.CONFIG_API_VERSION,
+                                                             "kind": names.CONFIG_KIND, "priority": 0}},
+           "requests": ["small"]}
+    with pytest.raises(ClaimError, match=r"claim ns/c: its 2 devices have different GpuConfig \(small: priority 0"):
+        claim_plan(_two(config=[cfg]), gpus, every, "node-t")
+    cfg["requests"] = []  # the same config for both: one priority
+    req, _ = claim_plan(_two(config=[cfg]), gpus, every, "node-t")
+    assert req.containers[0].gpu.priority == 0
+
+
+def test_prepare_answers_one_cdi_device_and_keeps_a_claim_prepared_one_container_per_device(node):
+    """The claim's one CDI device goes on its first device (kubelet gives a container the CDI ids of
+    every device of the claim it references); a repeat answers the same; a claim an earlier version
+    prepared as one container per device is answered as it was (its pods run with those edits),
+    matches the same allocation, and unprepares."""
+    from hamid.node.identity import Owner
+    from hamid.placement.result import ContainerAssignment, Decision
+
+    cdi = tempfile.mkdtemp()
+    face = DraFace(node.service, kubelet_dir=tempfile.mkdtemp(prefix="hk-"), cdi_dir=cdi, api=None,
+                   devices="all", defaults=request_defaults(node))
+    gpus = node.ledger.view().gpus
+    face.gpus = frozenset(g.uuid for g in gpus)
+    kind = names.CDI_KIND
+    got = face.preparer.prepare(_two(), face.gpus)
+    assert [(d.device, d.cdi_ids) for d in got] == [("gpu-0", (f"{kind}=u2-d0",)), ("gpu-1", ())]
+    assert face.preparer.prepare(_two(), face.gpus) == got
+    with pytest.raises(ClaimError, match="prepared here with another allocation"):
+        face.preparer.prepare(_two(mem1="31Gi"), face.gpus)
+
+    old = _two(uid="u9")
+    req, dec = claim_plan(old, gpus, face.gpus, "node-t")
+    per_device = Decision(dec.node, tuple(ContainerAssignment(f"d{i}", False, (d,))
+                                          for i, d in enumerate(dec.containers[0].devices)))
+    node.core.commit(Owner("claim", "u9", name="ns/c"), per_device, request=None)
+    got = face.preparer.prepare(old, face.gpus)
+    assert [d.cdi_ids for d in got] == [(f"{kind}=u9-d0",), (f"{kind}=u9-d1",)]
+    spec = os.path.join(cdi, f"{names.DRIVER}-claim-u9.json")
+    assert os.path.exists(spec)
+    trio.run(face.unprepare, [pb.Claim(namespace="ns", name="c", uid="u9")])
+    assert node.ledger.get("claim:u9") is None and not os.path.exists(spec)
