@@ -139,9 +139,10 @@ def _one_container(claim: str, alloc: ClaimAllocation, devs: list[DeviceAssignme
     n = len(devs)
     seen: dict[str, str] = {}
     for a, d in zip(alloc.devices, devs):
-        if d.uuid in seen:  # one limits-file entry, one MIG instance record per GPU
+        if d.uuid in seen:  # one limits-file entry per GPU; a reservation records one MIG instance per GPU
             raise ClaimError(f"{claim}: {n} devices, {seen[d.uuid]} and {a.device} on the same GPU {d.index}; "
-                             "one claim takes each GPU once (ask for the two shares in two claims)")
+                             "one claim takes each GPU once: ask for one share of the size needed (a CUDA process "
+                             "uses one MIG instance of a GPU)")
         seen[d.uuid] = a.device
     if len({d.mig_profile is None for d in devs}) > 1:
         raise ClaimError(f"{claim}: {n} devices mixing MIG instances and shares of whole GPUs "

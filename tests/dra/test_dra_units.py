@@ -23,6 +23,7 @@ from hamid.dra.face import DraFace, semver
 from hamid.dra.prepare import claim_plan
 from hamid.dra.slices import GpuFacts, pool
 from hamid.node.dragpus import DraDevicesError, dra_gpus
+from hamid.node.identity import Owner
 from nodeharness import make_node
 
 
@@ -450,3 +451,25 @@ def test_prepare_answers_one_cdi_device_and_keeps_a_claim_prepared_one_container
     assert os.path.exists(spec)
     trio.run(face.unprepare, [pb.Claim(namespace="ns", name="c", uid="u9")])
     assert node.ledger.get("claim:u9") is None and not os.path.exists(spec)
+
+
+def test_a_claim_of_two_mig_instances_is_one_container_on_two_gpus_and_refused_on_one(tmp_path):
+    d = make_node(tmp_path / "state", simulate="H100:2", draDevices="all", mode="mig")
+    try:
+        gpus = d.ledger.view().gpus
+        every = frozenset(g.uuid for g in gpus)
+
+        def alloc(*devices):
+            return parse_claim(_claim([_result(request=f"r{i}", device=n) for i, n in enumerate(devices)]),
+                               node="node-t", uid="u1")
+        req, dec = claim_plan(alloc("gpu-0-mig-1g-10gb-0", "gpu-1-mig-3g-40gb-4"), gpus, every, "node-t")
+        (c,) = dec.containers
+        assert [(x.uuid, x.mig_profile, x.mig_placement.start) for x in c.devices] == \
+            [(gpus[0].uuid, "1g.10gb", 0), (gpus[1].uuid, "3g.40gb", 4)]
+        assert req.containers[0].gpu.wants_mig and req.containers[0].gpu.mig_profile is None  # two profiles
+        d.core.commit(Owner("claim", "u1", name="ns/c"), dec, request=req)
+        with pytest.raises(ClaimError, match="claim ns/c: 2 devices, gpu-0-mig-1g-10gb-0 and gpu-0-mig-1g-10gb-1 "
+                                             "on the same GPU 0; one claim takes each GPU once"):
+            claim_plan(alloc("gpu-0-mig-1g-10gb-0", "gpu-0-mig-1g-10gb-1"), gpus, every, "node-t")
+    finally:
+        d.close()
