@@ -208,6 +208,7 @@ signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
 http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
 """
 
+SCRATCH = f"/hamid-podrunner-scratch-{os.getpid()}"  # per test process: two suites at once each make and remove their own
 MANIFEST = """\
 apiVersion: v1
 kind: Namespace
@@ -379,7 +380,7 @@ def cluster(tmp_path):
     missing = _needs()
     if missing:
         pytest.skip(f"the pod runner needs {', '.join(missing)}")
-    preexisting = [p for p in HOST_PATHS + ["/hamid-podrunner-scratch"] if os.path.lexists(p)]
+    preexisting = [p for p in HOST_PATHS + [SCRATCH] if os.path.lexists(p)]
     with PodNetwork() as net:
         with ApiServer(bookmark_interval=0.2, tls=True, host=net.gateway, authorize=True) as api:
             runner = PodRunner(api, net, tmp_path / "pods", images={"demo:1": Image(path=str(VENV_BIN))},
@@ -389,7 +390,7 @@ def cluster(tmp_path):
             finally:
                 runner.close()
     # nothing of the pods is left on the host
-    assert [p for p in HOST_PATHS + ["/hamid-podrunner-scratch"] if os.path.lexists(p)] == preexisting
+    assert [p for p in HOST_PATHS + [SCRATCH] if os.path.lexists(p)] == preexisting
     assert str(tmp_path) not in Path("/proc/self/mountinfo").read_text()
     assert f"hpr-{net.tag}-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert subprocess.run(["ip", "link", "show", net.bridge], capture_output=True).returncode != 0
@@ -473,6 +474,8 @@ out["write"] = {p: write(p) for p in ["/var/lib/demo-ro/x", "/etc/demo/x", "/var
                                        "/hamid-podrunner-scratch/x"]}
 print(json.dumps(out))
 """
+MANIFEST = MANIFEST.replace("/hamid-podrunner-scratch", SCRATCH)
+CHECK = CHECK.replace("/hamid-podrunner-scratch", SCRATCH)
 
 
 @pytest.mark.root
@@ -515,7 +518,7 @@ def test_volumes_are_at_their_paths_inside_and_not_on_the_host(cluster):
     assert data["/var/lib/demo/whoami"] == "node-a"
     writes = seen["write"]
     assert writes["/var/lib/demo-ro/x"] == writes["/etc/demo/x"] == "Read-only file system"
-    assert writes["/var/lib/demo/x"] == writes["/hamid-podrunner-scratch/x"] == "ok"
+    assert writes["/var/lib/demo/x"] == writes[SCRATCH + "/x"] == "ok"
     # each node has its own host directories; the pods wrote there, not to the host's real paths
     assert (cluster.node_dir("node-a", "/var/lib/demo") / "whoami").read_text() == "node-a"
     assert (cluster.node_dir("node-b", "/var/lib/demo") / "whoami").read_text() == "node-b"
@@ -525,8 +528,8 @@ def test_volumes_are_at_their_paths_inside_and_not_on_the_host(cluster):
         if p not in ("/run/secrets/kubernetes.io/serviceaccount",):
             assert not os.path.lexists(p), f"{p} appeared on the host"
     assert not os.path.exists("/run/secrets/kubernetes.io/serviceaccount/token")
-    assert os.path.isdir("/hamid-podrunner-scratch")  # a missing top-level directory: made, removed at close
-    assert os.listdir("/hamid-podrunner-scratch") == []  # the emptyDir is mounted over it inside only
+    assert os.path.isdir(SCRATCH)  # a missing top-level directory: made, removed at close
+    assert os.listdir(SCRATCH) == []  # the emptyDir is mounted over it inside only
     mounts = Path("/proc/self/mountinfo").read_text()
     assert " /etc/demo " not in mounts and str(cluster.root) not in mounts
 
@@ -643,13 +646,13 @@ def test_restarts_in_place_crash_backoff_and_deletion(cluster):
     cluster.runner.start(pod)
     name, ip = pod["metadata"]["name"], cluster.runner.ip(pod)
     cluster.report(pod)
-    assert cluster.runner.exec(pod, ["sh", "-c", "echo kept > /hamid-podrunner-scratch/f"]).returncode == 0
+    assert cluster.runner.exec(pod, ["sh", "-c", f"echo kept > {SCRATCH}/f"]).returncode == 0
 
     after = cluster.runner.restart(pod)  # in place: same pod, IP and volumes
     assert after["metadata"]["uid"] == pod["metadata"]["uid"] and after["status"]["podIP"] == ip
     cs = after["status"]["containerStatuses"][0]
     assert cs["restartCount"] == 1 and cs["lastState"]["terminated"]["exitCode"] == 0  # SIGTERM: sys.exit(0)
-    assert cluster.runner.exec(pod, ["cat", "/hamid-podrunner-scratch/f"]).stdout == "kept\n"
+    assert cluster.runner.exec(pod, ["cat", f"{SCRATCH}/f"]).stdout == "kept\n"
     deadline = time.monotonic() + 10
     while cluster.runner.logs(pod).count("REPORT ") < 2:  # the program ran again, same log file
         assert time.monotonic() < deadline, cluster.runner.logs(pod)
