@@ -123,7 +123,7 @@ class ClusterEnv:
             raise
         return self
 
-    def wait_converged(self, timeout: float = 60.0) -> None:
+    def wait_converged(self, timeout: float = 180.0) -> None:  # a wait, not a bound: machines share cores
         """Until every daemon's gossip holds every node alive with its capacity: a daemon joins the group
         only once all its listeners are bound, so right after start the leader may not see the last node."""
         from hamid.localapi.client import LocalClient

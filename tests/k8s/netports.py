@@ -16,6 +16,48 @@ import socket
 
 SLICE = 1500  # ports per xdist worker: a test starts at most a few dozen daemons, several ports each
 _given: set[int] = set()
+# Ports handed out by any test process on this machine, one file each naming its process: two suites at once
+# (CI beside a developer's make test) have workers of the same names, so the same slices; a port another live
+# process holds is skipped, one whose process is gone is taken back.
+CLAIMS = "/tmp/hamid-test-ports"
+
+
+def _claim(port: int) -> bool:
+    """Whether ``port`` is now this process's (no other live test process has it)."""
+    os.makedirs(CLAIMS, mode=0o1777, exist_ok=True)
+    path = os.path.join(CLAIMS, str(port))
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    owner = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                owner = 0
+            if owner == os.getpid():
+                return True
+            if owner > 0 and _alive(owner):
+                return False
+            try:
+                os.unlink(path)  # its process is gone (or the file is torn): the port is free to claim again
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _ephemeral() -> range:
@@ -45,6 +87,8 @@ def free_ports(n: int) -> list[int]:
         for port in pool:
             if len(held) == n:
                 break
+            if not _claim(port):
+                continue
             s = socket.socket()
             try:
                 s.bind(("127.0.0.1", port))

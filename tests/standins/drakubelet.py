@@ -6,7 +6,8 @@ speaks the real protocols (gRPC over unix sockets; the generated code in
 does what kubelet does, in kubelet's order:
 
 * Plugin watcher: ``<root>/plugins_registry`` is scanned (kubelet uses
-  fsnotify; here a look every 50 ms): for each new socket, ``GetInfo``; a
+  fsnotify; here a look every 50 ms): for each new socket (names starting
+  with ``.`` are ignored, as kubelet does), ``GetInfo``; a
   plugin of type ``DRAPlugin`` whose ``supported_versions`` has
   ``v1.DRAPlugin`` or ``v1beta1.DRAPlugin`` is registered under its name
   with its endpoint (the newest kubelet knows is used), then
@@ -135,6 +136,8 @@ class DraKubeletStandIn:
             try:
                 now = {}
                 for e in os.scandir(d):
+                    if e.name.startswith("."):  # kubelet's plugin watcher ignores hidden files: a socket being made
+                        continue
                     if stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode):
                         now[e.path] = e.stat().st_ctime
                 for path, ctime in now.items():
