@@ -388,7 +388,7 @@ def together(specs, secs):
             except Exception as ex:  # noqa: BLE001 - recorded, the run goes on
                 R.setdefault("errors", []).append(f"live pass: {type(ex).__name__}: {ex}")
     lt = threading.Thread(target=passes, daemon=True) if filed_t else None
-    for (c, e) in specs:
+    for _c, e in specs:
         if e.get("HAMID_BENCH_FORGE"):
             threading.Thread(target=forge_region, args=(e["CUDA_DEVICE_MEMORY_SHARED_CACHE"], stop),
                              daemon=True).start()
@@ -961,7 +961,8 @@ def main():
     ap.add_argument("--free-pairs", action="store_true",
                     help="sharing: also run each mix with every tenant unlimited (what time slicing costs the sum)")
     ap.add_argument("--mixes", default="", help="pairs case: only these mixes (comma-separated names)")
-    ap.add_argument("--iso", default="dyn,small,hfgen,trio", help="the isolation case's neighbours (NAME[:RUNS], of dyn, small, hfgen, graph, train, trio)")
+    ap.add_argument("--iso", default="dyn,small,hfgen,trio", 
+                    help="the isolation case's neighbours, NAME[:RUNS] (NAME of ISO_NEIGHBOURS)")
     ap.add_argument("--iso-offsets", default="", help="the isolation case's offsets (s, comma-separated)")
     ap.add_argument("--iso-runs", type=int, default=8, help="the isolation case's runs per neighbour")
     ap.add_argument("--metrics-classes", default="gemm,dyn,train", help="the metrics case's classes")
