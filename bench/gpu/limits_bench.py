@@ -961,7 +961,7 @@ def main():
     ap.add_argument("--free-pairs", action="store_true",
                     help="sharing: also run each mix with every tenant unlimited (what time slicing costs the sum)")
     ap.add_argument("--mixes", default="", help="pairs case: only these mixes (comma-separated names)")
-    ap.add_argument("--iso", default="dyn,small,hfgen,trio", 
+    ap.add_argument("--iso", default="dyn,small,hfgen,trio",
                     help="the isolation case's neighbours, NAME[:RUNS] (NAME of ISO_NEIGHBOURS)")
     ap.add_argument("--iso-offsets", default="", help="the isolation case's offsets (s, comma-separated)")
     ap.add_argument("--iso-runs", type=int, default=8, help="the isolation case's runs per neighbour")
