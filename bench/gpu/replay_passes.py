@@ -1,0 +1,71 @@
+"""Replays the live passes a GPU run recorded through the current code's LivePass, on this machine (no GPU).
+
+limits_bench.py records what each pass of the daemon's live pass saw (NVML's busy share and busy pids, each
+tenant's host pids and region charge): replaying them through hamid.shimlimits.live as it is now answers how
+a change to the pass would have judged the same GPU readings, e.g. how many honest tenants' regions it would
+count untrusted (hamid_vgpu_region_untrusted_total).
+
+  python3 bench/gpu/replay_passes.py RESULT.json [...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from hamid.shimlimits import ContainerLimits, DeviceLimits, write_limits_file  # noqa: E402
+from hamid.shimlimits.live import GpuReading, LivePass, Tenant  # noqa: E402
+
+GPU = "GPU-replay"
+
+
+def recorded_passes(doc) -> list[dict]:
+    """Every recorded pass in a result document, once each, in time order."""
+    found: dict[float, dict] = {}
+
+    def walk(o):
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if k == "passes" and isinstance(v, list):
+                    found.update((p["t"], p) for p in v if isinstance(p, dict) and "charged" in p)
+                else:
+                    walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+    walk(doc)
+    return [found[t] for t in sorted(found)]
+
+
+def replay(passes: list[dict], files: Path) -> LivePass:
+    live = LivePass()
+    for p in passes:
+        tenants = []
+        for (name, pids), charged in zip(p["pids"].items(), p["charged"]):  # both in the pass's tenant order
+            f = files / f"{name}.limits"
+            if not f.exists():
+                write_limits_file(f, ContainerLimits(devices=(DeviceLimits(GPU, sm_percent=30),), region_path="/r"))
+            tenants.append(Tenant(str(f), 0, 1, tuple(pids), charged))
+        reading = GpuReading(p["busy"], None if p["busy_pids"] is None else frozenset(p["busy_pids"]))
+        live.run(p["t"], {GPU: (reading, tenants)}, wall=p["t"])
+    return live
+
+
+def main() -> None:
+    for arg in sys.argv[1:]:
+        passes = recorded_passes(json.loads(Path(arg).read_text()))
+        if not passes:
+            print(f"{arg}: no recorded passes")
+            continue
+        live = replay(passes, Path(tempfile.mkdtemp(prefix="replay-")))
+        print(f"{arg}: {len(passes)} passes; untrusted now {dict(live.untrusted)}, "
+              f"when run {passes[-1].get('untrusted')}")
+
+
+if __name__ == "__main__":
+    main()
