@@ -25,14 +25,15 @@ GPU = "GPU-replay"
 
 
 def recorded_passes(doc) -> list[dict]:
-    """Every recorded pass in a result document, once each, in time order."""
+    """Every recorded pass in a result document (with host pids: runs since 2026-11-29), once each, in time
+    order."""
     found: dict[float, dict] = {}
 
     def walk(o):
         if isinstance(o, dict):
             for k, v in o.items():
                 if k == "passes" and isinstance(v, list):
-                    found.update((p["t"], p) for p in v if isinstance(p, dict) and "charged" in p)
+                    found.update((p["t"], p) for p in v if isinstance(p, dict) and "charged" in p and "pids" in p)
                 else:
                     walk(v)
         elif isinstance(o, list):
