@@ -242,7 +242,8 @@ def live_pass(tenants):
     PASSES.append({"t": time.time(), "busy": None if b is None else b.busy_pct,
                    "busy_pids": None if b is None else sorted(b.busy_pids),
                    "pids": {Path(t.limits).parent.name: list(t.pids) for t in ts},
-                   "charged": [t.charged_ns for t in ts], "factor": LIVE.factor(NV.uuid),
+                   "charged": [t.charged_ns for t in ts], "limited": [t.charged for t in ts],
+                   "factor": LIVE.factor(NV.uuid),
                    "shared": LIVE.shared(NV.uuid), "written": n, "untrusted": dict(LIVE.untrusted)})
 
 

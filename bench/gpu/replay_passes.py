@@ -26,20 +26,24 @@ GPU = "GPU-replay"
 
 def recorded_passes(doc) -> list[dict]:
     """Every recorded pass in a result document (with host pids: runs since 2026-11-29), once each, in time
-    order."""
+    order. Passes recorded before they said which tenants had a compute limit ("limited") get it from their
+    case: the priority cases' tenants have none, every other case's have one."""
     found: dict[float, dict] = {}
 
-    def walk(o):
+    def walk(o, case):
         if isinstance(o, dict):
             for k, v in o.items():
                 if k == "passes" and isinstance(v, list):
-                    found.update((p["t"], p) for p in v if isinstance(p, dict) and "charged" in p and "pids" in p)
+                    for p in v:
+                        if isinstance(p, dict) and "charged" in p and "pids" in p:
+                            p.setdefault("limited", [not case.startswith("priority")] * len(p["charged"]))
+                            found[p["t"]] = p
                 else:
-                    walk(v)
+                    walk(v, case or str(k))
         elif isinstance(o, list):
             for v in o:
-                walk(v)
-    walk(doc)
+                walk(v, case)
+    walk(doc, "")
     return [found[t] for t in sorted(found)]
 
 
@@ -47,11 +51,12 @@ def replay(passes: list[dict], files: Path) -> LivePass:
     live = LivePass()
     for p in passes:
         tenants = []
-        for (name, pids), charged in zip(p["pids"].items(), p["charged"]):  # both in the pass's tenant order
+        # all in the pass's tenant order
+        for (name, pids), charged, limited in zip(p["pids"].items(), p["charged"], p["limited"]):
             f = files / f"{name}.limits"
             if not f.exists():
                 write_limits_file(f, ContainerLimits(devices=(DeviceLimits(GPU, sm_percent=30),), region_path="/r"))
-            tenants.append(Tenant(str(f), 0, 1, tuple(pids), charged))
+            tenants.append(Tenant(str(f), 0, 1, tuple(pids), charged, charged=limited))
         reading = GpuReading(p["busy"], None if p["busy_pids"] is None else frozenset(p["busy_pids"]))
         live.run(p["t"], {GPU: (reading, tenants)}, wall=p["t"])
     return live

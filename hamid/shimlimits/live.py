@@ -105,6 +105,12 @@ OVER_BUSY_PTS = 5.0
 # 2026-11-29, H100 2026-12-07: GEMM, small kernels, generate(), dynamic shapes, training starting 0-3 s apart),
 # one pass counted 82, two passes running 6 (queues filled at a tenant's start), three none.
 DISAGREE_PASSES = 3
+# What the log says of a region not trusted, by reason
+UNTRUSTED_SAYS = {
+    "uncharged": "container busy on the GPU with nothing charged: its compute limit is not enforced (no shim in "
+                 "its processes, or a region it froze); left out of the sharing correction",
+    None: "region not trusted: its charges left out of the sharing correction",
+}
 # HAMi's recent_kernel window (hamid_limits.h HAMID_LIMITS_ACTIVE_WINDOW_S): a container counts as active
 # this long after its last kernels
 ACTIVE_WINDOW_S = float(active_window_s())
@@ -265,14 +271,15 @@ class LivePass:
             prev = self._last.get(key)
             # a process that left the GPU during the pass was charged for its last kernels before it left
             on_gpu, self._had_pids[key] = bool(t.pids) or self._had_pids.get(key, False), bool(t.pids)
-            if t.charged_ns is None:
-                known = False
-                continue
-            self._last[key] = (now, t.charged_ns)
-            if prev is None or now <= prev[0]:
-                known = False  # a new container: no interval to compare yet
-                continue
-            why = self._untrusted(t.charged_ns - prev[1], (now - prev[0]) * 1e9, reading, on_gpu)
+            # NVML saw its processes busy although it has a compute limit: its shim must have charged something
+            ran = t.charged and bool(reading.busy_pids and reading.busy_pids & set(t.pids))
+            if t.charged_ns is not None:
+                self._last[key] = (now, t.charged_ns)
+            if t.charged_ns is None or prev is None or now <= prev[0]:
+                known = False  # no region (no shim yet, or none at all) or a new container: no interval yet
+                why = "uncharged" if ran and t.charged_ns is None else None
+            else:
+                why = self._untrusted(t.charged_ns - prev[1], (now - prev[0]) * 1e9, reading, on_gpu, ran)
             # One pass's disagreement only keeps the pass from learning: an honest shim charges a launch when it
             # is made, a queue launched late in one pass runs in the next, and a process that left the GPU was
             # charged before it left. The same disagreement DISAGREE_PASSES passes running, or a count going
@@ -287,10 +294,13 @@ class LivePass:
                 doubted.add(key)
                 self.untrusted[why] += 1
                 if key not in self._doubted:
-                    log.warning("region not trusted: its charges left out of the sharing correction", gpu=uuid,
-                                limits=t.limits, device=t.device, reason=why,
-                                charged_ms=round((t.charged_ns - prev[1]) / 1e6, 1),
+                    log.warning(UNTRUSTED_SAYS.get(why, UNTRUSTED_SAYS[None]), gpu=uuid, limits=t.limits,
+                                device=t.device, reason=why, pids=list(t.pids),
+                                charged_ms=None if prev is None or t.charged_ns is None
+                                else round((t.charged_ns - prev[1]) / 1e6, 1),
                                 busy_pct=reading.busy_pct)
+                continue
+            if prev is None or t.charged_ns is None or now <= prev[0]:
                 continue
             deltas.append((t, t.charged_ns - prev[1], (now - prev[0]) * 1e9))
         self._doubted = (self._doubted - {(t.limits, t.device) for t in tenants}) | doubted  # warned once a spell
@@ -332,13 +342,16 @@ class LivePass:
         return round(g.factor * 1000)
 
     @staticmethod
-    def _untrusted(delta: int, interval_ns: float, reading: GpuReading, on_gpu: bool) -> str | None:
+    def _untrusted(delta: int, interval_ns: float, reading: GpuReading, on_gpu: bool, ran: bool) -> str | None:
         """Why the region's charge over the pass disagrees with NVML (a reason for /metrics), or None. A
-        cumulative count that went back; more GPU time than the device was busy; charges while none of
-        the container's processes was on the GPU in this pass or the last (the host's pid map of NVML's
-        processes)."""
+        cumulative count that went back; nothing charged while NVML saw the container's processes busy
+        (it has a compute limit: no shim, or a frozen region); more GPU time than the device was busy;
+        charges while none of the container's processes was on the GPU in this pass or the last (the
+        host's pid map of NVML's processes)."""
         if delta < 0:
             return "went-back"
+        if delta == 0 and ran:
+            return "uncharged"
         if reading.busy_pct is not None and delta > (reading.busy_pct + OVER_BUSY_PTS) / 100.0 * interval_ns:
             return "over-busy"
         if delta >= BUSY_MIN * interval_ns and not on_gpu:

@@ -30,7 +30,7 @@ hamid.hamimetrics, legacy names with ``legacy``):
                                        owner, links, size, unreadable, budget)
   hamid_vgpu_region_untrusted_total    passes of the daemon's live pass in which a region's
                                        charges disagreed with NVML and were left out (label
-                                       reason: over-busy, went-back, no-process;
+                                       reason: over-busy, went-back, no-process, uncharged;
                                        hamid/shimlimits/live.py)
 The labeler maps a container directory name to (namespace, pod, container);
 the default splits HAMi's `<podUID>_<container>` and leaves namespace empty.

@@ -367,3 +367,37 @@ def test_a_daemon_outside_the_hosts_pid_namespace_says_so_once(tmp_path, capsys)
         assert "hostPID" in out
     finally:
         d.close()
+
+
+@pytest.mark.parametrize("region", ["none", "frozen"])
+def test_a_limited_container_busy_on_the_gpu_with_no_charges_is_counted(tmp_path, region):
+    """A container with a compute limit whose processes NVML shows busy while its region charges nothing runs
+    without its limit: no shim at all (a static binary, its own driver calls: no region) or a region it froze
+    (writing its charge back each time). The pass does not learn from it (its busy time would read as every
+    neighbour's under-charge and lower their limits) and, three passes running, counts it ("uncharged") and
+    says which container. One without a compute limit (its shim charges nothing) is not counted."""
+    a, b = limits_file(tmp_path / "a.limits"), limits_file(tmp_path / "b.limits")
+    free = limits_file(tmp_path / "free.limits", sm=0)
+    live = LivePass()
+    for t in range(1, 10):
+        live.run(float(t), {GPU: (GpuReading(95.0, frozenset({101, 202, 303})),
+                                  [Tenant(str(a), 0, 1, (101,), int(0.3e9 * t)),
+                                   Tenant(str(b), 0, 1, (202,), None if region == "none" else int(5e9)),
+                                   Tenant(str(free), 0, 1, (303,), None, charged=False)])})
+    # passes 1..9 ("none": every pass; "frozen": from pass 2, the first with an interval)
+    disagreeing = 9 if region == "none" else 8
+    assert dict(live.untrusted) == {"uncharged": disagreeing - DISAGREE_PASSES + 1}
+    assert live.factor(GPU) == 1.0
+
+
+def test_a_limited_container_that_stops_launching_is_not_counted_uncharged(tmp_path):
+    """NVML's busy samples trail a process's last kernels by up to a sample period: a container that stopped
+    launching can show busy for a pass with nothing charged. Not counted."""
+    a, b = limits_file(tmp_path / "a.limits"), limits_file(tmp_path / "b.limits")
+    live = LivePass()
+    cb = 0
+    for t in range(1, 12):
+        cb += int(0.4e9) if t % 4 else 0  # every fourth pass b charged nothing while NVML still saw it busy
+        live.run(float(t), {GPU: (GpuReading(80.0, frozenset({101, 202})),
+                                  [Tenant(str(a), 0, 1, (101,), int(0.3e9 * t)), Tenant(str(b), 0, 1, (202,), cb)])})
+    assert dict(live.untrusted) == {}
