@@ -151,3 +151,45 @@ def wait_ready(p: subprocess.Popen) -> list[str]:
 def finish(p: subprocess.Popen, timeout: float = 30) -> list[str]:
     out, _ = p.communicate("go\n", timeout=timeout)
     return out.splitlines()
+
+
+def forged_region(claimed: list[int]) -> bytes:
+    """A well-formed region (the reader's own layout) whose process table claims ``claimed`` as its active
+    processes on device 0, by pid and NVML pid: what a container can write into its own region."""
+    from hamid.shimregion.reader import _consts, _ffi, region_struct_size
+
+    ffi, c = _ffi(), _consts()
+    buf = bytearray(region_struct_size())
+    r = ffi.from_buffer("struct hamid_region *", buf)
+    r.magic, r.abi_version, r.struct_size = c["HAMID_REGION_MAGIC"], c["HAMID_REGION_ABI_VERSION"], len(buf)
+    r.device_count, r.max_procs = 1, c["HAMID_MAX_PROCS"]
+    claimed = claimed[:c["HAMID_MAX_PROCS"]]
+    for i, pid in enumerate(claimed):
+        r.procs[i].pid = r.procs[i].nvml_pid = pid
+        r.procs[i].flags = 1  # active
+        r.procs[i].used[0] = 64 << 20  # on device 0
+    r.proc_high_water = len(claimed)
+    ffi.release(r)
+    return bytes(buf)
+
+
+def claim_in_region(path: Path, pids: list[int]) -> None:
+    """Writes into a live region, in place (the shim has it mapped), active process entries claiming ``pids``
+    by pid and NVML pid, after the ones in use: what a container's own process can do to its region."""
+    from hamid.shimregion.reader import _ffi
+
+    ffi = _ffi()
+    buf = bytearray(Path(path).read_bytes())
+    r = ffi.from_buffer("struct hamid_region *", buf)
+    at = int(r.proc_high_water)
+    for i, pid in enumerate(pids, start=at):
+        r.procs[i].pid = r.procs[i].nvml_pid = pid
+        r.procs[i].flags = 1
+        r.procs[i].used[0] = 64 << 20
+    r.proc_high_water = at + len(pids)
+    ffi.release(r)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes(buf), 0)
+    finally:
+        os.close(fd)

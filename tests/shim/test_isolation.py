@@ -180,7 +180,7 @@ def test_a_forged_region_puts_no_pid_into_a_neighbours_hold_list(built, tmp_path
     from hamid.node.identity import Owner
     from hamid.node.realize import slot_assignment, slot_name
     from hamid.request import parse_docker_env
-    from hamid.shimregion.reader import _consts, _ffi, region_struct_size
+    from shimharness import forged_region
 
     d = make_node(tmp_path / "s", regionTmpfs=False)
     procs = []
@@ -196,20 +196,10 @@ def test_a_forged_region_puts_no_pid_into_a_neighbours_hold_list(built, tmp_path
         procs += [hi_p, lo_p]
         strangers = frozenset(range(3_000_000, 3_001_000))  # no such processes: nobody's
 
-        ffi, c = _ffi(), _consts()  # the high one's region, forged
-        buf = bytearray(region_struct_size())
-        r = ffi.from_buffer("struct hamid_region *", buf)
-        r.magic, r.abi_version, r.struct_size = c["HAMID_REGION_MAGIC"], c["HAMID_REGION_ABI_VERSION"], len(buf)
-        r.device_count, r.max_procs = 1, c["HAMID_MAX_PROCS"]
-        claimed = [lo_p.pid, *range(2, 17), 4242, *range(5000, 5000 + 1000)][:c["HAMID_MAX_PROCS"]]
-        for i, pid in enumerate(claimed):
-            r.procs[i].pid = r.procs[i].nvml_pid = pid
-            r.procs[i].flags = 1  # active
-            r.procs[i].used[0] = 64 << 20  # on device 0
-        r.proc_high_water = len(claimed)
-        ffi.release(r)
+        # the high one's region, forged
+        claimed = [lo_p.pid, *range(2, 17), 4242, *range(5000, 5000 + 1000)]
         region = Path(layout.region_dir(state, slot_name(got["hi"], "main"))) / "vgpu.cache"
-        region.write_bytes(bytes(buf))
+        region.write_bytes(forged_region(claimed))
 
         reading = {"now": BusyReading(busy_pct=50.0, busy_pids=frozenset({hi_p.pid}),
                                       pids=frozenset({hi_p.pid, lo_p.pid}) | strangers)}

@@ -283,6 +283,37 @@ def test_a_busy_higher_priority_process_holds_the_launches_back(built, shim, lim
         assert longest < 0.2e9 and ns < 0.8e9, (n, ns, longest, err)
 
 
+@root_only
+def test_a_region_claiming_the_neighbours_pid_does_not_escape_the_hold(built, shim, limits, tmp_path):
+    """A low-priority container writes its own region (it is mapped writable inside the container): once its
+    process runs, the region's process table claims the high-priority neighbour's pid 4242 as one of its own.
+    The hold list the daemon wrote names 4242, busy in NVML: the launches are still held (a shim that trusted
+    its region's pids dropped the entry and ran free beside its neighbour). On the stand-in driver's virtual
+    clock (shimharness.py): time stands still while the process waits for "go"."""
+    from hamid.shimlimits import write_hold_pids
+    from shimharness import claim_in_region
+    limits(mem=0, sm=0, priority=1)
+    write_hold_pids(built.limits_path, 0, [4242])
+    util = tmp_path / "nvml_util"
+    util.write_text("4242 0\n")
+    e = bare_env(built, shim)
+    e.update(FAKE_NVML_UTIL=str(util), FAKE_VCLOCK="1")
+    p = subprocess.Popen([str(built.shimtest), "direct", "init", "launch:2:400:k", "wait", f"at:0:{util}:4242 80",
+                          "sleep:300", f"at:1000:{util}:4242 0", "run:0.5:400:k"], env=e, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    while (ln := p.stdout.readline()) and ln.strip() != "ready":
+        lines.append(ln)
+    assert ln, (lines, p.stderr.read())
+    claim_in_region(limits.region, [4242])
+    assert 4242 in [pr.nvml_pid for pr in read_region(limits.region).processes]
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    out, err = p.communicate(timeout=30)
+    n, ns, longest = (int(x) for x in [ln for ln in out.splitlines() if ln.startswith("run ")][0].split()[1:4])
+    assert longest > 0.9e9 and ns > 1.4e9, (n, ns, longest, err)
+
+
 # ---- a file that is there but not right refuses CUDA ---------------------------------
 
 def _wrong_owner(path):
