@@ -1677,3 +1677,31 @@ def test_after_a_restart_rbac_answers_403_for_a_moment(secure_api, tmp_path):
     assert [p.metadata.name for p in admin.list_namespaced_pod("default").items] == ["p"]  # system:masters
     time.sleep(1.1)
     assert [p.metadata.name for p in sa.list_namespaced_pod("default").items] == ["p"]  # caches synced
+
+
+def test_a_restart_ends_the_old_servers_watches_even_one_not_yet_streaming(api_server):
+    """A kube-apiserver that restarts drops every connection, so every watch ends and its client resumes on
+    the new server. A watch the old server had accepted but not yet begun streaming (here: held back while
+    the restart happens) must end too, not stream on from the old server: the informer of a restart test
+    kept such a watch for 15 s and never met the new server's 403s (seen on a busy machine)."""
+    rv = api_server.resource_version
+    started, events = threading.Event(), []
+
+    def watcher():
+        with httpx.stream("GET", f"{api_server.url}/api/v1/namespaces/default/pods", timeout=None,
+                          params={"watch": "true", "resourceVersion": str(rv), "timeoutSeconds": "600"}) as r:
+            started.set()
+            for line in r.iter_lines():
+                ev = json.loads(line) if line else {"type": "BOOKMARK"}
+                if ev["type"] != "BOOKMARK":
+                    events.append(ev)
+                    break  # an old server still streaming: the test has its answer
+
+    t = threading.Thread(target=watcher, daemon=True)
+    with api_server.hold_watches():  # the watch is accepted (its 200 is out) and waits to start streaming
+        t.start()
+        started.wait()
+        api_server.restart(0.0)
+    api_server.create(pod("after"))  # on the new server: the old watch, were it alive, would stream it
+    t.join()
+    assert events == []

@@ -346,7 +346,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         try:
-            self.api.watch(rt, ns, query, emit)
+            self.api.watch(rt, ns, query, emit, serving=lambda: not getattr(self.server, "retired", False))
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):

@@ -163,6 +163,10 @@ class ApiServer:
         everyone outside system:masters (the real one does for about a second). Nothing may take
         that 403 as final."""
         port = self.port
+        if self._server is not None:
+            # the old server's watches end however late their handler read the epoch (one that read it after
+            # close_watches() went on streaming from the old server: a restart that kept a watch open)
+            self._server.retired = True
         self.close_watches()
         if self._server is not None:
             self._server.shutdown()
@@ -936,9 +940,11 @@ class ApiServer:
 
     # -- watch ---------------------------------------------------------------
 
-    def watch(self, rt: ResourceType, ns: str | None, query: Mapping[str, str], emit: Callable[[dict], None]) -> None:
-        """Stream events to ``emit`` until the timeout, the server stops or
-        ``emit`` raises (the client went away)."""
+    def watch(self, rt: ResourceType, ns: str | None, query: Mapping[str, str], emit: Callable[[dict], None],
+              serving: Callable[[], bool] = lambda: True) -> None:
+        """Stream events to ``emit`` until the timeout, the server stops, the
+        server that accepted the request is retired (``serving`` says no:
+        restart) or ``emit`` raises (the client went away)."""
         match = self._matcher(rt, query)
         timeout = query.get("timeoutSeconds")
         deadline = time.monotonic() + (float(timeout) if timeout else 1800.0)
@@ -985,7 +991,7 @@ class ApiServer:
             out = []
             with self._cond:
                 while True:
-                    if self._stopped or self._watch_epoch != epoch:
+                    if self._stopped or self._watch_epoch != epoch or not serving():
                         return
                     now = time.monotonic()
                     if now >= deadline:
