@@ -137,7 +137,7 @@ class GpuReading:
     busy_pids: frozenset[int] | None = None  # pids with busy samples (process utilization); None: unknown
 
 
-def next_factor(f: float, charged_ns: Sequence[int], interval_ns: float, busy_pct: float) -> float:
+def next_factor(f: float, charged_ns: Sequence[float], interval_ns: float, busy_pct: float) -> float:
     """The factor after one shared pass: ``f`` moved (in log, LEARN_RATE of the way) towards making the sum of
     ``charged_ns`` (each already charged with ``f``) equal ``busy_pct`` of ``interval_ns``, each step within
     STEP_MAX, the result within share_bounds()."""

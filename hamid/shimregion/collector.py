@@ -139,9 +139,9 @@ class ShimRegionCollector(Collector):
             owners = frozenset({os.fstat(dfd).st_uid, 0})
             with os.scandir(dfd) as it:
                 names = []
-                for e in it:
-                    if e.name.endswith(".cache"):
-                        names.append(e.name)
+                for entry in it:
+                    if entry.name.endswith(".cache"):
+                        names.append(entry.name)
                         if len(names) > MAX_REGIONS_PER_CONTAINER:
                             break
             names.sort()
