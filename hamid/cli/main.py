@@ -151,7 +151,7 @@ def _trio_run(fn, *args, what: str) -> None:
         mine, _ = group.split(HamidError)
         if mine is None:
             raise
-        first = mine
+        first: BaseException = mine
         while isinstance(first, BaseExceptionGroup):
             first = first.exceptions[0]
         raise HamidError(str(first)) from None

@@ -226,7 +226,7 @@ def plan(nodes: list, workload: list[dict], source: str = "the cluster file") ->
         variants: dict = {}
         try:
             if doc["kind"] == "Pod":
-                meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+                meta = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
                 # named before parsing, so a refused pod is named too (not "Pod ?")
                 item["name"] = f"{meta.get('namespace') or 'default'}/{meta.get('name') or '(no name)'}"
                 candidates = nodes

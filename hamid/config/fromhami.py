@@ -207,15 +207,15 @@ def _node_config(key: str, value: Any, config: dict, lines: list[Line]) -> None:
     if not isinstance(entries, list):
         raise HamidError(f"{key}: nodeconfig must be a list")
     nodes = []
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict):
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
             raise HamidError(f"{key}: nodeconfig[{i}] must be a mapping")
-        name = e.get("name")
+        name = entry.get("name")
         if name in (None, "", "your-node-name"):
             lines.append(Line(f"{key}.nodeconfig[{i}]", "no counterpart", "HAMi's placeholder node: left out"))
             continue
         node: dict[str, Any] = {"name": name}
-        for k, v in e.items():
+        for k, v in entry.items():
             where = f"{key}.nodeconfig[{i}].{k}"
             if k == "name":
                 continue

@@ -13,7 +13,8 @@ class DeviceBackend(Protocol):
     """What every device backend offers. Calls may block (NVML does)."""
 
     kind: str  # "nvml" or "simulated"
-    description: str  # driver version, or the simulated inventory
+    @property
+    def description(self) -> str: ...  # driver version, or the simulated inventory
 
     def gpus(self) -> list[GpuInfo]: ...
 

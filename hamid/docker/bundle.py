@@ -47,7 +47,7 @@ def prepare_bundle(bundle: str, cid: str, *, runc_root: str, hook: str, state_di
         from ..request.docker import whole_card_note
 
         note = whole_card_note(env) if isinstance(e, LedgerConflict) else None
-        if note:  # "no room" for a container that asked no memory: say why it wanted a whole card
+        if note and isinstance(e, LedgerConflict):  # "no room" for a container that asked no memory: say why it wanted a whole card
             raise LedgerConflict(f"{e}\n{note}", e.reasons) from None
         raise
     if not got.get("ours"):

@@ -162,9 +162,10 @@ class Codec:
                 raise FrameRejected("key", "sealed frame but this node has no gossip key")
             body = frame[1:]
         else:
-            body = self.keyring.open(frame)
-            if body is None:
+            opened = self.keyring.open(frame)
+            if opened is None:
                 raise FrameRejected("key", "no key in the keyring opens this frame")
+            body = opened
         try:
             msg = cbor2.loads(body, max_depth=MAX_DEPTH)
         except Exception as e:  # cbor2 raises several types on hostile input

@@ -157,7 +157,7 @@ class AsyncKube:
         return bytes(buf)
 
     @contextlib.asynccontextmanager
-    async def watch(self, path: str, query: Mapping[str, str], timeout_s: float) -> AsyncIterator[AsyncIterator[dict]]:
+    async def watch(self, path: str, query: Mapping[str, str], timeout_s: float) -> AsyncIterator[AsyncIterator[list[dict]]]:
         """A watch (``query`` carries ``watch=true``, ``resourceVersion``...): yields an async
         iterator of its events (``{"type": ..., "object": {...}}``) in lists, each list what arrived
         together (a reader acts on a burst at once), each line read against :data:`MAX_LINE_BYTES`;

@@ -212,7 +212,7 @@ class SlotLabeler:
         if stamp is None or stamp != self._stamp:
             from ..node.realize import slot_name
 
-            fresh = {}
+            fresh: dict[str, tuple[str, str, str]] = {}
             for r in self._ledger.list():
                 ns, pod = owner_labels(r)
                 for c in r.decision.containers:

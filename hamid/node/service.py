@@ -303,11 +303,12 @@ class NodeDoor:
     def reservations(self) -> list[Reservation]:
         return self._core.ledger.list()
 
-    list = reservations  # what a ledger reader calls it (hamid.metrics.exporter.LedgerReader)
-
     def in_state(self, state: str, kind: str | None = None) -> list[Reservation]:
         """The reservations in ``state`` (of ``kind``), oldest first: only those rows read."""
         return self._core.ledger.in_state(state, kind)
+
+    # after every annotation that says list[...]: in the class body the name is this alias from here on
+    list = reservations  # what a ledger reader calls it (hamid.metrics.exporter.LedgerReader)
 
     def gpus(self):
         return self._core.backend.gpus()

@@ -202,6 +202,6 @@ class RankedNodes:
             return got
         reasons: dict[str, tuple[str, ...]] = {}
         for node in self.ordered():  # nothing fits: only now pay for every node's reasons
-            got = fit_node(request, node, quick=False)
-            reasons[node.name] = tuple(got) if isinstance(got, list) and got else ("no GPUs",)
+            why = fit_node(request, node, quick=False)
+            reasons[node.name] = tuple(why) if isinstance(why, list) and why else ("no GPUs",)
         return NoFit(reasons)

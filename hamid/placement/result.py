@@ -75,7 +75,7 @@ class NoFit:
     reasons: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def message(self, limit: int = 20) -> str:
-        lines = []
+        lines: list[str] = []
         for node, why in list(self.reasons.items())[:limit]:
             lines.extend(f"{node}: {w}" for w in why)
         more = len(self.reasons) - limit

@@ -184,8 +184,8 @@ class NodeView:
     @cached_property
     def usage_score(self) -> float:
         """HAMi's node score on current use: 10*(shares + cores + memory fractions)."""
-        shares = cores = mem = 0
-        tshares = tcores = tmem = 0
+        shares = cores = mem = 0.0
+        tshares = tcores = tmem = 0.0
         for g in self.gpus:
             if g.filtered:
                 continue

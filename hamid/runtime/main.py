@@ -20,7 +20,7 @@ from .argv import Invocation, UsageError, parse
 def _report(inv: Invocation | None, message: str) -> None:
     print(f"hamid-runtime: {message}", file=sys.stderr)
     if inv is not None and inv.log_file:
-        line = {"level": "error", "msg": f"hamid: {message}",
+        line: dict[str, str] | None = {"level": "error", "msg": f"hamid: {message}",
                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if inv.log_format != "json":
             line = None

@@ -43,7 +43,7 @@ def narrow_to_node(pod: dict, node_name: str) -> list[dict]:
     terms = req.get("nodeSelectorTerms") or []
     if not terms:
         return [{"op": "add", "path": f"{_REQUIRED}/nodeSelectorTerms", "value": fresh["nodeSelectorTerms"]}]
-    ops = []
+    ops: list[dict] = []
     for i, t in enumerate(terms):
         if t.get("matchFields"):
             ops.append({"op": "add", "path": f"{_REQUIRED}/nodeSelectorTerms/{i}/matchFields/-", "value": pin})

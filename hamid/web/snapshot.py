@@ -11,7 +11,7 @@ the page draws: cordon, MIG slices and the profiles' placements.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from ..cluster.capacity import gpu_rows, summary, view_from_doc
 from ..placement.view import MODE_MIG, GpuView
@@ -79,7 +79,7 @@ def _member_from_status(status: dict, view_gpus: dict[str, GpuView]) -> dict:
 
 def build(*, node: str, cluster: dict | None, status: dict | None, view_gpus: dict[str, GpuView],
           tenants: list[dict], leader: dict | None, backend: str, cache: dict | None = None,
-          tenants_unknown: list[str] = ()) -> dict[str, Any]:
+          tenants_unknown: Sequence[str] = ()) -> dict[str, Any]:
     """The page's document. ``cluster``: the gossiped view (None without gossip);
     ``status``: this node's status document (used when there is no gossip);
     ``view_gpus``: this node's GPU views by UUID (for cordon and MIG slices);

@@ -46,8 +46,8 @@ def workload(text: str) -> list[dict]:
     if not text:
         raise WhatIfError(f"nothing to place: paste {FORMS}")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    env = [_ENV_LINE.match(ln) for ln in lines]
-    if all(env):
+    env = [m for m in (_ENV_LINE.match(ln) for ln in lines) if m]
+    if len(env) == len(lines):
         return [{"kind": "Docker", "name": "what-if", "env": {m.group(1): m.group(2) for m in env}}]
     if len(lines) == 1 and ":" not in lines[0]:
         return [{"kind": "Docker", "name": "what-if", "env": {"HAMI_VGPU_SPEC": lines[0]}}]
