@@ -236,15 +236,18 @@ def live_pass(tenants):
         ts.append(Tenant(limits=f, device=0, priority=int(e["HAMID_BENCH_PRIORITY"]),
                          pids=tuple(sorted(p for p in on if whose.get(p) == f)),
                          charged_ns=region_gpu_time(region), charged=lim > 0 and e["HAMID_BENCH_POLICY"] != "disable",
-                         last_kernel_ns=region_gpu_time(region, REGION_LAST_KERNEL_OFF) or None))
-    reading = GpuReading(b.busy_pct, b.busy_pids) if b else GpuReading(None)
+                         last_kernel_ns=region_gpu_time(region, REGION_LAST_KERNEL_OFF) or None,
+                         limit_pct=lim, policy=e["HAMID_BENCH_POLICY"]))
+    reading = GpuReading(b.busy_pct, b.busy_pids, b.pid_busy) if b else GpuReading(None)
     n = LIVE.run(time.monotonic(), {NV.uuid: (reading, ts)})
     PASSES.append({"t": time.time(), "busy": None if b is None else b.busy_pct,
                    "busy_pids": None if b is None else sorted(b.busy_pids),
                    "pids": {Path(t.limits).parent.name: list(t.pids) for t in ts},
                    "charged": [t.charged_ns for t in ts], "limited": [t.charged for t in ts],
                    "factor": LIVE.factor(NV.uuid),
-                   "shared": LIVE.shared(NV.uuid), "written": n, "untrusted": dict(LIVE.untrusted)})
+                   "shared": LIVE.shared(NV.uuid), "written": n, "untrusted": dict(LIVE.untrusted),
+                   "pid_busy": None if b is None or b.pid_busy is None else {str(k): v for k, v in b.pid_busy.items()},
+                   "stopped": sorted(Path(k[0]).parent.name for k in LIVE.guard.stopped) if LIVE.guard else []})
 
 
 METRICS_S = 1.0  # a scrape a second (Prometheus scrapes every 15-60 s; more points for the same run)
@@ -436,6 +439,8 @@ def together(specs, secs):
             scr.stop.set()
         if lt:
             lt.join(timeout=5)
+        if LIVE is not None and LIVE.guard is not None:
+            LIVE.guard.resume_all()
         for p in ps:
             if p.poll() is None:
                 p.kill()
@@ -774,6 +779,47 @@ def iso_reference(lim, secs):
     log(ROWS[-1])
 
 
+# The bypass case: seconds from the start that it is judged from (the live pass counts a region uncharged after
+# DISAGREE_PASSES passes, then the guard's account must first go over), and each run's length
+BYPASS_FROM_S = 6
+BYPASS_SECS = 16
+
+
+@step
+def bypass(runs, policy):
+    """Issue 37: a tenant that takes no limits from inside (saturating GEMMs, a limits file at 30 % and no shim
+    in its process: a static binary, a cleared preload), held from outside by the daemon's bypass guard
+    (hamid/shimlimits/bypass.py: its processes stopped while NVML's account of them is over the limit). Alone
+    under force, NVML's per-process share is its GPU time: pass at most the limit + 5 from BYPASS_FROM_S on.
+    Beside small kernels at 70 % (the shim, policy ``policy``): its throughput share, calibrated as the
+    isolation case's (gpu_time_share), and the neighbour's."""
+    lim = 30
+    ensure_unl(("gemm", "small"), 8)
+    iso_reference(lim, 5)
+    out = R.setdefault("bypass", {"runs": [], "limit": lim})
+    for _ in range(runs):
+        for beside in ((), (("small", filed(limit=70, policy=policy)),)):
+            pol = "force" if not beside else policy
+            g_env = {k: v for k, v in filed(limit=lim, policy=pol).items() if k != "LD_PRELOAD"}
+            res = together([("gemm", g_env), *beside], BYPASS_SECS)
+            g = res[0]
+            last = int(g["t1"] - g["t0"])
+            shares = [100 * x / UNL_STEADY["gemm"] for x in g["per_s"][BYPASS_FROM_S:last]]
+            tput = statistics.mean(shares) if shares else None
+            nv = NV.proc_share(g["pid"], g["t0"] + BYPASS_FROM_S, g["t1"])
+            judged = nv if not beside else gpu_time_share(tput, lim)
+            ok = judged is not None and judged <= lim + 5
+            out["runs"].append({"beside": [c for c, _ in beside], "policy": pol, "gemm": g, "neighbours": res[1:],
+                                "shares": shares, "tput": tput, "nvml_from": nv, "judged": judged, "pass": ok})
+            ROWS.append(f"| bypass: gemm@{lim} with no shim ({pol}{', beside small@70' if beside else ', alone'}; "
+                        f"from its second {BYPASS_FROM_S}) | {lim} | {fmt(UNL.get('gemm'))} | {fmt(nv)} | - | "
+                        f"{fmt(g['dev_share'])} | tput {fmt(tput)}, judged {fmt(judged)} (neighbour "
+                        f"{' / '.join(fmt(r['shim_share']) for r in res[1:]) or '-'}) | {'pass' if ok else 'FAIL'} |")
+            log(ROWS[-1])
+            save_now()
+    out["pass"] = all(r["pass"] for r in out["runs"])
+
+
 @step
 def metrics(classes, lim, secs):
     """Point 5: the daemon's /metrics (Scraper) against NVML, each class alone in file mode at lim %:
@@ -966,6 +1012,7 @@ def main():
                     help="the isolation case's neighbours, NAME[:RUNS] (NAME of ISO_NEIGHBOURS)")
     ap.add_argument("--iso-offsets", default="", help="the isolation case's offsets (s, comma-separated)")
     ap.add_argument("--iso-runs", type=int, default=8, help="the isolation case's runs per neighbour")
+    ap.add_argument("--bypass-runs", type=int, default=2, help="the bypass case's runs (each alone and beside)")
     ap.add_argument("--metrics-classes", default="gemm,dyn,train", help="the metrics case's classes")
     a = ap.parse_args()
     for kv in a.env:
@@ -992,7 +1039,13 @@ def main():
     global LIVE, BUSY
     from hamid.devices.nvml import NvmlBackend
     from hamid.shimlimits.live import LivePass
-    LIVE, BUSY = LivePass(), NvmlBackend()
+    from hamid.shimlimits.bypass import BypassGuard, Signals
+    from hamid.shimlimits.hostpids import owners
+    # the daemon's bypass guard (computeBypass stop, its default), its record in the bench's own directory
+    LIVE = LivePass(guard=BypassGuard(Signals(
+        TMP / "stopped.json",
+        lambda key, pid: owners({pid}, {key[0]: key[0]}, f"{LIMITS_DIR}/hamid.limits").get(pid) == key[0])))
+    BUSY = NvmlBackend()
     if os.environ.get("HAMID_BENCH_LIVE_RATE"):  # a variant of the daemon's learning rate (hamid.shimlimits.live)
         import hamid.shimlimits.live as live_mod
         live_mod.LEARN_RATE = float(os.environ["HAMID_BENCH_LIVE_RATE"])
@@ -1046,6 +1099,7 @@ def main():
            # --iso NAME[:RUNS],...: a neighbour's own run count, else --iso-runs
            "isolation": lambda: [isolation(n.split(":")[0], int(n.split(":")[1]) if ":" in n else a.iso_runs,
                                            a.secs, a.policy) for n in a.iso.split(",")],
+           "bypass": lambda: bypass(a.bypass_runs, a.policy),
            "metrics": lambda: metrics(a.metrics_classes.split(","), int(a.limits.split(",")[0]), a.secs),
            "repeat": lambda: repeat(a.classes.split(","), [int(x) for x in a.limits.split(",")], a.secs, a.rounds,
                                     variants)}

@@ -205,6 +205,16 @@ class NodeSettings(BaseModel):
     for ``force`` (pod env ``GPU_CORE_UTILIZATION_POLICY``, Docker
     ``HAMI_VGPU_SPEC`` ``policy=force``), never for less than the node's."""
 
+    computeBypass: Literal["stop", "report"] = "stop"
+    """What the daemon does with a container that has a compute limit and runs
+    kernels its shim does not charge (no shim in its processes, or a region it
+    froze: ``hamid_vgpu_region_untrusted_total{reason="uncharged"}``).
+    ``stop`` holds it to its limit from outside: while NVML shows its
+    processes over their limit, it stops them (SIGSTOP) pass by pass and
+    continues them (SIGCONT) when they are back under (the daemon needs the
+    host's pid namespace, as for priority). ``report`` only logs and counts
+    it, and it runs unlimited."""
+
     memoryFactor: int = Field(1, ge=1, le=1 << 20)
     """Multiplier on ``nvidia.com/gpumem`` (HAMi's ``memoryFactor``): with
     1024 a pod writes GiB. 1, HAMi's default, keeps the value in MiB. Docker's

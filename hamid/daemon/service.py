@@ -213,7 +213,7 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
             defaults={"memory_mib": settings.defaultMemory, "cores": settings.defaultCores,
                       "gpu_num": settings.defaultGPUNum},
             node_policy=settings.nodeSchedulerPolicy, region_tmpfs=config.regionTmpfs,
-            core_policy=settings.gpuCorePolicy, mps_control=mps_control, mps_dir=settings.mpsDir,
+            core_policy=settings.gpuCorePolicy, compute_bypass=settings.computeBypass, mps_control=mps_control, mps_dir=settings.mpsDir,
             mps_missing=mps_missing)
         write_facts(state_dir, facts)
         (state_dir / CONTAINERS_DIR).mkdir(mode=0o700, exist_ok=True)
@@ -619,12 +619,15 @@ PRIORITY_PASS_S = 1.0
 
 
 async def _priority_loop(d: Daemon) -> None:
-    while True:
-        await trio.sleep(PRIORITY_PASS_S)
-        try:
-            await d.service.priority_pass()
-        except Exception as e:  # the next pass retries
-            log.error("priority pass failed", error=repr(e)[:500])
+    try:
+        while True:
+            await trio.sleep(PRIORITY_PASS_S)
+            try:
+                await d.service.priority_pass()
+            except Exception as e:  # the next pass retries
+                log.error("priority pass failed", error=repr(e)[:500])
+    finally:  # a container the bypass guard stopped must not stay stopped after the daemon
+        d.service.resume_stopped()
 
 
 async def _mps_loop(d: Daemon) -> None:

@@ -145,8 +145,12 @@ class NvmlBackend:
                                        max([last_proc, *(p.timeStamp for p in procs)]))
                 if not fresh or not last_dev:  # the first call only sets where the next one starts
                     continue
+                per_pid: dict[int, list[int]] = {}
+                for p in procs:
+                    per_pid.setdefault(p.pid, []).append(p.smUtil)
                 out[uuid] = BusyReading(busy_pct=sum(s.sampleValue.uiVal for s in fresh) / len(fresh),
-                                        busy_pids=frozenset(p.pid for p in procs if p.smUtil > 0), pids=on)
+                                        busy_pids=frozenset(p.pid for p in procs if p.smUtil > 0), pids=on,
+                                        pid_busy={pid: sum(v) / len(v) for pid, v in per_pid.items()})
         return out
 
     def gpus(self) -> list[GpuInfo]:

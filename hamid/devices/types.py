@@ -7,6 +7,7 @@ behaviour that needs a driver.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -108,6 +109,10 @@ class BusyReading:
     busy_pct: float  # device-wide: the mean of NVML's GPU utilization samples since then
     busy_pids: frozenset[int]  # pids with a process utilization sample of smUtil > 0 since then
     pids: frozenset[int] | None = None  # every process with a context on it now (host pids); None: not known
+    # pid -> the mean smUtil (%) of its process utilization samples since then; None: not known. Alone on the
+    # GPU this is the process's share of GPU time; time-sliced beside others each busy process reads about the
+    # device's whole busy share (an over-read, never an under-read)
+    pid_busy: Mapping[int, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,7 @@ class NodeCore:
         self._backend: DeviceBackend | None = None
         self.claimant = claimant_id()
         self._live = LivePass()  # the limits files' live part: hold lists, sharing correction
+        self._guard_ready = False  # the bypass guard is made (and a previous daemon's stops undone) on the first pass
         self._pids_unseen_passes = 0
         # Directories outside the state directory where a face writes files for
         # a reservation (the kubelet face's CDI specs); release deletes a file
@@ -511,6 +512,7 @@ class NodeCore:
         from ..shimlimits.hostpids import owners
         from ..shimregion import RegionError, read_region
 
+        self._ready_guard()
         found = []  # (uuid, limits file, device index, priority, region device usage or None, charged)
         for res in self.ledger.list():
             if res.state not in ("allocated", "running") or not res.decision:
@@ -535,26 +537,54 @@ class NodeCore:
                 for i, d in enumerate(slot_assignment(res, c.name).devices):
                     charged = (i < len(lim.devices) and lim.devices[i].sm_percent > 0 and not lim.mps
                                and lim.sm_policy != "disable")
-                    found.append((d.uuid, str(limits), i, prio, snap.device(i) if snap else None, charged))
+                    found.append((d.uuid, str(limits), i, prio, snap.device(i) if snap else None, charged,
+                                  lim.devices[i].sm_percent if i < len(lim.devices) else 0, lim.sm_policy))
         try:
             readings = self.backend.busy()
         except Exception as e:  # no reading: no sharing correction, no pids this pass
             log.warning("GPU busy shares not read", error=str(e)[:300])
             readings = {}
         on: dict[str, frozenset[int]] = {u: (r.pids or frozenset()) | r.busy_pids for u, r in readings.items()}
-        whose = owners({p for ps in on.values() for p in ps}, {lim: lim for _, lim, _, _, _, _ in found},
+        whose = owners({p for ps in on.values() for p in ps}, {f[1]: f[1] for f in found},
                        layout.LIMITS_IN_CONTAINER)
         self._check_pid_namespace(whose)
         on_gpu: dict[str, list[Tenant]] = {}
-        for uuid, limits, i, prio, du, charged in found:
+        for uuid, limits, i, prio, du, charged, limit_pct, policy in found:
             pids = tuple(sorted(p for p in on.get(uuid, ()) if whose.get(p) == limits))
             on_gpu.setdefault(uuid, []).append(Tenant(
                 limits=limits, device=i, priority=prio, pids=pids,
                 charged_ns=None if du is None else du.gpu_time_ns, charged=charged,
-                last_kernel_ns=(du.last_kernel_realtime_ns or None) if du is not None else None))
-        return self._live.run(time.monotonic(), {
-            u: (GpuReading(readings[u].busy_pct, readings[u].busy_pids) if u in readings else GpuReading(None), ts)
-            for u, ts in on_gpu.items()})
+                last_kernel_ns=(du.last_kernel_realtime_ns or None) if du is not None else None,
+                limit_pct=limit_pct, policy=policy))
+        try:
+            return self._live.run(time.monotonic(), {
+                u: (GpuReading(readings[u].busy_pct, readings[u].busy_pids, readings[u].pid_busy)
+                    if u in readings else GpuReading(None), ts)
+                for u, ts in on_gpu.items()})
+        except BaseException:
+            self.resume_stopped()  # a pass that failed must not leave a container stopped until the next one
+            raise
+
+    def _ready_guard(self) -> None:
+        """The bypass guard (computeBypass stop), made on the first pass: only the daemon runs passes, and
+        it continues first whatever a previous daemon left stopped (its record in the state directory)."""
+        if self._guard_ready:
+            return
+        self._guard_ready = True
+        from ..shimlimits.bypass import BypassGuard, Signals
+        from ..shimlimits.hostpids import owners
+
+        signals = Signals(self.state_dir / layout.STOPPED_NAME,
+                          lambda key, pid: owners({pid}, {key[0]: key[0]}, layout.LIMITS_IN_CONTAINER).get(pid)
+                          == key[0])
+        signals.recover()
+        if self.facts.compute_bypass == "stop":
+            self._live.guard = BypassGuard(signals)
+
+    def resume_stopped(self) -> None:
+        """Continues every container the bypass guard stopped (the daemon stops, or a pass failed)."""
+        if self._live.guard is not None:
+            self._live.guard.resume_all()
 
     def _check_pid_namespace(self, whose: dict[int, str | None]) -> None:
         """Says so, once, when NVML's processes are absent from this daemon's /proc pass after pass: it runs

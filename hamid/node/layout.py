@@ -26,6 +26,7 @@ LOCK_NAME = "hamid.lock"
 FACTS_NAME = "node.json"
 SOCKET_NAME = "hamid.sock"
 DOCKER_SOCKET_NAME = "docker.sock"  # the Docker face's creates (the C hamid-runtime)
+STOPPED_NAME = "stopped.json"  # processes the bypass guard stopped (hamid.shimlimits.bypass), for a restart
 CONTAINERS_DIR = "containers"
 LIMITS_DIR = "limits"
 RELEASED_DIR = "released"

@@ -187,6 +187,10 @@ class NodeService:
     async def priority_pass(self) -> int:
         return await self._run(self.core.priority_pass)
 
+    def resume_stopped(self) -> None:
+        """Continues every process the bypass guard stopped (the daemon is stopping): quick, in the caller."""
+        self.core.resume_stopped()
+
     async def mps_check(self) -> list[dict[str, Any]]:
         """Adopt, stop or restart the GPUs' MPS control daemons (NodeCore.mps_check);
         ``mps_failed`` is announced for each tenant of a daemon that had failed."""

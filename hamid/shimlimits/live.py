@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 
 from hamid.errors import HamidError
 from hamid.logs import get_logger
+from hamid.shimlimits.bypass import BypassGuard, Use
 from hamid.shimlimits.codec import active_window_s, max_hold, share_range
 from hamid.shimlimits.writer import write_hold_pids, write_others_active, write_share
 
@@ -127,6 +128,8 @@ class Tenant:
     charged_ns: int | None = None  # its region's gpu_time_ns on this device (cumulative); None: no region yet
     charged: bool = True  # its shim charges its kernels here (a compute limit, policy not disable)
     last_kernel_ns: int | None = None  # its region's launch stamp (wall clock ns); None: none. Untrusted
+    limit_pct: int = 0  # its compute limit on this device (its limits file), for the bypass guard
+    policy: str = "default"  # its limits file's sm_policy: force holds it to its limit alone too
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ class GpuReading:
 
     busy_pct: float | None  # device-wide busy share (nvmlDeviceGetSamples GPU utilization), mean; None: unknown
     busy_pids: frozenset[int] | None = None  # pids with busy samples (process utilization); None: unknown
+    pid_busy: Mapping[int, float] | None = None  # pid -> its mean smUtil (%) over the pass; None: unknown
 
 
 def next_factor(f: float, charged_ns: Sequence[float], interval_ns: float, busy_pct: float) -> float:
@@ -182,6 +186,12 @@ class LivePass:
     _disagreed: dict = field(default_factory=dict)  # (file, device) -> (why it disagreed last pass, passes running)
     _had_pids: dict = field(default_factory=dict)  # (file, device) -> whether it had processes on the GPU last pass
     untrusted: Counter = field(default_factory=Counter)  # reason -> regions not trusted (passes), for /metrics
+    # holds containers counted uncharged to their limits by stopping their processes (bypass.py); None: only
+    # counted
+    guard: BypassGuard | None = None
+    # (file, device) counted uncharged, until its region charges again or it leaves: a stopped container
+    # charges nothing and shows nothing busy, which is no reason to let it go
+    bypassing: set = field(default_factory=set)
 
     def factor(self, uuid: str) -> float:
         """The GPU's learned factor (1.0 before any shared pass)."""
@@ -199,6 +209,7 @@ class LivePass:
         wall = time.time() if wall is None else wall
         written = 0
         seen: set[tuple[str, int]] = set()
+        uses: list[Use] = []
         for uuid, (reading, tenants) in gpus.items():
             share = self._share_for(uuid, now, reading, tenants)
             active = self._active(uuid, now, wall, reading, tenants)
@@ -217,6 +228,13 @@ class LivePass:
                     stranger is not None and now - stranger < ACTIVE_WINDOW_S)
                 if self._others.get(key) != others:
                     written += self._write(key, write_others_active, others, self._others)
+                if key in self.bypassing:
+                    pid_busy = reading.pid_busy
+                    uses.append(Use(key, t.limit_pct, t.policy == "force" or others, t.pids,
+                                    None if pid_busy is None else sum(pid_busy.get(p, 0.0) for p in t.pids)))
+        self.bypassing &= seen
+        if self.guard is not None:
+            self.guard.run(now, uses)
         for key in [k for k in set(self._last) | set(self._hold) if k not in seen]:  # containers gone: forgotten
             self._last.pop(key, None)
             self._hold.pop(key, None)
@@ -287,13 +305,19 @@ class LivePass:
             was, n = self._disagreed.get(key, (None, 0))
             n = (n + 1 if was == why else 1) if why else 0
             self._disagreed[key] = (why, n)
+            if not t.charged or (why is None and prev is not None and t.charged_ns is not None
+                                 and t.charged_ns > prev[1]):
+                self.bypassing.discard(key)  # charging again (its shim is back), or no compute limit now
             if why:
                 known = False
                 if why != "went-back" and n < DISAGREE_PASSES:
                     continue
+                held = key in self.bypassing  # said when it was first counted; its stops are the guard's
+                if why == "uncharged" and t.limit_pct > 0:
+                    self.bypassing.add(key)
                 doubted.add(key)
                 self.untrusted[why] += 1
-                if key not in self._doubted:
+                if key not in self._doubted and not held:
                     log.warning(UNTRUSTED_SAYS.get(why, UNTRUSTED_SAYS[None]), gpu=uuid, limits=t.limits,
                                 device=t.device, reason=why, pids=list(t.pids),
                                 charged_ms=None if prev is None or t.charged_ns is None

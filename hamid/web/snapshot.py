@@ -11,7 +11,8 @@ the page draws: cordon, MIG slices and the profiles' placements.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..cluster.capacity import gpu_rows, summary, view_from_doc
 from ..placement.view import MODE_MIG, GpuView

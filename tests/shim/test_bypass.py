@@ -1,0 +1,233 @@
+"""Issue 37: a container that runs kernels outside its shim is held to its compute limit from outside.
+
+Owns the proof that the daemon's live pass, given NVML's view of a container with a compute limit whose
+region charges nothing (no shim in its processes, or a region it froze), holds that container's GPU time to
+its limit on average by stopping its processes (hamid/shimlimits/bypass.py), whatever the GPU's queue runs
+on after a stop; that it does so only while the limit applies (force, or default with a neighbour active);
+that no honest container is ever stopped; and, on real processes, that the stops are SIGSTOP/SIGCONT of
+exactly the container's processes, undone when it leaves, when the daemon stops, and by a daemon that starts
+after one that died with processes stopped.
+
+NVML is the one stand-in (no GPU here): a model of a process whose launches fill a queue the GPU runs for
+QUEUE_S after the process stops.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hamid.shimlimits import ContainerLimits, DeviceLimits, write_limits_file
+from hamid.shimlimits.bypass import BypassGuard, Signals, start_time
+from hamid.shimlimits.live import DISAGREE_PASSES, GpuReading, LivePass, Tenant
+
+GPU = "GPU-11111111-2222-3333-4444-555555555555"
+QUEUE_S = 1.5  # what a stopped process's queue still runs (a deep queue of 8192^3 GEMMs on an H100)
+
+
+class Recorder:
+    """A stopper that records what it was asked, and the model of the GPU below reads."""
+
+    def __init__(self):
+        self.stopped: set = set()
+        self.asked: list = []
+
+    def stop(self, key, pids):
+        self.asked.append(("stop", key, tuple(pids)))
+        self.stopped.add(key)
+
+    def resume(self, key):
+        self.asked.append(("resume", key))
+        self.stopped.discard(key)
+
+
+def limits_file(path: Path, sm: int = 30, policy: str = "default") -> Path:
+    write_limits_file(path, ContainerLimits(devices=(DeviceLimits(GPU, sm_percent=sm),), region_path="/r",
+                                            sm_policy=policy))
+    return path
+
+
+def run_model(tmp_path, passes: int, *, policy: str, neighbour: bool, limit: int = 30):
+    """A saturating container with no shim (no region) at ``limit`` %, and optionally an honest neighbour
+    (charging 0.2 s a pass, always busy), over ``passes`` one-second passes; returns the bypasser's busy
+    share per pass and the recorder."""
+    rec = Recorder()
+    live = LivePass(guard=BypassGuard(rec))
+    bad = limits_file(tmp_path / "bad.limits", limit, policy)
+    good = limits_file(tmp_path / "good.limits", 70, policy)
+    queue = 0.0  # seconds of queued work the stopped process left
+    shares = []
+    for t in range(1, passes + 1):
+        if (str(bad), 0) in rec.stopped:
+            use = min(1.0, queue)
+            queue -= use
+        else:
+            use, queue = 1.0, QUEUE_S
+        shares.append(100 * use)
+        busy = {101} if use > 0 else set()
+        pid_busy = {101: 100 * use}
+        tenants = [Tenant(str(bad), 0, 1, (101,), None, limit_pct=limit, policy=policy)]
+        if neighbour:
+            busy.add(202)
+            pid_busy[202] = 100.0  # time-sliced: NVML reads it at the device's share
+            tenants.append(Tenant(str(good), 0, 1, (202,), int(0.2e9 * t), limit_pct=70, policy=policy))
+        live.run(float(t), {GPU: (GpuReading(100.0, frozenset(busy), pid_busy), tenants)})
+    return shares, rec, live
+
+
+@pytest.mark.parametrize("policy, neighbour", [("force", False), ("default", True)])
+def test_a_container_outside_its_shim_is_held_to_its_limit_on_average(tmp_path, policy, neighbour):
+    shares, rec, live = run_model(tmp_path, 80, policy=policy, neighbour=neighbour)
+    held = shares[10:]
+    mean = sum(held) / len(held)
+    assert mean <= 35, f"the bypassing container kept {mean:.1f} % of the GPU at a 30 % limit: {shares}"
+    assert mean >= 15, f"held far under its limit: {mean:.1f} %"
+    assert {a[1] for a in rec.asked} == {(str(tmp_path / "bad.limits"), 0)}, "only the bypasser is ever touched"
+    assert live.untrusted["uncharged"] >= 1
+
+
+def test_under_default_a_container_alone_runs_free_even_outside_its_shim(tmp_path):
+    """HAMi's default: the limit applies only while another container is active. Alone, nothing is stopped."""
+    shares, rec, _ = run_model(tmp_path, 20, policy="default", neighbour=False)
+    assert rec.asked == [] and min(shares) == 100.0
+
+
+def test_a_container_whose_shim_charges_again_is_let_go(tmp_path):
+    """Counted bypassing, then its region charges (its shim is back, or it was late): continued, not held."""
+    rec = Recorder()
+    live = LivePass(guard=BypassGuard(rec))
+    bad = limits_file(tmp_path / "bad.limits", 30, "force")
+    key = (str(bad), 0)
+    for t in range(1, DISAGREE_PASSES + 3):
+        live.run(float(t), {GPU: (GpuReading(100.0, frozenset({101}), {101: 100.0}),
+                                  [Tenant(str(bad), 0, 1, (101,), None, limit_pct=30, policy="force")])})
+    assert key in rec.stopped
+    charged = 0
+    for t in range(DISAGREE_PASSES + 3, DISAGREE_PASSES + 6):
+        charged += int(0.3e9)
+        live.run(float(t), {GPU: (GpuReading(30.0, frozenset({101}), {101: 30.0}),
+                                  [Tenant(str(bad), 0, 1, (101,), charged, limit_pct=30, policy="force")])})
+    assert key not in rec.stopped and key not in live.bypassing
+
+
+def test_a_container_that_leaves_is_continued(tmp_path):
+    rec = Recorder()
+    live = LivePass(guard=BypassGuard(rec))
+    bad = limits_file(tmp_path / "bad.limits", 30, "force")
+    for t in range(1, DISAGREE_PASSES + 3):
+        live.run(float(t), {GPU: (GpuReading(100.0, frozenset({101}), {101: 100.0}),
+                                  [Tenant(str(bad), 0, 1, (101,), None, limit_pct=30, policy="force")])})
+    assert rec.stopped
+    live.run(float(DISAGREE_PASSES + 3), {GPU: (GpuReading(0.0, frozenset(), {}), [])})
+    assert not rec.stopped and not live.bypassing
+
+
+# ---- real processes ---------------------------------------------------------------------------------------
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces with bind mounts need root (CI is root)")
+
+
+def state_of(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2]
+
+
+def wait_state(pid: int, want: str) -> str:
+    for _ in range(200):
+        if state_of(pid) == want:
+            break
+        time.sleep(0.01)
+    return state_of(pid)
+
+
+@root_only
+def test_the_guard_stops_exactly_the_containers_processes_and_continues_them(tmp_path):
+    """NodeCore.priority_pass with NVML's stand-in: a container at 30 % (force) whose process NVML shows busy
+    with no region; its neighbour, on the GPU and idle. The bypasser's real process is stopped (state T) within a few
+    passes, the neighbour's (on the GPU, idle) never; when the daemon stops (resume_stopped) it runs again."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from nodeharness import make_node
+
+    from hamid.devices.types import BusyReading
+    from hamid.node import layout
+    from hamid.node.identity import Owner
+    from hamid.node.realize import slot_assignment, slot_name
+    from hamid.request import parse_docker_env
+    from test_isolation import in_container
+
+    d = make_node(tmp_path / "s", regionTmpfs=False)
+    procs = []
+    try:
+        got = {}
+        for cid in ("bad", "good"):
+            req = parse_docker_env(["HAMI_VISIBLE_DEVICES=0", "HAMI_VGPU_SPEC=mem=1g,cores=30,policy=force"], cid)
+            got[cid] = d.core.admit(Owner("docker", cid), req).reservation
+        state = tmp_path / "s"
+        lim = {cid: Path(layout.limits_file(state, slot_name(got[cid], "main"))) for cid in got}
+        uuid = slot_assignment(got["bad"], "main").devices[0].uuid
+        bad, good = in_container(lim["bad"]), in_container(lim["good"])
+        procs += [bad, good]
+        d.core.backend.busy = lambda: {uuid: BusyReading(
+            busy_pct=100.0, busy_pids=frozenset({bad.pid}), pids=frozenset({bad.pid, good.pid}),
+            pid_busy={bad.pid: 100.0})}
+        for _ in range(DISAGREE_PASSES + 2):
+            d.core.priority_pass()
+            time.sleep(0.05)
+        assert wait_state(bad.pid, "T") == "T", "the bypassing container's process was not stopped"
+        assert state_of(good.pid) != "T"
+        record = state / layout.STOPPED_NAME
+        assert str(bad.pid) in record.read_text()
+        d.core.resume_stopped()
+        assert wait_state(bad.pid, "S") != "T"
+        assert str(bad.pid) not in record.read_text()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        d.close()
+
+
+def test_a_daemon_that_died_with_processes_stopped_has_them_continued_by_the_next(tmp_path):
+    """The record names what was stopped (pid and start time, written before the stop); a new daemon's
+    first pass continues those that still run, and leaves alone a pid whose start time differs (the
+    kernel handed it to another process)."""
+    record = tmp_path / "stopped.json"
+    child = subprocess.Popen(["sleep", "60"])
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        first = Signals(record, lambda key, pid: True)
+        first.stop(("a", 0), [child.pid])
+        assert wait_state(child.pid, "T") == "T"
+        # the daemon dies here: its pidfds go with it, the record stays
+        os.kill(other.pid, signal.SIGSTOP)
+        doc = record.read_text()
+        assert str(child.pid) in doc and start_time(child.pid) is not None
+        fake = doc[:-2] + f', "{other.pid}": {start_time(other.pid) + 1}' + doc[-2:]  # a recycled pid
+        record.write_text(fake)
+        assert Signals(record, lambda key, pid: True).recover() == 1
+        assert wait_state(child.pid, "S") != "T"
+        assert state_of(other.pid) == "T", "a pid whose start time differs was signalled"
+    finally:
+        for p in (child, other):
+            p.kill()
+            p.wait()
+
+
+def test_a_pid_that_is_not_the_containers_is_never_stopped(tmp_path):
+    """The map said the pid was the container's; by the time the guard opens its pidfd the pid is another
+    process's (``owns`` says no): not signalled."""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        s = Signals(tmp_path / "stopped.json", lambda key, pid: False)
+        s.stop(("a", 0), [child.pid])
+        time.sleep(0.05)
+        assert state_of(child.pid) != "T"
+    finally:
+        child.kill()
+        child.wait()
