@@ -598,6 +598,10 @@ class NodeCore:
                         fix="run the daemon in the host's pid namespace (the chart's hostPID: true; "
                             "docker run --pid=host)")
 
+    def bypass_stops(self) -> int:
+        """Passes in which the bypass guard held a container stopped, since start."""
+        return self._live.guard.stops if self._live.guard is not None else 0
+
     def untrusted_regions(self) -> dict[str, int]:
         """Regions whose charges disagreed with NVML, by reason, since start (the live pass's count)."""
         return dict(self._live.untrusted)

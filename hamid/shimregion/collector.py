@@ -32,6 +32,9 @@ hamid.hamimetrics, legacy names with ``legacy``):
                                        charges disagreed with NVML and were left out (label
                                        reason: over-busy, went-back, no-process, uncharged;
                                        hamid/shimlimits/live.py)
+  hamid_vgpu_bypass_stops_total        live passes in which the bypass guard kept a container
+                                       that runs outside its shim stopped (over its compute
+                                       limit; hamid/shimlimits/bypass.py)
 The labeler maps a container directory name to (namespace, pod, container);
 the default splits HAMi's `<podUID>_<container>` and leaves namespace empty.
 
@@ -85,9 +88,11 @@ _LOGGED_MAX = 4096  # distinct (path, reason) pairs logged; later ones are only 
 class ShimRegionCollector(Collector):
     def __init__(self, containers_root: str | Path, labeler: Labeler = default_labeler,
                  budget_s: float = SCRAPE_BUDGET_S, *, legacy: bool = False,
-                 untrusted: Callable[[], Mapping[str, int]] | None = None) -> None:
+                 untrusted: Callable[[], Mapping[str, int]] | None = None,
+                 bypass_stops: Callable[[], int] | None = None) -> None:
         self.root = Path(containers_root)
         self.untrusted = untrusted  # the live pass's count of regions it did not trust, by reason
+        self.bypass_stops = bypass_stops  # the bypass guard's count of passes that held a container stopped
         self.legacy = legacy  # HAMi's pre-2.9 names beside the hami_* ones
         self.labeler = labeler
         self.budget_s = budget_s
@@ -236,14 +241,19 @@ class ShimRegionCollector(Collector):
         for reason, n in sorted((self.untrusted() if self.untrusted else {}).items()):
             doubted.add_metric([reason], n)
         yield doubted
+        if self.bypass_stops is not None:
+            yield CounterMetricFamily("hamid_vgpu_bypass_stops",
+                                      "live passes in which a container running outside its shim was held stopped",
+                                      value=self.bypass_stops())
 
 
 def register_collector(
     registry: CollectorRegistry, containers_root: str | Path, labeler: Labeler = default_labeler,
     budget_s: float = SCRAPE_BUDGET_S, legacy: bool = False,
-    untrusted: Callable[[], Mapping[str, int]] | None = None,
+    untrusted: Callable[[], Mapping[str, int]] | None = None, bypass_stops: Callable[[], int] | None = None,
 ) -> ShimRegionCollector:
     """Register a collector of every region under `containers_root`; returns it."""
-    col = ShimRegionCollector(containers_root, labeler, budget_s, legacy=legacy, untrusted=untrusted)
+    col = ShimRegionCollector(containers_root, labeler, budget_s, legacy=legacy, untrusted=untrusted,
+                              bypass_stops=bypass_stops)
     registry.register(col)
     return col

@@ -231,3 +231,21 @@ def test_a_pid_that_is_not_the_containers_is_never_stopped(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_guards_stops_are_counted_in_metrics(tmp_path):
+    """/metrics serves how many passes held a bypassing container stopped (the daemon registers the region
+    collector with NodeCore.bypass_stops)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hamid.shimregion import register_collector
+    _, rec, live = run_model(tmp_path, 30, policy="force", neighbour=False)
+    stopped_passes = sum(1 for a in rec.asked if a[0] == "stop")
+    assert stopped_passes > 0 and live.guard.stops == stopped_passes
+    reg = CollectorRegistry()
+    (tmp_path / "containers").mkdir()
+    register_collector(reg, tmp_path / "containers", bypass_stops=lambda: live.guard.stops)
+    got = [s.value for fam in text_string_to_metric_families(generate_latest(reg).decode())
+           for s in fam.samples if s.name == "hamid_vgpu_bypass_stops_total"]
+    assert got == [float(stopped_passes)]
