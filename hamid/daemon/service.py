@@ -618,6 +618,14 @@ async def _reconcile_loop(d: Daemon, liveness) -> None:
 PRIORITY_PASS_S = 1.0
 
 
+async def _guard_watchdog(d: Daemon) -> None:
+    """Every second, outside the pass's thread: a stuck pass (NVML not answering) must not keep a container
+    the bypass guard stopped stopped (hamid/shimlimits/bypass.py STALE_S)."""
+    while True:
+        await trio.sleep(PRIORITY_PASS_S)
+        d.service.core.resume_if_stale()
+
+
 async def _priority_loop(d: Daemon) -> None:
     try:
         while True:
@@ -667,6 +675,7 @@ async def run(d: Daemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
                 log.error("MPS check failed", error=repr(e)[:500])
             nursery.start_soon(_reconcile_loop, d, liveness)
             nursery.start_soon(_priority_loop, d)
+            nursery.start_soon(_guard_watchdog, d)
             if d.core.facts.mps_control:
                 nursery.start_soon(_mps_loop, d)
             nursery.start_soon(_wait_for_signal, nursery.cancel_scope)

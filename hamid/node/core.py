@@ -581,6 +581,11 @@ class NodeCore:
         if self.facts.compute_bypass == "stop":
             self._live.guard = BypassGuard(signals)
 
+    def resume_if_stale(self) -> bool:
+        """Continues every container the bypass guard stopped when no pass has run for a while (the daemon's
+        watchdog, every second, outside the pass's thread)."""
+        return self._live.guard is not None and self._live.guard.resume_if_stale(time.monotonic())
+
     def resume_stopped(self) -> None:
         """Continues every container the bypass guard stopped (the daemon stops, or a pass failed)."""
         if self._live.guard is not None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,9 @@ CREDIT_S = 1.0
 # Debt kept at most (GPU seconds over the limit): a reading that over-read for a while (beside busy
 # neighbours) stops the container for at most this many seconds' worth after it.
 DEBT_MAX_S = 5.0
+# A stop lasts until the next pass; passes come every second. With none for this long (NVML not answering,
+# the pass stuck), every stopped container is continued: a stuck daemon must not keep a tenant stopped.
+STALE_S = 5.0
 
 Key = tuple[str, int]  # (limits file, device index): one container on one GPU
 
@@ -77,10 +81,30 @@ class BypassGuard:
     stopped: set[Key] = field(default_factory=set)
     stops: int = 0  # passes that stopped a container, since start (for /metrics)
     _told: set[Key] = field(default_factory=set)
+    ran_at: float | None = None  # monotonic s of the last pass
+    # the pass runs in a worker thread, the watchdog (resume_if_stale) in the daemon's own
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, now: float, uses: Iterable[Use]) -> None:
         """One pass at monotonic ``now`` over the bypassing containers; a container not among ``uses`` is
         continued and forgotten."""
+        with self._lock:
+            self._run(now, uses)
+            self.ran_at = now
+
+    def resume_if_stale(self, now: float, stale_s: float = STALE_S) -> bool:
+        """Continues every stopped container when no pass ran for ``stale_s`` (monotonic ``now``); returns
+        whether it did."""
+        with self._lock:
+            if not self.stopped or self.ran_at is None or now - self.ran_at <= stale_s:
+                return False
+            log.warning("no live pass for a while: every stopped container continued", since_s=round(now - self.ran_at, 1),
+                        containers=len(self.stopped))
+            for key in list(self.stopped):
+                self._resume(key)
+            return True
+
+    def _run(self, now: float, uses: Iterable[Use]) -> None:
         seen = set()
         for u in uses:
             seen.add(u.key)
@@ -113,8 +137,9 @@ class BypassGuard:
 
     def resume_all(self) -> None:
         """Continues every stopped container (the pass failed, or the daemon stops)."""
-        for key in list(self.stopped):
-            self._resume(key)
+        with self._lock:
+            for key in list(self.stopped):
+                self._resume(key)
 
     def _resume(self, key: Key) -> None:
         self.stopper.resume(key)

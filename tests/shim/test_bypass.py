@@ -249,3 +249,13 @@ def test_the_guards_stops_are_counted_in_metrics(tmp_path):
     got = [s.value for fam in text_string_to_metric_families(generate_latest(reg).decode())
            for s in fam.samples if s.name == "hamid_vgpu_bypass_stops_total"]
     assert got == [float(stopped_passes)]
+
+
+def test_a_stuck_pass_does_not_keep_a_container_stopped(tmp_path):
+    """A stop lasts until the next pass. When passes stop coming (NVML not answering, the pass stuck in its
+    thread), the daemon's watchdog continues every stopped container after STALE_S."""
+    from hamid.shimlimits.bypass import STALE_S
+    _, rec, live = run_model(tmp_path, 6, policy="force", neighbour=False)
+    assert rec.stopped, "stopped by the model's last pass"
+    assert not live.guard.resume_if_stale(6.0 + STALE_S - 0.5) and rec.stopped
+    assert live.guard.resume_if_stale(6.0 + STALE_S + 0.5) and not rec.stopped
