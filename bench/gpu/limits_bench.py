@@ -221,9 +221,10 @@ def live_pass(tenants):
     it (NodeCore.priority_pass): NVML's processes on the GPU mapped to tenants by the host's pid map (each
     tenant's mount namespace shows its limits file at the fixed path), the regions' charges and launch
     stamps."""
-    from hamid.shimlimits.hostpids import owners
+    from hamid.shimlimits.hostpids import file_idents, maps_any, owners
     from hamid.shimlimits.live import GpuReading, Tenant
     from limits_work import REGION_LAST_KERNEL_OFF, region_gpu_time
+    shims = file_idents([SHIM])  # as the daemon's stateDir/shim: the one shim the tenants preload
     b = BUSY.busy().get(NV.uuid)
     files = {str(Path(t["env"]["HAMID_BENCH_LIMITS_DIR"]) / "hamid.limits"): t for t in tenants}
     on = ((b.pids or frozenset()) | b.busy_pids) if b else frozenset()
@@ -233,8 +234,9 @@ def live_pass(tenants):
         e = t["env"]
         lim = int(e["HAMID_BENCH_LIMIT"])
         region = e["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
-        ts.append(Tenant(limits=f, device=0, priority=int(e["HAMID_BENCH_PRIORITY"]),
-                         pids=tuple(sorted(p for p in on if whose.get(p) == f)),
+        pids = tuple(sorted(p for p in on if whose.get(p) == f))
+        ts.append(Tenant(limits=f, device=0, priority=int(e["HAMID_BENCH_PRIORITY"]), pids=pids,
+                         unshimmed=tuple(p for p in pids if lim > 0 and maps_any(p, shims) is False),
                          charged_ns=region_gpu_time(region), charged=lim > 0 and e["HAMID_BENCH_POLICY"] != "disable",
                          last_kernel_ns=region_gpu_time(region, REGION_LAST_KERNEL_OFF) or None,
                          limit_pct=lim, policy=e["HAMID_BENCH_POLICY"]))

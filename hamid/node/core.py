@@ -509,7 +509,7 @@ class NodeCore:
         (hamid/shimlimits/hostpids.py), never from a region. Written in place, only what changed; returns how
         many fields were written."""
         from ..shimlimits import LimitsFormatError, decode
-        from ..shimlimits.hostpids import owners
+        from ..shimlimits.hostpids import file_idents, maps_any, owners
         from ..shimregion import RegionError, read_region
 
         self._ready_guard()
@@ -548,14 +548,19 @@ class NodeCore:
         whose = owners({p for ps in on.values() for p in ps}, {f[1]: f[1] for f in found},
                        layout.LIMITS_IN_CONTAINER)
         self._check_pid_namespace(whose)
+        # every shim this daemon ever installed (versioned files, never rewritten nor removed: a container
+        # started before an upgrade maps the old one)
+        shim_dir = self.state_dir / layout.SHIM_DIR
+        shims = file_idents(sorted(shim_dir.glob("libvgpu.so.*"))) if shim_dir.is_dir() else frozenset()
         on_gpu: dict[str, list[Tenant]] = {}
         for uuid, limits, i, prio, du, charged, limit_pct, policy in found:
             pids = tuple(sorted(p for p in on.get(uuid, ()) if whose.get(p) == limits))
+            unshimmed = tuple(p for p in pids if maps_any(p, shims) is False) if charged and shims else ()
             on_gpu.setdefault(uuid, []).append(Tenant(
                 limits=limits, device=i, priority=prio, pids=pids,
                 charged_ns=None if du is None else du.gpu_time_ns, charged=charged,
                 last_kernel_ns=(du.last_kernel_realtime_ns or None) if du is not None else None,
-                limit_pct=limit_pct, policy=policy))
+                limit_pct=limit_pct, policy=policy, unshimmed=unshimmed))
         try:
             return self._live.run(time.monotonic(), {
                 u: (GpuReading(readings[u].busy_pct, readings[u].busy_pids, readings[u].pid_busy)

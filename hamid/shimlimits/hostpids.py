@@ -97,3 +97,40 @@ def owners(pids: Iterable[int], files: Mapping[str, str], inside: str, *,
         ident = _ident_inside(f"{proc}/{pid}/root", inside)
         out[pid] = by_ident.get(ident) if ident is not None else None
     return out
+
+
+MAPS_MAX_BYTES = 16 << 20  # a process's list of mappings read at most (a torch process's is about 1 MB)
+
+
+def maps_any(pid: int, idents: frozenset[tuple[int, int]], *, proc: str = "/proc") -> bool | None:
+    """Whether the process has a file of ``idents`` ((st_dev, st_ino) as os.stat gives them) mapped, from the
+    kernel's list of its mappings (/proc/<pid>/maps: each line's device and inode); None: gone, or a list
+    we may not read. What the process cannot make the kernel say otherwise: a process with no shim (a
+    static binary, a preload it escaped) has none of the installed shim files mapped."""
+    try:
+        with open(f"{proc}/{pid}/maps", "rb") as f:
+            data = f.read(MAPS_MAX_BYTES)
+    except OSError:
+        return None
+    for line in data.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or parts[4] == b"0":
+            continue  # anonymous
+        try:
+            major, minor = (int(x, 16) for x in parts[3].split(b":"))
+            ino = int(parts[4])
+        except ValueError:
+            continue
+        if (os.makedev(major, minor), ino) in idents:
+            return True
+    return False
+
+
+def file_idents(paths: Iterable[str | os.PathLike]) -> frozenset[tuple[int, int]]:
+    """(st_dev, st_ino) of each of ``paths`` that exists."""
+    out = set()
+    for p in paths:
+        ident = _ident(str(p))
+        if ident is not None:
+            out.add(ident)
+    return frozenset(out)

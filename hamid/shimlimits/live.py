@@ -110,6 +110,8 @@ DISAGREE_PASSES = 3
 UNTRUSTED_SAYS = {
     "uncharged": "container busy on the GPU with nothing charged: its compute limit is not enforced (no shim in "
                  "its processes, or a region it froze); left out of the sharing correction",
+    "unshimmed": "container busy on the GPU with processes that have no shim mapped: its compute limit is not "
+                 "enforced from inside, whatever its region says; left out of the sharing correction",
     None: "region not trusted: its charges left out of the sharing correction",
 }
 # HAMi's recent_kernel window (hamid_limits.h HAMID_LIMITS_ACTIVE_WINDOW_S): a container counts as active
@@ -129,6 +131,9 @@ class Tenant:
     charged: bool = True  # its shim charges its kernels here (a compute limit, policy not disable)
     last_kernel_ns: int | None = None  # its region's launch stamp (wall clock ns); None: none. Untrusted
     limit_pct: int = 0  # its compute limit on this device (its limits file), for the bypass guard
+    # those of ``pids`` with none of the installed shim files mapped (the kernel's list of their mappings,
+    # hostpids.maps_any): processes nothing inside limits, whatever their region says
+    unshimmed: tuple[int, ...] = ()
     policy: str = "default"  # its limits file's sm_policy: force holds it to its limit alone too
 
 
@@ -298,6 +303,8 @@ class LivePass:
                 why = "uncharged" if ran and t.charged_ns is None else None
             else:
                 why = self._untrusted(t.charged_ns - prev[1], (now - prev[0]) * 1e9, reading, on_gpu, ran)
+            if t.charged and reading.busy_pids and reading.busy_pids & set(t.unshimmed):
+                why = "unshimmed"  # the kernel's word, not a reading that may trail: counted at once
             # One pass's disagreement only keeps the pass from learning: an honest shim charges a launch when it
             # is made, a queue launched late in one pass runs in the next, and a process that left the GPU was
             # charged before it left. The same disagreement DISAGREE_PASSES passes running, or a count going
@@ -305,15 +312,15 @@ class LivePass:
             was, n = self._disagreed.get(key, (None, 0))
             n = (n + 1 if was == why else 1) if why else 0
             self._disagreed[key] = (why, n)
-            if not t.charged or (why is None and prev is not None and t.charged_ns is not None
+            if not t.charged or (why is None and not t.unshimmed and prev is not None and t.charged_ns is not None
                                  and t.charged_ns > prev[1]):
                 self.bypassing.discard(key)  # charging again (its shim is back), or no compute limit now
             if why:
                 known = False
-                if why != "went-back" and n < DISAGREE_PASSES:
+                if why not in ("went-back", "unshimmed") and n < DISAGREE_PASSES:
                     continue
                 held = key in self.bypassing  # said when it was first counted; its stops are the guard's
-                if why == "uncharged" and t.limit_pct > 0:
+                if why in ("uncharged", "unshimmed") and t.limit_pct > 0:
                     self.bypassing.add(key)
                 doubted.add(key)
                 self.untrusted[why] += 1

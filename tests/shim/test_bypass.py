@@ -259,3 +259,121 @@ def test_a_stuck_pass_does_not_keep_a_container_stopped(tmp_path):
     assert rec.stopped, "stopped by the model's last pass"
     assert not live.guard.resume_if_stale(6.0 + STALE_S - 0.5) and rec.stopped
     assert live.guard.resume_if_stale(6.0 + STALE_S + 0.5) and not rec.stopped
+
+
+# ---- no shim mapped: whatever the region says --------------------------------------------------------------
+
+MAPPER = """
+import mmap, sys
+f = open(sys.argv[1], "rb")
+m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+print("ok", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_kernels_list_of_mappings_says_whether_a_process_has_the_shim(tmp_path):
+    """hostpids.maps_any reads /proc/<pid>/maps: a process that maps the shim's file (same device and inode)
+    has it; one that maps another file of the same name, or nothing, has not; a gone pid is unknown."""
+    from hamid.shimlimits.hostpids import file_idents, maps_any
+
+    shim = tmp_path / "libvgpu.so.1"
+    shim.write_bytes(b"\0" * 8192)
+    other = tmp_path / "elsewhere" / "libvgpu.so.1"
+    other.parent.mkdir()
+    other.write_bytes(b"\0" * 8192)
+    idents = file_idents([shim])
+    procs = [subprocess.Popen([sys.executable, "-c", MAPPER, str(p)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for p in (shim, other)]
+    plain = subprocess.Popen(["sleep", "60"])
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ok"
+        assert maps_any(procs[0].pid, idents) is True
+        assert maps_any(procs[1].pid, idents) is False
+        assert maps_any(plain.pid, idents) is False
+        assert maps_any(999_999_999, idents) is None
+    finally:
+        for p in (*procs, plain):
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("kind", ["tiny", "steady", "frozen"])
+def test_a_container_with_no_shim_is_held_whatever_its_region_charges(tmp_path, kind):
+    """No shim mapped in its busy process (the kernel's list), and a region it writes itself: a small charge
+    each pass, a plausible steady one, or a frozen one. Counted "unshimmed" in the first pass it is busy,
+    left out of the correction, and held to its limit by the guard on average."""
+    rec = Recorder()
+    live = LivePass(guard=BypassGuard(rec))
+    bad = limits_file(tmp_path / "bad.limits", 30, "force")
+    key = (str(bad), 0)
+    queue, charged, shares = 0.0, 0, []
+    for t in range(1, 81):
+        if key in rec.stopped:
+            use = min(1.0, queue)
+            queue -= use
+        else:
+            use, queue = 1.0, QUEUE_S
+        shares.append(100 * use)
+        charged += {"tiny": int(0.03e9), "steady": int(0.3e9), "frozen": 0}[kind]
+        live.run(float(t), {GPU: (GpuReading(100.0 * use, frozenset({101}) if use else frozenset(), {101: 100 * use}),
+                                  [Tenant(str(bad), 0, 1, (101,), charged, limit_pct=30, policy="force",
+                                          unshimmed=(101,))])})
+        if t == 1:
+            assert live.untrusted["unshimmed"] == 1 and key in live.bypassing
+    held = shares[10:]
+    assert sum(held) / len(held) <= 35, shares
+    assert live.factor(GPU) == 1.0
+
+
+@root_only
+def test_the_daemon_tells_a_process_with_the_installed_shim_from_one_without(tmp_path):
+    """NodeCore.priority_pass: two limited containers busy on one GPU, one whose process maps the shim the
+    daemon installed (stateDir/shim/libvgpu.so.<version>, as the preload does), one whose process maps none.
+    After one pass only the second is counted "unshimmed" and held."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from nodeharness import make_node
+
+    from hamid.devices.types import BusyReading
+    from hamid.node import layout
+    from hamid.node.identity import Owner
+    from hamid.node.realize import slot_assignment, slot_name
+    from hamid.node.layout import LIMITS_IN_CONTAINER
+    from hamid.request import parse_docker_env
+
+    d = make_node(tmp_path / "s", regionTmpfs=False)
+    state = tmp_path / "s"
+    installed = sorted((state / layout.SHIM_DIR).glob("libvgpu.so.*"))
+    if not installed:
+        d.close()
+        pytest.skip("no shim built (make shim)")
+    procs = []
+    try:
+        got = {}
+        for cid in ("with", "without"):
+            req = parse_docker_env(["HAMI_VISIBLE_DEVICES=0", "HAMI_VGPU_SPEC=mem=1g,cores=30,policy=force"], cid)
+            got[cid] = d.core.admit(Owner("docker", cid), req).reservation
+        lim = {cid: Path(layout.limits_file(state, slot_name(got[cid], "main"))) for cid in got}
+        uuid = slot_assignment(got["with"], "main").devices[0].uuid
+        top = "/" + "/".join(LIMITS_IN_CONTAINER.strip("/").split("/")[:2])
+        for cid, maps in (("with", str(installed[0])), ("without", "/dev/null")):
+            script = (f'mount -t tmpfs none {top} && mkdir -p "$(dirname {LIMITS_IN_CONTAINER})" && '
+                      f'touch {LIMITS_IN_CONTAINER} && mount --bind "$0" {LIMITS_IN_CONTAINER} && exec "$@"')
+            argv = [sys.executable, "-c", MAPPER, maps] if cid == "with" else ["sh", "-c", "echo ok; exec sleep 60"]
+            p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(lim[cid]), *argv],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert p.stdout.readline().strip() == "ok"
+            procs.append(p)
+        pw, po = procs
+        d.core.backend.busy = lambda: {uuid: BusyReading(
+            busy_pct=100.0, busy_pids=frozenset({pw.pid, po.pid}), pids=frozenset({pw.pid, po.pid}),
+            pid_busy={pw.pid: 100.0, po.pid: 100.0})}
+        d.core.priority_pass()
+        assert d.core.untrusted_regions() == {"unshimmed": 1}
+        assert d.core._live.bypassing == {(str(lim["without"]), 0)}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        d.close()
