@@ -112,7 +112,13 @@ def maps_any(pid: int, idents: frozenset[tuple[int, int]], *, proc: str = "/proc
             data = f.read(MAPS_MAX_BYTES)
     except OSError:
         return None
+    # most lines are other files: look only at lines naming one of the inodes (a quick scan of the bytes)
+    needles = {b" %d " % ino for _, ino in idents}
+    if not any(n in data for n in needles):
+        return False
     for line in data.splitlines():
+        if not any(n in line for n in needles):
+            continue
         parts = line.split(None, 5)
         if len(parts) < 6 or parts[4] == b"0":
             continue  # anonymous
