@@ -101,6 +101,13 @@ STEADY = 1.5
 SHARE_BOUND = 0.08
 # A region charging more than the device was busy by this many points over a pass is not believed.
 OVER_BUSY_PTS = 5.0
+# Alone on the GPU (its pids the only busy ones), NVML's busy share is the container's GPU time, and an honest
+# shim's charges follow it (it learns its own correction alone): 0.95-1.06 of it in the median over 335 such
+# passes recorded on the H100 and H200 (bench/gpu/results/isolation), under half of it in single passes only.
+# A region charging under UNDER_RATIO of the busy time, the device at least UNDER_BUSY_PCT busy, is
+# under-charged (the same DISAGREE_PASSES rule).
+UNDER_RATIO = 0.5
+UNDER_BUSY_PCT = 10.0
 # A region is counted untrusted once it disagrees with NVML the same way this many passes running (see
 # _share_for). Replayed over the 703 recorded passes of honest tenants in bench/gpu/results/isolation (H200
 # 2026-11-29, H100 2026-12-07: GEMM, small kernels, generate(), dynamic shapes, training starting 0-3 s apart),
@@ -110,6 +117,8 @@ DISAGREE_PASSES = 3
 UNTRUSTED_SAYS = {
     "uncharged": "container busy on the GPU with nothing charged: its compute limit is not enforced (no shim in "
                  "its processes, or a region it froze); left out of the sharing correction",
+    "under-charged": "container alone on the GPU charged under half of what NVML saw it run: its region is not "
+                     "its shim's; held to its limit from outside while the limit applies",
     "unshimmed": "container busy on the GPU with processes that have no shim mapped: its compute limit is not "
                  "enforced from inside, whatever its region says; left out of the sharing correction",
     None: "region not trusted: its charges left out of the sharing correction",
@@ -194,9 +203,10 @@ class LivePass:
     # holds containers counted uncharged to their limits by stopping their processes (bypass.py); None: only
     # counted
     guard: BypassGuard | None = None
-    # (file, device) counted uncharged, until its region charges again or it leaves: a stopped container
-    # charges nothing and shows nothing busy, which is no reason to let it go
-    bypassing: set = field(default_factory=set)
+    # (file, device) -> why it is held (uncharged, unshimmed, under-charged), until it is seen charging as an
+    # honest shim does or it leaves: a stopped container charges nothing and shows nothing busy, which is no
+    # reason to let it go
+    bypassing: dict = field(default_factory=dict)
 
     def factor(self, uuid: str) -> float:
         """The GPU's learned factor (1.0 before any shared pass)."""
@@ -237,7 +247,7 @@ class LivePass:
                     pid_busy = reading.pid_busy
                     uses.append(Use(key, t.limit_pct, t.policy == "force" or others, t.pids,
                                     None if pid_busy is None else sum(pid_busy.get(p, 0.0) for p in t.pids)))
-        self.bypassing &= seen
+        self.bypassing = {k: v for k, v in self.bypassing.items() if k in seen}
         if self.guard is not None:
             self.guard.run(now, uses)
         for key in [k for k in set(self._last) | set(self._hold) if k not in seen]:  # containers gone: forgotten
@@ -296,13 +306,15 @@ class LivePass:
             on_gpu, self._had_pids[key] = bool(t.pids) or self._had_pids.get(key, False), bool(t.pids)
             # NVML saw its processes busy although it has a compute limit: its shim must have charged something
             ran = t.charged and bool(reading.busy_pids and reading.busy_pids & set(t.pids))
+            # its pids the only busy ones: NVML's busy share is its GPU time
+            alone = ran and reading.busy_pids is not None and reading.busy_pids <= set(t.pids)
             if t.charged_ns is not None:
                 self._last[key] = (now, t.charged_ns)
             if t.charged_ns is None or prev is None or now <= prev[0]:
                 known = False  # no region (no shim yet, or none at all) or a new container: no interval yet
                 why = "uncharged" if ran and t.charged_ns is None else None
             else:
-                why = self._untrusted(t.charged_ns - prev[1], (now - prev[0]) * 1e9, reading, on_gpu, ran)
+                why = self._untrusted(t.charged_ns - prev[1], (now - prev[0]) * 1e9, reading, on_gpu, ran, alone)
             if t.charged and reading.busy_pids and reading.busy_pids & set(t.unshimmed):
                 why = "unshimmed"  # the kernel's word, not a reading that may trail: counted at once
             # One pass's disagreement only keeps the pass from learning: an honest shim charges a launch when it
@@ -312,16 +324,19 @@ class LivePass:
             was, n = self._disagreed.get(key, (None, 0))
             n = (n + 1 if was == why else 1) if why else 0
             self._disagreed[key] = (why, n)
-            if not t.charged or (why is None and not t.unshimmed and prev is not None and t.charged_ns is not None
-                                 and t.charged_ns > prev[1]):
-                self.bypassing.discard(key)  # charging again (its shim is back), or no compute limit now
+            agrees = why is None and not t.unshimmed and prev is not None and t.charged_ns is not None and \
+                t.charged_ns > prev[1]
+            # let go: no compute limit now, or charging as an honest shim does (an under-charger: seen so alone,
+            # where NVML can tell)
+            if not t.charged or (agrees and (alone or self.bypassing.get(key) != "under-charged")):
+                self.bypassing.pop(key, None)
             if why:
                 known = False
                 if why not in ("went-back", "unshimmed") and n < DISAGREE_PASSES:
                     continue
                 held = key in self.bypassing  # said when it was first counted; its stops are the guard's
-                if why in ("uncharged", "unshimmed") and t.limit_pct > 0:
-                    self.bypassing.add(key)
+                if why in ("uncharged", "unshimmed", "under-charged") and t.limit_pct > 0:
+                    self.bypassing[key] = why
                 doubted.add(key)
                 self.untrusted[why] += 1
                 if key not in self._doubted and not held:
@@ -373,7 +388,8 @@ class LivePass:
         return round(g.factor * 1000)
 
     @staticmethod
-    def _untrusted(delta: int, interval_ns: float, reading: GpuReading, on_gpu: bool, ran: bool) -> str | None:
+    def _untrusted(delta: int, interval_ns: float, reading: GpuReading, on_gpu: bool, ran: bool,
+                   alone: bool = False) -> str | None:
         """Why the region's charge over the pass disagrees with NVML (a reason for /metrics), or None. A
         cumulative count that went back; nothing charged while NVML saw the container's processes busy
         (it has a compute limit: no shim, or a frozen region); more GPU time than the device was busy;
@@ -385,6 +401,9 @@ class LivePass:
             return "uncharged"
         if reading.busy_pct is not None and delta > (reading.busy_pct + OVER_BUSY_PTS) / 100.0 * interval_ns:
             return "over-busy"
+        if (alone and reading.busy_pct is not None and reading.busy_pct >= UNDER_BUSY_PCT
+                and delta < UNDER_RATIO * reading.busy_pct / 100.0 * interval_ns):
+            return "under-charged"
         if delta >= BUSY_MIN * interval_ns and not on_gpu:
             return "no-process"
         return None

@@ -31,7 +31,7 @@ hamid.hamimetrics, legacy names with ``legacy``):
   hamid_vgpu_region_untrusted_total    passes of the daemon's live pass in which a region's
                                        charges disagreed with NVML and were left out (label
                                        reason: over-busy, went-back, no-process, uncharged,
-                                       unshimmed;
+                                       unshimmed, under-charged;
                                        hamid/shimlimits/live.py)
   hamid_vgpu_bypass_stops_total        live passes in which the bypass guard kept a container
                                        that runs outside its shim stopped (over its compute
