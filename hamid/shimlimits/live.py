@@ -59,6 +59,13 @@ When fewer than two are busy, or the pass cannot know (NVML did not answer,
 a process of nobody's ran, a busy container is not charged, a region is not
 trusted), the files say none (0) and the shims' own feedback holds (the shim
 learns only alone).
+
+Containers nothing inside limits. A limited container whose busy process has
+no installed shim mapped (``unshimmed``, the caller's reading of the kernel's
+mappings), whose region charges nothing while it is busy (``uncharged``), or
+that charged under half of NVML's busy share while alone on the GPU
+(``under-charged``) is kept in ``bypassing`` and handed to the bypass guard
+(bypass.py), which holds it to its limit by stopping its processes.
 """
 
 from __future__ import annotations
