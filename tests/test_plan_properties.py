@@ -181,7 +181,10 @@ def check_item(doc: dict, item: dict, cluster: dict) -> None:
                 b[3] += d["mem_mib"]
                 b[4] += d["cores"]
                 b[5] += 1
-    exclusive = {d["uuid"] for c in item["containers"] for d in c["devices"]
+    # a container that asked the whole GPU is alone there among the containers it runs beside: an init
+    # container runs before the app containers (the bookings above take the larger of the two phases), so
+    # app containers may share the GPU an init container had to itself
+    exclusive = {(d["uuid"], bool(c["init"])) for c in item["containers"] for d in c["devices"]
                  if not d.get("mig_profile") and d["cores"] >= 100}
     for uuid, b in booked.items():
         g = gpus[uuid]
@@ -191,8 +194,10 @@ def check_item(doc: dict, item: dict, cluster: dict) -> None:
         assert g["shares_used"] + n <= g["split_count"], (g, b)
         if cores >= 100 and g["cores"] == 100:
             assert g["shares_used"] == 0, "exclusive use needs an idle GPU"
-        if uuid in exclusive and g["cores"] == 100:  # one container asked the whole GPU: it is alone there
-            assert g["shares_used"] == 0 and n == 1, "exclusive use needs an idle GPU and is alone on it"
+        for init in (True, False):
+            if (uuid, init) in exclusive and g["cores"] == 100:  # asked the whole GPU: alone there in its phase
+                assert g["shares_used"] == 0 and (b[2] if init else b[5]) == 1, \
+                    "exclusive use needs an idle GPU and is alone on it"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
