@@ -154,25 +154,17 @@ def test_the_guard_stops_exactly_the_containers_processes_and_continues_them(tmp
     with no region; its neighbour, on the GPU and idle. The bypasser's real process is stopped (state T) within a few
     passes, the neighbour's (on the GPU, idle) never; when the daemon stops (resume_stopped) it runs again."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from nodeharness import make_node
+    from nodeharness import admit_docker, make_node
 
     from hamid.devices.types import BusyReading
     from hamid.node import layout
-    from hamid.node.identity import Owner
-    from hamid.node.realize import slot_assignment, slot_name
-    from hamid.request import parse_docker_env
     from test_isolation import in_container
 
     d = make_node(tmp_path / "s", regionTmpfs=False)
+    state = tmp_path / "s"
     procs = []
     try:
-        got = {}
-        for cid in ("bad", "good"):
-            req = parse_docker_env(["HAMI_VISIBLE_DEVICES=0", "HAMI_VGPU_SPEC=mem=1g,cores=30,policy=force"], cid)
-            got[cid] = d.core.admit(Owner("docker", cid), req).reservation
-        state = tmp_path / "s"
-        lim = {cid: Path(layout.limits_file(state, slot_name(got[cid], "main"))) for cid in got}
-        uuid = slot_assignment(got["bad"], "main").devices[0].uuid
+        lim, uuid = admit_docker(d, {"bad": "mem=1g,cores=30,policy=force", "good": "mem=1g,cores=30,policy=force"})
         bad, good = in_container(lim["bad"]), in_container(lim["good"])
         procs += [bad, good]
         d.core.backend.busy = lambda: {uuid: BusyReading(
@@ -335,14 +327,11 @@ def test_the_daemon_tells_a_process_with_the_installed_shim_from_one_without(tmp
     daemon installed (stateDir/shim/libvgpu.so.<version>, as the preload does), one whose process maps none.
     After one pass only the second is counted "unshimmed" and held."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from nodeharness import make_node
+    from nodeharness import admit_docker, make_node
 
     from hamid.devices.types import BusyReading
     from hamid.node import layout
-    from hamid.node.identity import Owner
-    from hamid.node.realize import slot_assignment, slot_name
     from hamid.node.layout import LIMITS_IN_CONTAINER
-    from hamid.request import parse_docker_env
 
     d = make_node(tmp_path / "s", regionTmpfs=False)
     state = tmp_path / "s"
@@ -352,12 +341,7 @@ def test_the_daemon_tells_a_process_with_the_installed_shim_from_one_without(tmp
         pytest.skip("no shim built (make shim)")
     procs = []
     try:
-        got = {}
-        for cid in ("with", "without"):
-            req = parse_docker_env(["HAMI_VISIBLE_DEVICES=0", "HAMI_VGPU_SPEC=mem=1g,cores=30,policy=force"], cid)
-            got[cid] = d.core.admit(Owner("docker", cid), req).reservation
-        lim = {cid: Path(layout.limits_file(state, slot_name(got[cid], "main"))) for cid in got}
-        uuid = slot_assignment(got["with"], "main").devices[0].uuid
+        lim, uuid = admit_docker(d, {"with": "mem=1g,cores=30,policy=force", "without": "mem=1g,cores=30,policy=force"})
         top = "/" + "/".join(LIMITS_IN_CONTAINER.strip("/").split("/")[:2])
         for cid, maps in (("with", str(installed[0])), ("without", "/dev/null")):
             script = (f'mount -t tmpfs none {top} && mkdir -p "$(dirname {LIMITS_IN_CONTAINER})" && '
