@@ -48,6 +48,23 @@ class Recorder:
         self.stopped.discard(key)
 
 
+class Queue:
+    """A saturating process's GPU work: all of the GPU while it runs; once stopped, what it queued runs on for
+    QUEUE_S, then nothing."""
+
+    def __init__(self):
+        self.left = 0.0
+
+    def use(self, stopped: bool) -> float:
+        """Its share of the next second (0..1)."""
+        if not stopped:
+            self.left = QUEUE_S
+            return 1.0
+        got = min(1.0, self.left)
+        self.left -= got
+        return got
+
+
 def limits_file(path: Path, sm: int = 30, policy: str = "default") -> Path:
     write_limits_file(path, ContainerLimits(devices=(DeviceLimits(GPU, sm_percent=sm),), region_path="/r",
                                             sm_policy=policy))
@@ -62,14 +79,9 @@ def run_model(tmp_path, passes: int, *, policy: str, neighbour: bool, limit: int
     live = LivePass(guard=BypassGuard(rec))
     bad = limits_file(tmp_path / "bad.limits", limit, policy)
     good = limits_file(tmp_path / "good.limits", 70, policy)
-    queue = 0.0  # seconds of queued work the stopped process left
-    shares = []
+    queue, shares = Queue(), []
     for t in range(1, passes + 1):
-        if (str(bad), 0) in rec.stopped:
-            use = min(1.0, queue)
-            queue -= use
-        else:
-            use, queue = 1.0, QUEUE_S
+        use = queue.use((str(bad), 0) in rec.stopped)
         shares.append(100 * use)
         busy = {101} if use > 0 else set()
         pid_busy = {101: 100 * use}
@@ -302,13 +314,9 @@ def test_a_container_with_no_shim_is_held_whatever_its_region_charges(tmp_path, 
     live = LivePass(guard=BypassGuard(rec))
     bad = limits_file(tmp_path / "bad.limits", 30, "force")
     key = (str(bad), 0)
-    queue, charged, shares = 0.0, 0, []
+    queue, charged, shares = Queue(), 0, []
     for t in range(1, 81):
-        if key in rec.stopped:
-            use = min(1.0, queue)
-            queue -= use
-        else:
-            use, queue = 1.0, QUEUE_S
+        use = queue.use(key in rec.stopped)
         shares.append(100 * use)
         charged += {"tiny": int(0.03e9), "steady": int(0.3e9), "frozen": 0}[kind]
         live.run(float(t), {GPU: (GpuReading(100.0 * use, frozenset({101}) if use else frozenset(), {101: 100 * use}),
@@ -377,13 +385,9 @@ def test_a_container_that_under_charges_while_alone_is_held_once_it_shares(tmp_p
     bad = limits_file(tmp_path / "bad.limits", 30, "default")
     good = limits_file(tmp_path / "good.limits", 70, "default")
     key = (str(bad), 0)
-    queue, charged, good_charged, shares = 0.0, 0, 0, []
+    queue, charged, good_charged, shares = Queue(), 0, 0, []
     for t in range(1, 91):
-        if key in rec.stopped:
-            use = min(1.0, queue)
-            queue -= use
-        else:
-            use, queue = 1.0, QUEUE_S
+        use = queue.use(key in rec.stopped)
         charged += int(0.03e9)
         tenants = [Tenant(str(bad), 0, 1, (101,), charged, limit_pct=30, policy="default")]
         busy, pid_busy = ({101} if use else set()), {101: 100 * use}
