@@ -95,8 +95,12 @@ def test_binds_what_fits_and_explains_what_does_not(api_server, sched):
     node(api_server, "c", cpu="4")
     assert s.wait_bound("default", "big", 5) == "c"
     assert s.last_failure("default", "big") is None
-    assert any(e["reason"] == "Scheduled" and e["message"] == "Successfully assigned default/big to c"
-               for e in api_server.list("Event", "default"))
+    # the Scheduled event follows the bind (kube-scheduler's event broadcaster posts it after the binding too)
+    deadline = time.monotonic() + 5.0
+    while not any(e["reason"] == "Scheduled" and e["message"] == "Successfully assigned default/big to c"
+                  for e in api_server.list("Event", "default")):
+        assert time.monotonic() < deadline, "no Scheduled event for default/big"
+        time.sleep(0.02)
     # gated pods and other schedulers' pods are not touched
     pod(api_server, "gated", schedulingGates=[{"name": "hamid.io/placement"}])
     pod(api_server, "other", schedulerName="hami-scheduler")
