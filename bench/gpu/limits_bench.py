@@ -1044,11 +1044,10 @@ def main():
     from hamid.devices.nvml import NvmlBackend
     from hamid.shimlimits.live import LivePass
     from hamid.shimlimits.bypass import BypassGuard, Signals
-    from hamid.shimlimits.hostpids import owners
+    from hamid.shimlimits.hostpids import owned_by
     # the daemon's bypass guard (computeBypass stop, its default), its record in the bench's own directory
     LIVE = LivePass(guard=BypassGuard(Signals(
-        TMP / "stopped.json",
-        lambda key, pid: owners({pid}, {key[0]: key[0]}, f"{LIMITS_DIR}/hamid.limits").get(pid) == key[0])))
+        TMP / "stopped.json", lambda key, pid: owned_by(pid, key[0], f"{LIMITS_DIR}/hamid.limits"))))
     BUSY = NvmlBackend()
     if os.environ.get("HAMID_BENCH_LIVE_RATE"):  # a variant of the daemon's learning rate (hamid.shimlimits.live)
         import hamid.shimlimits.live as live_mod

@@ -577,11 +577,10 @@ class NodeCore:
             return
         self._guard_ready = True
         from ..shimlimits.bypass import BypassGuard, Signals
-        from ..shimlimits.hostpids import owners
+        from ..shimlimits.hostpids import owned_by
 
         signals = Signals(self.state_dir / layout.STOPPED_NAME,
-                          lambda key, pid: owners({pid}, {key[0]: key[0]}, layout.LIMITS_IN_CONTAINER).get(pid)
-                          == key[0])
+                          lambda key, pid: owned_by(pid, key[0], layout.LIMITS_IN_CONTAINER))
         signals.recover()
         if self.facts.compute_bypass == "stop":
             self._live.guard = BypassGuard(signals)

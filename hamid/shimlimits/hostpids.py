@@ -99,6 +99,11 @@ def owners(pids: Iterable[int], files: Mapping[str, str], inside: str, *,
     return out
 
 
+
+def owned_by(pid: int, limits: str, inside: str, *, proc: str = "/proc") -> bool:
+    """Whether the process is the container's whose limits file on the host is ``limits`` (owners, one pid)."""
+    return owners((pid,), {limits: limits}, inside, proc=proc).get(pid) == limits
+
 MAPS_MAX_BYTES = 16 << 20  # a process's list of mappings read at most (a torch process's is about 1 MB)
 
 

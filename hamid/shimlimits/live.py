@@ -207,7 +207,7 @@ class LivePass:
     _disagreed: dict = field(default_factory=dict)  # (file, device) -> (why it disagreed last pass, passes running)
     _had_pids: dict = field(default_factory=dict)  # (file, device) -> whether it had processes on the GPU last pass
     untrusted: Counter = field(default_factory=Counter)  # reason -> regions not trusted (passes), for /metrics
-    # holds containers counted uncharged to their limits by stopping their processes (bypass.py); None: only
+    # holds the containers in ``bypassing`` to their limits by stopping their processes (bypass.py); None: only
     # counted
     guard: BypassGuard | None = None
     # (file, device) -> why it is held (uncharged, unshimmed, under-charged), until it is seen charging as an

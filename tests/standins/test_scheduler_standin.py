@@ -74,6 +74,15 @@ def wait_failure(s, name: str, timeout: float = 5.0, contains: str = "") -> str:
     raise AssertionError(f"no failure for {name} (last: {s.last_failure('default', name)!r})")
 
 
+def wait_event(api_server, reason: str, message: str, timeout: float = 30.0) -> None:
+    """Waits for an event the scheduler posts after what the test saw (a wait, not a speed bound)."""
+    deadline = time.monotonic() + timeout
+    while not any(e["reason"] == reason and e["message"] == message for e in api_server.list("Event", "default")):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"no {reason} event {message!r}")
+        time.sleep(0.02)
+
+
 def test_binds_what_fits_and_explains_what_does_not(api_server, sched):
     node(api_server, "a", cpu="2")
     node(api_server, "b", cpu="2")
@@ -96,11 +105,7 @@ def test_binds_what_fits_and_explains_what_does_not(api_server, sched):
     assert s.wait_bound("default", "big", 5) == "c"
     assert s.last_failure("default", "big") is None
     # the Scheduled event follows the bind (kube-scheduler's event broadcaster posts it after the binding too)
-    deadline = time.monotonic() + 5.0
-    while not any(e["reason"] == "Scheduled" and e["message"] == "Successfully assigned default/big to c"
-                  for e in api_server.list("Event", "default")):
-        assert time.monotonic() < deadline, "no Scheduled event for default/big"
-        time.sleep(0.02)
+    wait_event(api_server, "Scheduled", "Successfully assigned default/big to c")
     # gated pods and other schedulers' pods are not touched
     pod(api_server, "gated", schedulingGates=[{"name": "hamid.io/placement"}])
     pod(api_server, "other", schedulerName="hami-scheduler")
