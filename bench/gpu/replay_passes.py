@@ -47,16 +47,46 @@ def recorded_passes(doc) -> list[dict]:
     return [found[t] for t in sorted(found)]
 
 
-def replay(passes: list[dict], files: Path) -> LivePass:
+def recorded_limits(doc) -> dict[int, tuple[int, str]]:
+    """Each file-mode run's host pid -> (its compute limit, its policy): the policy the call ran with
+    ("policy" in the document, default before it was recorded), force for the GEMM held alone as the isolation
+    case's reference."""
+    found: dict[int, tuple[int, str]] = {}
+    forced = {r["run"]["pid"] for r in (doc.get("iso_reference") or {}).values() if "run" in r}
+
+    def walk(o):
+        if isinstance(o, dict):
+            if o.get("mode") == "file" and isinstance(o.get("pid"), int) and o.get("limit") is not None:
+                pol = "force" if o["pid"] in forced else doc.get("policy", "default")
+                found.setdefault(o["pid"], (int(o["limit"]), pol))
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+    walk(doc)
+    return found
+
+
+def replay(passes: list[dict], files: Path, limits: dict[int, tuple[int, str]] | None = None) -> LivePass:
+    """The passes through a LivePass of the current code; ``limits`` (recorded_limits) gives each tenant, by its
+    first host pid, its limit and policy (else 30 %, default)."""
     live = LivePass()
+    limits = limits or {}
+    of: dict[str, tuple[int, str]] = {}
     for p in passes:
         tenants = []
         # all in the pass's tenant order
         for (name, pids), charged, limited in zip(p["pids"].items(), p["charged"], p["limited"]):
+            if name not in of and pids:
+                of[name] = limits.get(pids[0], (30, "default"))
+            lim, pol = of.get(name, (30, "default"))
             f = files / f"{name}.limits"
             if not f.exists():
-                write_limits_file(f, ContainerLimits(devices=(DeviceLimits(GPU, sm_percent=30),), region_path="/r"))
-            tenants.append(Tenant(str(f), 0, 1, tuple(pids), charged, charged=limited))
+                write_limits_file(f, ContainerLimits(devices=(DeviceLimits(GPU, sm_percent=lim),), region_path="/r",
+                                                     sm_policy=pol))
+            tenants.append(Tenant(str(f), 0, 1, tuple(pids), charged, charged=limited, limit_pct=lim if limited else 0,
+                                  policy=pol))
         reading = GpuReading(p["busy"], None if p["busy_pids"] is None else frozenset(p["busy_pids"]))
         live.run(p["t"], {GPU: (reading, tenants)}, wall=p["t"])
     return live
@@ -68,9 +98,10 @@ def main() -> None:
         if not passes:
             print(f"{arg}: no recorded passes")
             continue
-        live = replay(passes, Path(tempfile.mkdtemp(prefix="replay-")))
+        doc = json.loads(Path(arg).read_text())
+        live = replay(passes, Path(tempfile.mkdtemp(prefix="replay-")), recorded_limits(doc))
         print(f"{arg}: {len(passes)} passes; untrusted now {dict(live.untrusted)}, "
-              f"when run {passes[-1].get('untrusted')}")
+              f"when run {passes[-1].get('untrusted')}; unaccounted now {dict(live.unaccounted)}")
 
 
 if __name__ == "__main__":

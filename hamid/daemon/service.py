@@ -338,7 +338,7 @@ async def build_faces(d: Daemon):
     registry.register(HostCollector(d.node, d.backend.readings, legacy=c.legacyMetrics))
     # what the shim measures inside each container (its region file)
     register_collector(registry, d.state_dir / CONTAINERS_DIR, SlotLabeler(d.service.door()), legacy=c.legacyMetrics,
-                       untrusted=d.service.core.untrusted_regions, bypass_stops=d.service.core.bypass_stops)
+                       live=d.service.core.live_counts)
     d.service.subscribe(lambda event, key: commits.labels("conflict" if event == "conflict" else "ok").inc()
                         if event in ("admitted", "committed", "conflict") else None)
     faces: list[Face] = []

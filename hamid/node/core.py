@@ -34,7 +34,7 @@ from ..ledger.report import status_document
 from ..logs import get_logger
 from ..placement.reasons import refusal_headline
 from ..request.model import Defaults, Request
-from ..shimlimits.live import GpuReading, LivePass, Tenant
+from ..shimlimits.live import GpuReading, LiveCounts, LivePass, Tenant
 from . import layout, mig, mps, regionfs, released
 from .edits import ContainerEdits
 from .facts import NodeFacts
@@ -607,13 +607,10 @@ class NodeCore:
                         fix="run the daemon in the host's pid namespace (the chart's hostPID: true; "
                             "docker run --pid=host)")
 
-    def bypass_stops(self) -> int:
-        """Passes in which the bypass guard held a container stopped, since start."""
-        return self._live.guard.stops if self._live.guard is not None else 0
-
-    def untrusted_regions(self) -> dict[str, int]:
-        """Regions whose charges disagreed with NVML, by reason, since start (the live pass's count)."""
-        return dict(self._live.untrusted)
+    def live_counts(self) -> LiveCounts:
+        """What the live pass counted since start: regions not trusted, GPUs whose busy time was not accounted
+        for, passes the bypass guard held a container stopped."""
+        return self._live.counts()
 
     # --- MPS control daemons ----------------------------------------------------
 

@@ -31,8 +31,12 @@ hamid.hamimetrics, legacy names with ``legacy``):
   hamid_vgpu_region_untrusted_total    passes of the daemon's live pass in which a region's
                                        charges disagreed with NVML and were left out (label
                                        reason: over-busy, went-back, no-process, uncharged,
-                                       unshimmed, under-charged;
+                                       unshimmed, under-charged, over-limit;
                                        hamid/shimlimits/live.py)
+  hamid_vgpu_unaccounted_passes_total  live passes in which the containers sharing a GPU
+                                       charged far less than NVML saw it busy: one of them
+                                       may run past its shim, NVML cannot say which (label
+                                       device_uuid)
   hamid_vgpu_bypass_stops_total        live passes in which the bypass guard kept a container
                                        that runs outside its shim stopped (over its compute
                                        limit; hamid/shimlimits/bypass.py)
@@ -55,7 +59,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -64,6 +69,9 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from hamid.logs import get_logger
 from hamid.hamimetrics import Emitter
 from hamid.shimregion.reader import RegionError, RegionRefused, RegionSnapshot, read_region
+
+if TYPE_CHECKING:
+    from hamid.shimlimits.live import LiveCounts
 
 log = get_logger("shimregion")
 
@@ -89,11 +97,9 @@ _LOGGED_MAX = 4096  # distinct (path, reason) pairs logged; later ones are only 
 class ShimRegionCollector(Collector):
     def __init__(self, containers_root: str | Path, labeler: Labeler = default_labeler,
                  budget_s: float = SCRAPE_BUDGET_S, *, legacy: bool = False,
-                 untrusted: Callable[[], Mapping[str, int]] | None = None,
-                 bypass_stops: Callable[[], int] | None = None) -> None:
+                 live: Callable[[], LiveCounts] | None = None) -> None:
         self.root = Path(containers_root)
-        self.untrusted = untrusted  # the live pass's count of regions it did not trust, by reason
-        self.bypass_stops = bypass_stops  # the bypass guard's count of passes that held a container stopped
+        self.live = live  # the daemon's live pass's counts (untrusted regions, unaccounted GPUs, guard stops)
         self.legacy = legacy  # HAMi's pre-2.9 names beside the hami_* ones
         self.labeler = labeler
         self.budget_s = budget_s
@@ -236,25 +242,31 @@ class ShimRegionCollector(Collector):
         yield from g.values()
         yield from c.values()
         yield refused
+        live = self.live() if self.live is not None else None
         doubted = CounterMetricFamily("hamid_vgpu_region_untrusted",
                                       "live passes in which a region's charges disagreed with NVML, by reason",
                                       labels=["reason"])
-        for reason, n in sorted((self.untrusted() if self.untrusted else {}).items()):
+        for reason, n in sorted(live.untrusted.items() if live else ()):
             doubted.add_metric([reason], n)
         yield doubted
-        if self.bypass_stops is not None:
+        if live is not None:
+            missing = CounterMetricFamily("hamid_vgpu_unaccounted_passes",
+                                          "live passes in which the charges of the containers sharing a GPU fell "
+                                          "far short of its busy time", labels=["device_uuid"])
+            for uuid, n in sorted(live.unaccounted.items()):
+                missing.add_metric([uuid], n)
+            yield missing
             yield CounterMetricFamily("hamid_vgpu_bypass_stops",
                                       "live passes in which a container running outside its shim was held stopped",
-                                      value=self.bypass_stops())
+                                      value=live.bypass_stops)
 
 
 def register_collector(
     registry: CollectorRegistry, containers_root: str | Path, labeler: Labeler = default_labeler,
     budget_s: float = SCRAPE_BUDGET_S, legacy: bool = False,
-    untrusted: Callable[[], Mapping[str, int]] | None = None, bypass_stops: Callable[[], int] | None = None,
+    live: Callable[[], LiveCounts] | None = None,
 ) -> ShimRegionCollector:
     """Register a collector of every region under `containers_root`; returns it."""
-    col = ShimRegionCollector(containers_root, labeler, budget_s, legacy=legacy, untrusted=untrusted,
-                              bypass_stops=bypass_stops)
+    col = ShimRegionCollector(containers_root, labeler, budget_s, legacy=legacy, live=live)
     registry.register(col)
     return col

@@ -26,7 +26,7 @@ import pytest
 
 from hamid.shimlimits import ContainerLimits, DeviceLimits, write_limits_file
 from hamid.shimlimits.bypass import BypassGuard, Signals, start_time
-from hamid.shimlimits.live import DISAGREE_PASSES, GpuReading, LivePass, Tenant
+from hamid.shimlimits.live import DISAGREE_PASSES, OVER_LIMIT_PASSES, GpuReading, LivePass, Tenant
 
 GPU = "GPU-11111111-2222-3333-4444-555555555555"
 QUEUE_S = 1.5  # what a stopped process's queue still runs (a deep queue of 8192^3 GEMMs on an H100)
@@ -241,7 +241,7 @@ def test_a_pid_that_is_not_the_containers_is_never_stopped(tmp_path):
 
 def test_the_guards_stops_are_counted_in_metrics(tmp_path):
     """/metrics serves how many passes held a bypassing container stopped (the daemon registers the region
-    collector with NodeCore.bypass_stops)."""
+    collector with NodeCore.live_counts)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -251,7 +251,7 @@ def test_the_guards_stops_are_counted_in_metrics(tmp_path):
     assert stopped_passes > 0 and live.guard.stops == stopped_passes
     reg = CollectorRegistry()
     (tmp_path / "containers").mkdir()
-    register_collector(reg, tmp_path / "containers", bypass_stops=lambda: live.guard.stops)
+    register_collector(reg, tmp_path / "containers", live=live.counts)
     got = [s.value for fam in text_string_to_metric_families(generate_latest(reg).decode())
            for s in fam.samples if s.name == "hamid_vgpu_bypass_stops_total"]
     assert got == [float(stopped_passes)]
@@ -364,7 +364,7 @@ def test_the_daemon_tells_a_process_with_the_installed_shim_from_one_without(tmp
             busy_pct=100.0, busy_pids=frozenset({pw.pid, po.pid}), pids=frozenset({pw.pid, po.pid}),
             pid_busy={pw.pid: 100.0, po.pid: 100.0})}
         d.core.priority_pass()
-        assert d.core.untrusted_regions() == {"unshimmed": 1}
+        assert d.core.live_counts().untrusted == {"unshimmed": 1}
         assert set(d.core._live.bypassing) == {(str(lim["without"]), 0)}
     finally:
         for p in procs:
@@ -407,6 +407,70 @@ def test_a_container_that_under_charges_while_alone_is_held_once_it_shares(tmp_p
     assert {a[1] for a in rec.asked} == {key}
 
 
+def run_over(tmp_path, passes: int, *, policy: str, neighbour: bool, honest: bool = False):
+    """A container at 30 % with the shim mapped whose limiter does not hold it (its limit overwritten in
+    memory, a launch path the shim charges but does not hold): it keeps the GPU busy and its region charges
+    what it runs, truthfully. ``honest``: a shim that holds it (it runs and charges 30 %). Optionally an honest
+    neighbour at 70 % that runs and charges 20 % of the GPU. Returns its busy share per pass, the recorder,
+    the pass and its key."""
+    rec = Recorder()
+    live = LivePass(guard=BypassGuard(rec))
+    bad = limits_file(tmp_path / "bad.limits", 30, policy)
+    good = limits_file(tmp_path / "good.limits", 70, policy)
+    key = (str(bad), 0)
+    queue, charged, good_charged, shares = Queue(), 0, 0, []
+    for t in range(1, passes + 1):
+        use = 0.3 if honest else queue.use(key in rec.stopped) * (0.8 if neighbour else 1.0)
+        charged += int(use * 1e9)
+        shares.append(100 * use)
+        busy, pid_busy = ({101} if use else set()), {101: 100 * use}
+        tenants = [Tenant(str(bad), 0, 1, (101,), charged, limit_pct=30, policy=policy)]
+        if neighbour:
+            good_charged += int(0.2e9)
+            busy.add(202)
+            pid_busy[202] = 100.0
+            tenants.append(Tenant(str(good), 0, 1, (202,), good_charged, limit_pct=70, policy=policy))
+        device = min(100.0, 100 * use + (20.0 if neighbour else 0.0))
+        live.run(float(t), {GPU: (GpuReading(device, frozenset(busy), pid_busy), tenants)})
+    return shares, rec, live, key
+
+
+@pytest.mark.parametrize("policy, neighbour", [("force", False), ("default", True)])
+def test_a_container_whose_own_region_charges_over_its_limit_is_held_to_it(tmp_path, policy, neighbour):
+    """Its region is its own container's, so its word against itself is taken: charges averaging over the
+    limit + OVER_LIMIT_PTS through OVER_LIMIT_PASSES passes in which the limit applied count it
+    "over-limit", and the guard holds it to its limit on average from then on (held, it charges less because
+    it is stopped: it stays held). The honest neighbour is never touched."""
+    shares, rec, live, key = run_over(tmp_path, 90, policy=policy, neighbour=neighbour)
+    assert live.bypassing.get(key) == "over-limit"
+    assert live.untrusted["over-limit"] >= 1
+    held = shares[OVER_LIMIT_PASSES + 12:]
+    assert sum(held) / len(held) <= 35, shares
+    assert {a[1] for a in rec.asked} == {key}
+
+
+def test_over_its_limit_only_counts_while_the_limit_applies(tmp_path):
+    """Under default and alone it runs free (HAMi's meaning); an honest shim at its limit is never counted."""
+    shares, rec, live, _ = run_over(tmp_path, 30, policy="default", neighbour=False)
+    assert min(shares) == 100.0 and not rec.asked and not live.bypassing
+    for policy, neighbour in (("force", False), ("default", True)):
+        _, rec, live, _ = run_over(tmp_path, 30, policy=policy, neighbour=neighbour, honest=True)
+        assert not rec.asked and not live.bypassing and dict(live.untrusted) == {}
+
+
+def test_an_honest_shim_whose_limit_just_began_to_apply_is_not_counted_over_it(tmp_path):
+    """The recorded shape of an honest shim when a neighbour arrives (bench/gpu/results/isolation): a few
+    passes over its limit, up to + 27 points, while its limiter takes hold, then at its limit."""
+    live = LivePass(guard=BypassGuard(Recorder()))
+    a = limits_file(tmp_path / "a.limits", 70, "force")
+    charged = 0
+    for t, pts in enumerate([27, 24, 18, 8, 2, 0, 1, 0, 0, 1, 0, 0, 0, 0], start=1):
+        charged += int((70 + pts) / 100 * 1e9)
+        live.run(float(t), {GPU: (GpuReading(99.0, frozenset({101}), {101: 99.0}),
+                                  [Tenant(str(a), 0, 1, (101,), charged, limit_pct=70, policy="force")])})
+    assert dict(live.untrusted) == {} and not live.bypassing
+
+
 def test_an_honest_shim_alone_is_not_counted_under_charged_for_a_pass_or_two(tmp_path):
     """An honest shim's charge trails the GPU for a pass at its transitions (a queue launched in one pass runs
     in the next): under half of NVML's busy share for one or two passes running is not counted."""
@@ -420,20 +484,27 @@ def test_an_honest_shim_alone_is_not_counted_under_charged_for_a_pass_or_two(tmp
     assert dict(live.untrusted) == {} and not live.bypassing
 
 
-def test_the_recorded_honest_passes_count_nothing_under_charged():
+def test_the_recorded_honest_passes_count_nothing():
     """Every live pass recorded beside the GPU results (honest tenants: GEMM, small kernels, generate(),
-    dynamic shapes, training, starting 0-3 s apart on an H100 and an H200), replayed through today's pass:
-    none is counted under-charged, nor anything else."""
+    dynamic shapes, training, at their own limits of 20-70 %, starting 0-3 s apart on an H100 and an H200),
+    replayed through today's pass: no region is counted (under-charged, over-limit or anything else), no GPU
+    unaccounted, nobody held."""
     import json
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "gpu"))
-    from replay_passes import recorded_passes, replay
+    from replay_passes import recorded_limits, recorded_passes, replay
 
     results = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "results" / "isolation"
-    total = 0
+    total, limits_seen = 0, set()
     for f in sorted(results.glob("*.json")):
-        passes = recorded_passes(json.loads(f.read_text()))
+        doc = json.loads(f.read_text())
+        passes, limits = recorded_passes(doc), recorded_limits(doc)
+        firsts = {pids[0] for p in passes for pids in p["pids"].values() if pids}
+        assert firsts <= limits.keys(), f"{f.name}: tenants with no recorded limit {sorted(firsts - limits.keys())}"
+        limits_seen |= {limits[p] for p in firsts}
         total += len(passes)
-        live = replay(passes, Path(tempfile.mkdtemp(prefix="replay-")))
+        live = replay(passes, Path(tempfile.mkdtemp(prefix="replay-")), limits)
         assert dict(live.untrusted) == {}, f"{f.name}: {dict(live.untrusted)}"
+        assert dict(live.unaccounted) == {} and not live.bypassing, f.name
     assert total >= 700
+    assert {(30, "default"), (70, "default"), (20, "default"), (50, "default")} <= limits_seen

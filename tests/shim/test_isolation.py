@@ -93,6 +93,60 @@ def test_a_tenants_forged_charges_move_no_neighbours_limit_beyond_the_band(tmp_p
         assert live.untrusted["went-back"] >= 5
 
 
+def shared_passes(tmp_path, liar_charge: float, passes: int = 12) -> tuple[LivePass, list[float], Path]:
+    """A victim held to 30 % (honest: it charges its GPU time times its file's factor) beside a tenant that
+    runs 60 % of the GPU past its shim and charges ``liar_charge`` s a second; both always busy, so NVML reads
+    each at the device's share and never the two apart. Returns the pass, the victim's GPU time per pass and
+    the victim's file."""
+    victim, liar = limits_file(tmp_path / "v.limits"), limits_file(tmp_path / "l.limits", sm=30)
+    live = LivePass()
+    charged, shares = [0, 0], []
+    for t in range(1, passes + 1):
+        true_v = 0.30 / (share_of(victim) / 1000 or 1.0)
+        charged[0] += int(0.30e9)
+        charged[1] += int(liar_charge * 1e9)
+        live.run(float(t), {GPU: (GpuReading(100 * (true_v + 0.60), frozenset({101, 202}), {101: 90.0, 202: 90.0}),
+                                  [Tenant(str(victim), 0, 1, (101,), charged[0], limit_pct=30),
+                                   Tenant(str(liar), 0, 1, (202,), charged[1], limit_pct=30)])})
+        shares.append(100 * true_v)
+    return live, shares, victim
+
+
+def test_a_gpu_whose_sharing_tenants_charge_far_less_than_it_ran_is_counted_unaccounted(tmp_path, capsys):
+    """While they share, no region can be checked against NVML on its own, but their sum can: 0.33 s charged
+    a second on a GPU 90 % busy. Counted per GPU (the sum cannot say whose), logged once, and the sharing
+    correction is off there: the missing time is not charged to the honest victim (before, the factor went
+    to its bound and the victim got 27.8 % at a 30 % limit)."""
+    live, shares, victim = shared_passes(tmp_path, 0.03)
+    from hamid.shimlimits.live import UNACCOUNTED_PASSES
+    assert live.unaccounted[GPU] == 12 - UNACCOUNTED_PASSES
+    assert capsys.readouterr().out.count("GPU time not accounted for") == 1
+    assert live.factor(GPU) == 1.0 and share_of(victim) == 0
+    assert all(s == pytest.approx(30.0) for s in shares), shares
+    assert dict(live.untrusted) == {}, "no region is blamed: the sum cannot say whose"
+
+
+def test_sharing_tenants_whose_charges_add_up_are_not_counted(tmp_path):
+    """Honest shims sharing a GPU charged 0.79-1.1 of its busy time over three passes running (recorded):
+    a liar that charges 0.45 s a second for its 0.6 (0.75 of the busy time in all) is not told from them."""
+    live, _, _ = shared_passes(tmp_path, 0.45)
+    assert dict(live.unaccounted) == {}
+
+
+def test_unaccounted_gpus_are_in_metrics(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hamid.shimregion import register_collector
+    live, _, _ = shared_passes(tmp_path, 0.0 + 0.05)
+    reg = CollectorRegistry()
+    (tmp_path / "containers").mkdir()
+    register_collector(reg, tmp_path / "containers", live=live.counts)
+    got = {s.labels["device_uuid"]: s.value for fam in text_string_to_metric_families(generate_latest(reg).decode())
+           for s in fam.samples if s.name == "hamid_vgpu_unaccounted_passes_total"}
+    assert got == {GPU: float(live.unaccounted[GPU])} and got[GPU] > 0
+
+
 def test_charges_with_no_process_on_the_gpu_are_not_trusted(tmp_path):
     """A region charging GPU time while none of its container's processes is on the GPU (NVML's process list
     mapped by the host) is a forgery: counted, and the pass learns nothing from it."""
@@ -220,7 +274,7 @@ def test_a_forged_region_puts_no_pid_into_a_neighbours_hold_list(built, tmp_path
 
 def test_untrusted_regions_are_counted_in_metrics(tmp_path):
     """The live pass's count of regions it did not trust, by reason, as /metrics serves it (the daemon
-    registers the region collector with NodeCore.untrusted_regions)."""
+    registers the region collector with NodeCore.live_counts)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -233,7 +287,7 @@ def test_untrusted_regions_are_counted_in_metrics(tmp_path):
                                    Tenant(str(b), 0, 1, (202,), int(3e9 * t))])})
     reg = CollectorRegistry()
     (tmp_path / "containers").mkdir()
-    register_collector(reg, tmp_path / "containers", untrusted=lambda: dict(live.untrusted))
+    register_collector(reg, tmp_path / "containers", live=live.counts)
     got = {s.labels["reason"]: s.value for fam in text_string_to_metric_families(generate_latest(reg).decode())
            for s in fam.samples if s.name == "hamid_vgpu_region_untrusted_total"}
     assert got == {"over-busy": float(5 - DISAGREE_PASSES + 1)}
