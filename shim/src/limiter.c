@@ -163,6 +163,12 @@ static uint32_t g_share[HAMID_MAX_DEVICES];      /* 1/1000, the daemon's sharing
 static uint64_t g_last_charge[HAMID_MAX_DEVICES]; /* mono ns of this process's last charged launch (the credit) */
 static uint64_t g_cum[HAMID_MAX_DEVICES];      /* this process's charges (GPU ns), all launches (catch_up) */
 static uint64_t g_cum_done[HAMID_MAX_DEVICES]; /* of those, up to the newest sample seen finished */
+/* The schedule this process last left in the region (after its own cap or catch-up). The region is the
+   container's, so a process of it may write the schedule back to nothing before every launch and escape the
+   limiter (issue 37: at 30 % it then ran at 100 % on the stand-in driver); no launch of this process is
+   scheduled before its own last one, so a rewind gains at most what other processes of the container had
+   added. The daemon reads the rest from the region's own charges (over-limit, hamid/shimlimits/live.py). */
+static int64_t g_own_tat[HAMID_MAX_DEVICES];
 
 #define A_LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define A_ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
@@ -470,8 +476,9 @@ static void slot_admit(struct hamid_device *d, int rdev, uint64_t est, int may_w
     int64_t backlog_since = 0;
     for (int round = 0;; round++) {
         if (round) now = (int64_t)mono_ns();
-        int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED);
+        int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED), own = A_LD(&g_own_tat[rdev]);
         int64_t s = old > now ? old : now, ws, we;
+        if (own > s) s = own;
         slot_at(rdev, s, &ws, &we);
         int fits = ws <= s && (s + cost <= we || (cost > we - ws && s - ws <= (we - ws) / 8));
         /* At most two periods: a kernel of the last slot may be waiting for
@@ -487,6 +494,7 @@ static void slot_admit(struct hamid_device *d, int rdev, uint64_t est, int may_w
         if (fits || !may_wait || g_cfg.sm_observe_only) {
             if (!__atomic_compare_exchange_n(&d->tat_ns, &old, s + cost, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
                 continue;
+            A_ST(&g_own_tat[rdev], s + cost);
             if (may_wait && fits) cal_admitted(rdev, st, cost, ws, provisional);
             return;
         }
@@ -544,17 +552,21 @@ static void charge(int rdev, uint32_t pct, uint64_t cost, uint64_t now, int may_
        limit's rate must not spend that in the first moments beside its neighbour) */
     int64_t since = (int64_t)A_LD(&g_limit_since[rdev]);
     if (g_cfg.sm_policy == HAMID_POLICY_DEFAULT && since > floor_t) floor_t = since;
+    int64_t own = A_LD(&g_own_tat[rdev]);
+    if (own > floor_t) floor_t = own;
     int64_t old = __atomic_load_n(&d->tat_ns, __ATOMIC_RELAXED), base, nt;
     do {
         base = old > floor_t ? old : floor_t;
         nt = base + w;
     } while (!__atomic_compare_exchange_n(&d->tat_ns, &old, nt, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    A_ST(&g_own_tat[rdev], nt);
     __atomic_fetch_add(&d->gpu_time_ns, cost, __ATOMIC_RELAXED);
     if (!may_wait && g_cfg.sm_policy == HAMID_POLICY_DEFAULT && !A_LD(&g_contended[rdev])) {
         /* policy default, nobody sharing: the schedule keeps no debt for when somebody comes */
         int64_t cap = (int64_t)now + g_cfg.sm_ahead_ns;
         while (nt > cap && !__atomic_compare_exchange_n(&d->tat_ns, &nt, cap, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
         }
+        if (A_LD(&g_own_tat[rdev]) > cap) A_ST(&g_own_tat[rdev], cap);
         if (st != FREE_NO_QUEUE) free_queue_wait(rdev, now);
         return;
     }
@@ -748,6 +760,7 @@ static void catch_up(struct sample *p, uint64_t now)
     if (more <= 0) return;
     p->shifted = late;
     __atomic_fetch_add(&g_region->devices[p->rdev].tat_ns, more, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&g_own_tat[p->rdev], more, __ATOMIC_RELAXED);
     LOG_DEBUG("device %d: the GPU is %lld ms behind: the schedule follows it", p->rdev,
               (long long)((late + LAG_KEEP_NS) / 1000000));
 }

@@ -589,7 +589,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
     if (r != CUDA_SUCCESS) return r;
     struct where w;
     if (locate_current(&w) == 0 && g_region) {
-        uint64_t lim = g_region->devices[w.rdev].limit_bytes;
+        uint64_t lim = acct_limit(w.rdev);
         if (lim) {
             uint64_t used = __atomic_load_n(&g_region->devices[w.rdev].used_bytes, __ATOMIC_RELAXED);
             uint64_t left = lim > used ? lim - used : 0;
@@ -610,7 +610,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     acct_init();
     int rdev = dev_region_index(dev);
     if (rdev >= 0 && g_region) {
-        uint64_t lim = g_region->devices[rdev].limit_bytes;
+        uint64_t lim = acct_limit(rdev);
         if (lim && lim < *bytes) *bytes = (size_t)lim;
     }
     return r;

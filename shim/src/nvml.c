@@ -14,7 +14,7 @@ static int container_view(nvmlDevice_t dev, uint64_t *limit, uint64_t *used)
     if (!region_ready() || !g_region) return 0;
     int rdev = dev_region_index_for_nvml(dev);
     if (rdev < 0) return 0;
-    uint64_t lim = g_region->devices[rdev].limit_bytes;
+    uint64_t lim = acct_limit(rdev);
     if (!lim) return 0;
     region_reclaim_dead();
     *limit = lim;

@@ -34,6 +34,11 @@
 HIDDEN struct hamid_region *g_region;
 static int g_slot = -1;
 static pid_t g_slot_pid;
+/* This process's own tally of what it holds per device (the region's slot says the same, but the region is the
+   container's to write): a process that wrote its container's total or its slot down to nothing, or the limit
+   up, is still refused at the limit for what it holds itself (issue 37). */
+static uint64_t g_own_used[HAMID_MAX_DEVICES];
+static uint64_t g_own_ctx[HAMID_MAX_DEVICES]; /* of which its context's overhead (the slot's context[]) */
 static int g_private;          /* region is process-private (file unusable) */
 static pthread_once_t g_region_once = PTHREAD_ONCE_INIT;
 static int g_region_ready;
@@ -343,6 +348,8 @@ static void register_slot(void)
         struct hamid_proc *s = &r->procs[slot];
         memset(s->used, 0, sizeof s->used);
         memset(s->context, 0, sizeof s->context);
+        memset(g_own_used, 0, sizeof g_own_used); /* a new process (fork, exec) holds nothing yet */
+        memset(g_own_ctx, 0, sizeof g_own_ctx);
         s->start_time = start;
         s->nvml_pid = 0;
         s->flags = HAMID_PROC_FLAG_ACTIVE;
@@ -384,6 +391,21 @@ static void bump_device_count_locked(int rdev)
     if ((uint32_t)rdev + 1 > g_region->device_count) g_region->device_count = (uint32_t)rdev + 1;
 }
 
+HIDDEN uint64_t acct_limit(int rdev)
+{
+    /* the daemon's file (root-owned, read once) over the region's copy, which the container can write */
+    if (g_cfg.from_file) return g_cfg.mem_limit[rdev];
+    return g_region ? g_region->devices[rdev].limit_bytes : 0;
+}
+
+/* What the container holds on the device, as far as this process can trust it: the region's total, and never
+   less than what this process holds itself. */
+static uint64_t used_locked(const struct hamid_device *d, int rdev)
+{
+    uint64_t used = ld(&d->used_bytes);
+    return used > g_own_used[rdev] ? used : g_own_used[rdev];
+}
+
 HIDDEN int acct_reserve(int rdev, uint64_t bytes, int force)
 {
     if (rdev < 0 || rdev >= HAMID_MAX_DEVICES) return shim_refused() ? -1 : 0;
@@ -391,13 +413,13 @@ HIDDEN int acct_reserve(int rdev, uint64_t bytes, int force)
     if (UNLIKELY(!g_region || shim_refused())) return shim_refused() ? -1 : 0;
     struct hamid_device *d = &g_region->devices[rdev];
     int locked = region_lock();
-    uint64_t lim = d->limit_bytes, used = ld(&d->used_bytes);
+    uint64_t lim = acct_limit(rdev), used = used_locked(d, rdev);
     if (bytes > UINT64_MAX - used) { /* an estimate that overflowed: nothing that size exists */
         region_unlock(locked);
         return -1;
     }
     if (!force && lim && (bytes > lim || used + bytes > lim)) {
-        if (reclaim_dead_locked() == 0 || (used = ld(&d->used_bytes)) + bytes > lim) {
+        if (reclaim_dead_locked() == 0 || (used = used_locked(d, rdev)) + bytes > lim) {
             d->oom_count++;
             region_unlock(locked);
             LOG_INFO("device %d: refusing %llu B (%llu of %llu B in use)", rdev, (unsigned long long)bytes,
@@ -407,6 +429,7 @@ HIDDEN int acct_reserve(int rdev, uint64_t bytes, int force)
     }
     used += bytes;
     st(&d->used_bytes, used);
+    g_own_used[rdev] += bytes;
     if (used > d->peak_used_bytes) d->peak_used_bytes = used;
     if (g_slot >= 0) {
         uint64_t *u = &g_region->procs[g_slot].used[rdev];
@@ -431,6 +454,7 @@ HIDDEN void acct_release(int rdev, uint64_t bytes)
         st(u, ld(u) - take);
     }
     st(&d->used_bytes, sub_clamp(ld(&d->used_bytes), take));
+    g_own_used[rdev] = sub_clamp(g_own_used[rdev], bytes);
     region_unlock(locked);
 }
 
@@ -442,13 +466,16 @@ HIDDEN void acct_set_context(int rdev, uint64_t bytes)
     struct hamid_device *d = &g_region->devices[rdev];
     struct hamid_proc *s = &g_region->procs[g_slot];
     int locked = region_lock();
-    uint64_t old = ld(&s->context[rdev]);
+    uint64_t old = g_own_ctx[rdev];
+    g_own_ctx[rdev] = bytes;
     st(&s->context[rdev], bytes);
     if (bytes >= old) {
         st(&s->used[rdev], ld(&s->used[rdev]) + (bytes - old));
         st(&d->used_bytes, ld(&d->used_bytes) + (bytes - old));
+        g_own_used[rdev] += bytes - old;
     } else {
         uint64_t diff = old - bytes;
+        g_own_used[rdev] = sub_clamp(g_own_used[rdev], diff);
         if (diff > ld(&s->used[rdev])) diff = ld(&s->used[rdev]);
         st(&s->used[rdev], ld(&s->used[rdev]) - diff);
         st(&d->used_bytes, sub_clamp(ld(&d->used_bytes), diff));
@@ -458,16 +485,18 @@ HIDDEN void acct_set_context(int rdev, uint64_t bytes)
     region_unlock(locked);
 }
 
+/* This process's own numbers come from its own tallies: its slot in the region shows them to the daemon and
+   to the container's other processes, but the container can write it. */
 HIDDEN uint64_t acct_proc_used(int rdev)
 {
     if (!g_region || g_slot < 0 || rdev < 0 || rdev >= HAMID_MAX_DEVICES) return 0;
-    return ld(&g_region->procs[g_slot].used[rdev]);
+    return g_own_used[rdev];
 }
 
 HIDDEN uint64_t acct_proc_context(int rdev)
 {
     if (!g_region || g_slot < 0 || rdev < 0 || rdev >= HAMID_MAX_DEVICES) return 0;
-    return ld(&g_region->procs[g_slot].context[rdev]);
+    return g_own_ctx[rdev];
 }
 
 HIDDEN int region_reclaim_dead(void)

@@ -188,6 +188,7 @@ extern HIDDEN struct hamid_region *g_region;
 HIDDEN void acct_init(void);              /* idempotent: config, region, slot */
 HIDDEN int region_ready(void);
 HIDDEN int acct_reserve(int rdev, uint64_t bytes, int force); /* 0 ok, -1 over limit */
+HIDDEN uint64_t acct_limit(int rdev); /* the container's memory limit on the device, 0 none */
 HIDDEN void acct_release(int rdev, uint64_t bytes);
 HIDDEN void acct_set_context(int rdev, uint64_t bytes);       /* replace this process's overhead */
 HIDDEN int region_reclaim_dead(void);     /* returns number reclaimed */

@@ -458,6 +458,41 @@ def test_over_its_limit_only_counts_while_the_limit_applies(tmp_path):
         assert not rec.asked and not live.bypassing and dict(live.untrusted) == {}
 
 
+@pytest.mark.parametrize("policy", ["force", "default"])
+def test_a_tenant_that_rewinds_its_regions_schedule_is_still_held_by_its_shim(built, tmp_path, policy):
+    """The limiter's schedule lives in the container's region, which the container can write. A tenant that
+    moves it back to nothing before every launch (shimtest's forgetat) ran at 100 % at a 30 % limit: each
+    process now schedules no launch before its own last one, so it keeps its limit, and its region charges
+    what it ran. On the real shim, the stand-in driver's virtual clock (shimharness.py); under default beside
+    a busy process the stand-in NVML reports."""
+    from shimharness import Shim
+
+    from hamid.shimregion import read_region
+
+    def rate(res):
+        n, ns = res.find("run")[-1][1:3]
+        return int(n) / (int(ns) / 1e9), int(ns)
+
+    for d in ("bare", "honest", "forger"):
+        (tmp_path / d).mkdir()
+    bare, _ = rate(Shim(built, tmp_path / "bare", vclock=True).run("direct", "init", "run:1.2:400:k",
+                                                                    preload=False))
+    util = tmp_path / "nvml_util"
+    util.write_text("999999 60\n")  # a process of no container of ours, 60 % busy: a neighbour
+    env = dict(CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY=policy, FAKE_NVML_UTIL=str(util))
+    honest, _ = rate(Shim(built, tmp_path / "honest", vclock=True).run("direct", "init", "run:1.2:400:k", **env))
+    forger = Shim(built, tmp_path / "forger", vclock=True)
+    f = forger.run("direct", "init", "forgetat", "run:1.2:400:k", **env)
+    assert f.rc == 0 and f.one("forgetat")[1] == "ok", f.stderr
+    got, ns = rate(f)
+    share = got / bare
+    # the same run without the rewind: 0.34 under force, 0.37 under default (free until its first sample)
+    assert share <= honest / bare + 0.02 and share <= 0.4, \
+        f"a rewound schedule escaped the limiter: {share:.2f} of the GPU at a 30 % limit ({honest / bare:.2f} honest)"
+    charged = read_region(forger.region).device(0).gpu_time_ns / ns
+    assert abs(charged - share) <= 0.05, (charged, share)
+
+
 def test_an_honest_shim_whose_limit_just_began_to_apply_is_not_counted_over_it(tmp_path):
     """The recorded shape of an honest shim when a neighbour arrives (bench/gpu/results/isolation): a few
     passes over its limit, up to + 27 points, while its limiter takes hold, then at its limit."""

@@ -208,6 +208,21 @@ def test_the_files_memory_limit_holds_whatever_the_environment_says(built, shim,
 
 
 @root_only
+def test_the_files_memory_limit_holds_whatever_the_region_says(built, shim, limits):
+    """The region is the container's to write: a process that sets its container's limit there to none and
+    what it holds to nothing (shimtest's forgemem) is still refused at the file's limit for what it holds
+    itself (issue 37: before, both 600 MiB allocations after the forgery passed a 1 GiB limit)."""
+    limits(mem=GiB)
+    e = bare_env(built, shim)
+    e.update(CUDA_DEVICE_MEMORY_SHARED_CACHE=str(limits.region))  # forgemem finds the region by it
+    lines, err, rc = run([str(built.shimtest), "procaddr", "init", "alloc:mem:600m", "forgemem", "alloc:mem:600m",
+                          "alloc:mem:300m", "totalmem"], e)
+    assert "forgemem ok" in lines, (lines, err)
+    assert allocs(lines) == ["0", "2", "0"], (lines, err)  # 600 more would pass 1 GiB; 300 fits
+    assert [ln for ln in lines if ln.startswith("totalmem")] == [f"totalmem 0 {GiB}"]
+
+
+@root_only
 def test_a_process_with_no_environment_joins_the_container(built, shim, limits):
     """The first process came with limit variables (as `docker run` sets them) and holds 600 MiB; a process
     started like `docker exec` has none at all: it gets the file's limit and is counted in the same region."""

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -243,8 +244,13 @@ static CUresult do_free(struct handle *h)
     return api.cuMemFree_v2(h->v);
 }
 
+/* forgetat: what a tenant may do to its own region (mapped writable in its container): move the limiter's
+   schedule back before every launch of a later run, as if it had used nothing */
+static struct hamid_region *g_forge;
+
 static CUresult launch(const char *variant, uint64_t us)
 {
+    if (g_forge) __atomic_store_n(&g_forge->devices[0].tat_ns, 0, __ATOMIC_RELAXED);
     CUfunction f = (CUfunction)(uintptr_t)us;
     if (!strcmp(variant, "k")) return api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
     if (!strcmp(variant, "p")) return api.cuLaunchKernel_ptsz(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
@@ -469,6 +475,24 @@ int main(int argc, char **argv)
             for (int k = 0; k < n; k++) if (launch(tok[3] ? tok[3] : "k", strtoull(tok[2], 0, 10)) != CUDA_SUCCESS) bad++;
             api.cuCtxSynchronize();
             printf("launch %d %d %lld\n", n, bad, (long long)(now_ns() - t0));
+        } else if (!strcmp(c, "forgetat") || !strcmp(c, "forgemem")) {
+            /* the container's region, mapped as the tenant can (CUDA_DEVICE_MEMORY_SHARED_CACHE names it) */
+            const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+            int fd = path ? open(path, O_RDWR) : -1;
+            void *m = fd < 0 ? MAP_FAILED : mmap(NULL, sizeof(struct hamid_region), PROT_READ | PROT_WRITE,
+                                                 MAP_SHARED, fd, 0);
+            if (fd >= 0) close(fd);
+            if (m == MAP_FAILED) { printf("%s failed\n", c); return 3; }
+            if (!strcmp(c, "forgetat")) {
+                g_forge = m; /* rewound before every launch from now on */
+            } else { /* no memory limit, nothing held: the container's total, every slot */
+                struct hamid_region *r = m;
+                __atomic_store_n(&r->devices[0].limit_bytes, 0, __ATOMIC_RELAXED);
+                __atomic_store_n(&r->devices[0].used_bytes, 0, __ATOMIC_RELAXED);
+                for (uint32_t i = 0; i < r->proc_high_water && i < HAMID_MAX_PROCS; i++) r->procs[i].used[0] = 0;
+                munmap(m, sizeof *r);
+            }
+            printf("%s ok\n", c);
         } else if (!strcmp(c, "run")) {
             double secs = atof(tok[1]);
             uint64_t us = strtoull(tok[2], 0, 10);
