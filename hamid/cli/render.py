@@ -40,8 +40,12 @@ def mode_cell(g: dict) -> str:
 def status_table(doc: dict) -> str:
     lines = [f"node {doc['node']}  devices: {doc['backend']}  reservations: {len(doc['reservations'])}", ""]
     rows = []
+    unaccounted = set(doc.get("unaccounted_gpus") or ())
+    held = {(h["owner"], h["container"], h["gpu"]): h["reason"] for h in doc.get("compute_held") or ()}
     for g in doc["gpus"]:
         flags = []
+        if g["uuid"] in unaccounted:
+            flags.append("UNACCOUNTED")  # its sharing tenants charged far less than it ran (hamid_vgpu_unaccounted_passes_total)
         if g["filtered"]:
             flags.append("filtered")
         if not g["healthy"]:
@@ -76,6 +80,9 @@ def status_table(doc: dict) -> str:
                     state = r["state"]
                     if d["uuid"] in (r.get("missing_gpus") or ()):
                         state += f" (GPU {d['uuid']} not on this node: counted on none)"
+                    why = held.get((r["owner"], c["name"], d["uuid"]))
+                    if why:
+                        state += f" (HELD to its compute limit from outside: {why})"
                     failed = (r.get("details") or {}).get("mps_failure") if d.get("mps") else None
                     if failed:
                         state += {"client_fault": " (MPS client fault)",

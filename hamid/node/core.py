@@ -735,4 +735,28 @@ class NodeCore:
         doc = status_document(self.ledger.view(), self.ledger.list(), backend_label, releasing=pending)
         if self.facts.mps_missing:
             doc["mps_missing"] = self.facts.mps_missing
+        held = self._held_containers()
+        if held:
+            doc["compute_held"] = held
+        unaccounted = self._live.unaccounted_gpus()
+        if unaccounted:
+            doc["unaccounted_gpus"] = unaccounted
         return doc
+
+    def _held_containers(self) -> list[dict[str, Any]]:
+        """The containers the live pass holds to their compute limits from outside (bypass.py), by owner,
+        container and GPU, with the reason: what an operator looks for when a container stalls."""
+        held = self._live.held()
+        out: list[dict[str, Any]] = []
+        if not held:
+            return out
+        for res in self.ledger.list():
+            if not res.decision:
+                continue
+            for c in res.decision.containers:
+                limits = layout.limits_file(self.state_dir, slot_name(res, c.name))
+                for i, dev in enumerate(slot_assignment(res, c.name).devices):
+                    why = held.get((str(limits), i))
+                    if why:
+                        out.append({"owner": res.owner, "container": c.name, "gpu": dev.uuid, "reason": why})
+        return out

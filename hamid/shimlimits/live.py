@@ -265,6 +265,14 @@ class LivePass:
         return LiveCounts(dict(self.untrusted), dict(self.unaccounted),
                           self.guard.stops if self.guard is not None else 0)
 
+    def held(self) -> dict[tuple[str, int], str]:
+        """The containers (limits file, device index) the pass hands the bypass guard now, and why."""
+        return dict(self.bypassing)
+
+    def unaccounted_gpus(self) -> list[str]:
+        """The GPUs whose last pass found the sharing containers' charges far short of the busy time."""
+        return sorted(u for u, g in self._gpus.items() if g.unaccounted)
+
     def factor(self, uuid: str) -> float:
         """The GPU's learned factor (1.0 before any shared pass)."""
         return self._gpus.get(uuid, _Gpu()).factor

@@ -366,6 +366,12 @@ def test_the_daemon_tells_a_process_with_the_installed_shim_from_one_without(tmp
         d.core.priority_pass()
         assert d.core.live_counts().untrusted == {"unshimmed": 1}
         assert set(d.core._live.bypassing) == {(str(lim["without"]), 0)}
+        doc = d.core.status("sim")  # what `hamid status` and the local API show
+        held = doc["compute_held"]
+        assert [(h["owner"], h["gpu"], h["reason"]) for h in held] == [("docker:without", uuid, "unshimmed")], held
+        from hamid.cli.render import status_table
+        rows = [ln for ln in status_table(doc).splitlines() if "HELD to its compute limit" in ln]
+        assert len(rows) == 1 and "unshimmed" in rows[0], status_table(doc)
     finally:
         for p in procs:
             p.kill()

@@ -124,6 +124,7 @@ def test_a_gpu_whose_sharing_tenants_charge_far_less_than_it_ran_is_counted_unac
     assert live.factor(GPU) == 1.0 and share_of(victim) == 0
     assert all(s == pytest.approx(30.0) for s in shares), shares
     assert dict(live.untrusted) == {}, "no region is blamed: the sum cannot say whose"
+    assert live.unaccounted_gpus() == [GPU] and not live.held()
 
 
 def test_sharing_tenants_whose_charges_add_up_are_not_counted(tmp_path):
