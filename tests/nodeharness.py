@@ -19,15 +19,16 @@ def make_node(state: Path, simulate: str = "H100:2", mode: str = "hami-core", no
     return service.prepare(config, settings, node)
 
 
-def admit_docker(d, specs: dict[str, str]) -> tuple[dict[str, Path], str]:
+def admit_docker(d, specs: dict[str, str], kind: str = "docker") -> tuple[dict[str, Path], str]:
     """Admits one Docker container per ``specs`` item (container id -> its HAMI_VGPU_SPEC) on GPU 0 of the
-    prepared daemon ``d``; returns each one's limits file on the host and the GPU's UUID."""
+    prepared daemon ``d`` (``kind`` "pod": as pods ``ns/<id>`` with that uid); returns each one's limits file on
+    the host and the GPU's UUID."""
     from hamid.node import layout
     from hamid.node.identity import Owner
     from hamid.node.realize import slot_assignment, slot_name
     from hamid.request import parse_docker_env
 
-    got = {cid: d.core.admit(Owner("docker", cid),
+    got = {cid: d.core.admit(Owner(kind, cid, name=f"ns/{cid}" if kind == "pod" else ""),
                              parse_docker_env(["HAMI_VISIBLE_DEVICES=0", f"HAMI_VGPU_SPEC={spec}"], cid)).reservation
            for cid, spec in specs.items()}
     limits = {cid: Path(layout.limits_file(d.state_dir, slot_name(r, "main"))) for cid, r in got.items()}

@@ -410,21 +410,36 @@ class KubeletFace:
 
     # --- the face ---------------------------------------------------------------------------
 
-    async def _tell_mps_failures(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """An Event on each pod whose GPU's MPS control daemon failed (and was restarted)."""
+    async def _tell_pods(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """An Event on each pod the node has news of: its GPU's MPS control daemon failed (and was restarted),
+        or a container of it began to be held to its compute limit from outside."""
         send, receive = trio.open_memory_channel(1024)
+        tell = {"mps_failed": self._mps_event, "compute_held": self._held_event}
 
         def on_change(event: str, key: str) -> None:
-            if event == "mps_failed" and key.startswith("pod:"):
+            if event in tell and key.startswith("pod:"):
                 try:
-                    send.send_nowait(key)
+                    send.send_nowait((event, key))
                 except trio.WouldBlock:
-                    log.warning("too many MPS failure events queued; one not told", owner=key)
+                    log.warning("too many pod events queued; one not told", owner=key, news=event)
 
         self.node.subscribe(on_change)
         task_status.started()
-        async for key in receive:
-            await self.node.run_blocking(self._mps_event, key)
+        async for event, key in receive:
+            await self.node.run_blocking(tell[event], key)
+
+    def _held_event(self, key: str) -> None:
+        res = self.door.get(key)
+        if res is None:
+            return
+        ns, _, name = (res.name or "").partition("/")
+        pod = {"metadata": {"namespace": ns, "name": name, "uid": res.uid}}
+        for h in self.door.held_containers():
+            if h["owner"] == key:
+                self.pods.event(pod, "HamidComputeHeld",
+                                f"container {h['container']} on GPU {h['gpu']} ({h['reason']}): {h['says']}. Its processes "
+                                "are stopped (SIGSTOP) while the GPU time NVML gives them is over its compute limit, "
+                                "and continued once back under; it may look hung meanwhile.")
 
     def _mps_event(self, key: str) -> None:
         res = self.door.get(key)
@@ -456,7 +471,7 @@ class KubeletFace:
         try:
             async with trio.open_nursery() as nursery:
                 if kube is not None:
-                    await nursery.start(self._tell_mps_failures)
+                    await nursery.start(self._tell_pods)
                 await nursery.start(self._watch_health)
                 await nursery.start(self._keep_registered)
                 if kube is not None:

@@ -34,7 +34,7 @@ from ..ledger.report import status_document
 from ..logs import get_logger
 from ..placement.reasons import refusal_headline
 from ..request.model import Defaults, Request
-from ..shimlimits.live import GpuReading, LiveCounts, LivePass, Tenant
+from ..shimlimits.live import UNTRUSTED_SAYS, GpuReading, LiveCounts, LivePass, Tenant
 from . import layout, mig, mps, regionfs, released
 from .edits import ContainerEdits
 from .facts import NodeFacts
@@ -735,7 +735,7 @@ class NodeCore:
         doc = status_document(self.ledger.view(), self.ledger.list(), backend_label, releasing=pending)
         if self.facts.mps_missing:
             doc["mps_missing"] = self.facts.mps_missing
-        held = self._held_containers()
+        held = self.held_containers()
         if held:
             doc["compute_held"] = held
         unaccounted = self._live.unaccounted_gpus()
@@ -743,7 +743,7 @@ class NodeCore:
             doc["unaccounted_gpus"] = unaccounted
         return doc
 
-    def _held_containers(self) -> list[dict[str, Any]]:
+    def held_containers(self) -> list[dict[str, Any]]:
         """The containers the live pass holds to their compute limits from outside (bypass.py), by owner,
         container and GPU, with the reason: what an operator looks for when a container stalls."""
         held = self._live.held()
@@ -758,5 +758,6 @@ class NodeCore:
                 for i, dev in enumerate(slot_assignment(res, c.name).devices):
                     why = held.get((str(limits), i))
                     if why:
-                        out.append({"owner": res.owner, "container": c.name, "gpu": dev.uuid, "reason": why})
+                        out.append({"owner": res.owner, "container": c.name, "gpu": dev.uuid, "reason": why,
+                                    "says": UNTRUSTED_SAYS.get(why, UNTRUSTED_SAYS[None])})
         return out

@@ -33,7 +33,7 @@ log = get_logger("node")
 __all__ = ["Abandoned", "Admitted", "Details", "LedgerConflict", "Liveness", "NodeDoor", "NodeService",
            "Reservation", "container_answer", "missing_gpus", "refusal"]
 
-# (event, owner key): event is one of admitted, committed, released, state, conflict, mps_failed
+# (event, owner key): event is one of admitted, committed, released, state, conflict, mps_failed, compute_held
 Listener = Callable[[str, str], None]
 
 
@@ -44,6 +44,7 @@ class NodeService:
         self.backend_label = backend_label
         self._threads = trio.CapacityLimiter(threads)
         self._listeners: list[Listener] = []
+        self._held: set[tuple[str, str, str]] = set()  # (owner, container, GPU) the last pass held from outside
 
     def subscribe(self, fn: Listener) -> None:
         """``fn(event, key)`` after every change (called in the trio thread; must not block)."""
@@ -185,7 +186,14 @@ class NodeService:
         return await self._run(self.core.restore_limits_files)
 
     async def priority_pass(self) -> int:
-        return await self._run(self.core.priority_pass)
+        """One live pass (NodeCore.priority_pass); ``compute_held`` is announced for each owner with a
+        container the pass began to hold to its compute limit from outside."""
+        n = await self._run(self.core.priority_pass)
+        held = {(h["owner"], h["container"], h["gpu"]) for h in await self._run(self.core.held_containers)}
+        for owner in sorted({k[0] for k in held - self._held}):
+            self._notify("compute_held", owner)
+        self._held = held
+        return n
 
     def resume_stopped(self) -> None:
         """Continues every process the bypass guard stopped (the daemon is stopping): quick, in the caller."""
@@ -260,6 +268,10 @@ class NodeDoor:
 
     def own_file_dir(self, path: str) -> None:
         self._core.own_file_dir(path)
+
+    def held_containers(self) -> list[dict[str, Any]]:
+        """The containers the live pass holds to their compute limits from outside (NodeCore.held_containers)."""
+        return self._core.held_containers()
 
     def admit(self, owner: Owner, request: Request, *, slots: Mapping[str, str]) -> Admitted:
         """A pod admitted on the node itself (it came bound, or without a reservation),

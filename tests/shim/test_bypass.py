@@ -330,52 +330,107 @@ def test_a_container_with_no_shim_is_held_whatever_its_region_charges(tmp_path, 
 
 
 @root_only
+def limited_process(limits: Path, argv: list[str]) -> subprocess.Popen:
+    """``argv`` in a mount namespace of its own that shows ``limits`` at the shim's fixed path, as a container
+    of the daemon's does; it prints "ok" first."""
+    from hamid.node.layout import LIMITS_IN_CONTAINER
+
+    top = "/" + "/".join(LIMITS_IN_CONTAINER.strip("/").split("/")[:2])
+    script = (f'mount -t tmpfs none {top} && mkdir -p "$(dirname {LIMITS_IN_CONTAINER})" && '
+              f'touch {LIMITS_IN_CONTAINER} && mount --bind "$0" {LIMITS_IN_CONTAINER} && exec "$@"')
+    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(limits), *argv],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ok"
+    return p
+
+
+def busy_gpu(d, uuid: str, pids) -> None:
+    """NVML's stand-in: the GPU 100 % busy, each of ``pids`` read at that share (time-sliced)."""
+    from hamid.devices.types import BusyReading
+
+    d.core.backend.busy = lambda: {uuid: BusyReading(busy_pct=100.0, busy_pids=frozenset(pids), pids=frozenset(pids),
+                                                     pid_busy={p: 100.0 for p in pids})}
+
+
+def installed_shims(d, state: Path) -> list[Path]:
+    from hamid.node import layout
+
+    got = sorted((state / layout.SHIM_DIR).glob("libvgpu.so.*"))
+    if not got:
+        d.close()
+        pytest.skip("no shim built (make shim)")
+    return got
+
+
 def test_the_daemon_tells_a_process_with_the_installed_shim_from_one_without(tmp_path):
     """NodeCore.priority_pass: two limited containers busy on one GPU, one whose process maps the shim the
     daemon installed (stateDir/shim/libvgpu.so.<version>, as the preload does), one whose process maps none.
-    After one pass only the second is counted "unshimmed" and held."""
+    After one pass only the second is counted "unshimmed" and held, and `hamid status` says so."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from nodeharness import admit_docker, make_node
 
-    from hamid.devices.types import BusyReading
-    from hamid.node import layout
-    from hamid.node.layout import LIMITS_IN_CONTAINER
+    from hamid.cli.render import status_table
 
     d = make_node(tmp_path / "s", regionTmpfs=False)
-    state = tmp_path / "s"
-    installed = sorted((state / layout.SHIM_DIR).glob("libvgpu.so.*"))
-    if not installed:
-        d.close()
-        pytest.skip("no shim built (make shim)")
+    installed = installed_shims(d, tmp_path / "s")
     procs = []
     try:
         lim, uuid = admit_docker(d, {"with": "mem=1g,cores=30,policy=force", "without": "mem=1g,cores=30,policy=force"})
-        top = "/" + "/".join(LIMITS_IN_CONTAINER.strip("/").split("/")[:2])
-        for cid, maps in (("with", str(installed[0])), ("without", "/dev/null")):
-            script = (f'mount -t tmpfs none {top} && mkdir -p "$(dirname {LIMITS_IN_CONTAINER})" && '
-                      f'touch {LIMITS_IN_CONTAINER} && mount --bind "$0" {LIMITS_IN_CONTAINER} && exec "$@"')
-            argv = [sys.executable, "-c", MAPPER, maps] if cid == "with" else ["sh", "-c", "echo ok; exec sleep 60"]
-            p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(lim[cid]), *argv],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            assert p.stdout.readline().strip() == "ok"
-            procs.append(p)
-        pw, po = procs
-        d.core.backend.busy = lambda: {uuid: BusyReading(
-            busy_pct=100.0, busy_pids=frozenset({pw.pid, po.pid}), pids=frozenset({pw.pid, po.pid}),
-            pid_busy={pw.pid: 100.0, po.pid: 100.0})}
+        procs.append(limited_process(lim["with"], [sys.executable, "-c", MAPPER, str(installed[0])]))
+        procs.append(limited_process(lim["without"], ["sh", "-c", "echo ok; exec sleep 60"]))
+        busy_gpu(d, uuid, [p.pid for p in procs])
         d.core.priority_pass()
         assert d.core.live_counts().untrusted == {"unshimmed": 1}
         assert set(d.core._live.bypassing) == {(str(lim["without"]), 0)}
         doc = d.core.status("sim")  # what `hamid status` and the local API show
         held = doc["compute_held"]
         assert [(h["owner"], h["gpu"], h["reason"]) for h in held] == [("docker:without", uuid, "unshimmed")], held
-        from hamid.cli.render import status_table
         rows = [ln for ln in status_table(doc).splitlines() if "HELD to its compute limit" in ln]
         assert len(rows) == 1 and "unshimmed" in rows[0], status_table(doc)
     finally:
         for p in procs:
             p.kill()
             p.wait()
+        d.close()
+
+
+def test_a_pod_held_from_outside_gets_an_event_once(tmp_path):
+    """Through the node service (as the daemon runs the pass): a pod's container with no shim, busy, is held;
+    ``compute_held`` is announced once for it (not again while it stays held), and the kubelet face records
+    a HamidComputeHeld Event on the pod naming the container, the GPU and why (a stopped pod looks hung)."""
+    import trio
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from nodeharness import admit_docker, make_node
+
+    from hamid.kubelet.face import KubeletFace
+
+    d = make_node(tmp_path / "s", regionTmpfs=False)
+    installed_shims(d, tmp_path / "s")
+    procs, told, events = [], [], []
+    try:
+        lim, uuid = admit_docker(d, {"p1": "mem=1g,cores=30,policy=force"}, kind="pod")
+        procs.append(limited_process(lim["p1"], ["sh", "-c", "echo ok; exec sleep 60"]))
+        busy_gpu(d, uuid, [procs[0].pid])
+        d.service.subscribe(lambda event, key: told.append((event, key)) if event == "compute_held" else None)
+
+        async def passes():
+            for _ in range(3):
+                await d.service.priority_pass()
+        trio.run(passes)
+        assert told == [("compute_held", "pod:p1")]
+        face = KubeletFace(d.service, kubelet_dir=str(tmp_path / "kubelet"), resource="nvidia.com/gpu",
+                           strategy="envvar", cdi_dir=str(tmp_path / "cdi"), defaults=None, api=None)
+        face.pods.event = lambda pod, reason, message, kind="Warning": events.append((pod, reason, message))
+        face._held_event("pod:p1")
+        ((pod, reason, message),) = events
+        assert reason == "HamidComputeHeld" and pod["metadata"]["name"] == "p1" and pod["metadata"]["namespace"] == "ns"
+        assert uuid in message and "unshimmed" in message and "SIGSTOP" in message, message
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        d.core.resume_stopped()
         d.close()
 
 
