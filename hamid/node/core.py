@@ -537,8 +537,11 @@ class NodeCore:
                 for i, d in enumerate(slot_assignment(res, c.name).devices):
                     charged = (i < len(lim.devices) and lim.devices[i].sm_percent > 0 and not lim.mps
                                and lim.sm_policy != "disable")
+                    # the limit the bypass guard holds it to: none where its file says observe (charged, never
+                    # held: a limit being tried out)
+                    held_to = lim.devices[i].sm_percent if i < len(lim.devices) and lim.sm_mode != "observe" else 0
                     found.append((d.uuid, str(limits), i, prio, snap.device(i) if snap else None, charged,
-                                  lim.devices[i].sm_percent if i < len(lim.devices) else 0, lim.sm_policy))
+                                  held_to, lim.sm_policy))
         try:
             readings = self.backend.busy()
         except Exception as e:  # no reading: no sharing correction, no pids this pass
