@@ -22,6 +22,8 @@ taken over by the next release.
 
 from __future__ import annotations
 
+import builtins
+
 import json
 import os
 import sqlite3
@@ -480,6 +482,13 @@ class Ledger:
         r = db.execute("SELECT * FROM reservations WHERE owner=?", (owner,)).fetchone()
         return _row(r) if r else None
 
+    def _written(self, db: sqlite3.Connection, owner: str) -> Reservation:
+        """The row this transaction just wrote, as stored (so every caller sees one shape)."""
+        got = self._existing(db, owner)
+        if got is None:
+            raise LedgerError(f"{owner}: the row just written is not in the ledger")
+        return got
+
     def _insert(self, db: sqlite3.Connection, owner: str, kind: str, request: Request | None, decision: Decision,
                 details: Details, name: str) -> Reservation:
         booked = self._booked(db)
@@ -490,7 +499,7 @@ class Ledger:
                    (owner, kind, time.time(), json.dumps(request.to_dict() if request else {}),
                     json.dumps(decision.to_dict()),
                     json.dumps(details.to_dict()), name))
-        return self._existing(db, owner)  # as stored, so every caller sees one shape
+        return self._written(db, owner)
 
     @staticmethod
     def _key(owner: Any, kind: str | None) -> tuple[str, str, str]:
@@ -637,7 +646,7 @@ class Ledger:
             new_details = existing.details.merged(details)
             db.execute("UPDATE reservations SET decision=?, details=? WHERE owner=?",
                        (json.dumps(decision.to_dict()), json.dumps(new_details.to_dict()), owner))
-            return self._existing(db, owner)
+            return self._written(db, owner)
 
         return self._write(tx)
 
@@ -705,7 +714,7 @@ class Ledger:
             new_details = existing.details.merged(details)
             db.execute("UPDATE reservations SET state=?, mig=?, details=? WHERE owner=?",
                        (to, json.dumps(new_mig), json.dumps(new_details.to_dict()), owner))
-            return self._existing(db, owner)
+            return self._written(db, owner)
 
         return self._write(tx)
 
@@ -737,7 +746,7 @@ class Ledger:
             self._listed = seen  # only the rows there now: a deleted one is dropped with it
             return out
 
-    def in_state(self, state: str, kind: str | None = None) -> list[Reservation]:
+    def in_state(self, state: str, kind: str | None = None) -> builtins.list[Reservation]:
         """The reservations in ``state`` (and of ``kind``, if given), oldest first: found through an
         index and only those rows decoded, so asking costs what they are, not the whole ledger."""
         if state not in STATES:
@@ -748,7 +757,7 @@ class Ledger:
         with self._lock:
             return [_row(r) for r in self._db.execute(sql + " ORDER BY created", args)]
 
-    def stale(self, alive: Callable[[Reservation], bool], claimant: str) -> list[Reservation]:
+    def stale(self, alive: Callable[[Reservation], bool], claimant: str) -> builtins.list[Reservation]:
         """The reservations whose owner ``alive`` says is gone (asked outside any
         transaction), plus those left ``releasing`` by ``claimant`` itself (a
         teardown that failed) or by a claimant that died: what a reconciler

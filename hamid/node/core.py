@@ -39,6 +39,7 @@ from . import layout, mig, mps, regionfs, released
 from .edits import ContainerEdits
 from .facts import NodeFacts
 from .identity import Owner
+from .mps import MpsControl  # the annotations' name: the class body's ``mps`` is the property
 from .realize import limits_of, priority_of, realize, slot_assignment, slot_name
 
 log = get_logger("node")
@@ -216,8 +217,8 @@ class NodeCore:
         elif merged is not None:
             res = self.ledger.update(key, details=merged)
         if mig.wanted(res):
-            mig.create_instances(self.backend, res, self.facts,
-                                 lambda entry: self.ledger.update(res.owner, mig=entry))
+            owner = res.owner
+            mig.create_instances(self.backend, res, self.facts, lambda entry: self.ledger.update(owner, mig=entry))
             res = self.ledger.get(res.owner) or res
         for uuid in mps.wanted(res):
             self._mps_up(uuid)
@@ -618,7 +619,7 @@ class NodeCore:
     # --- MPS control daemons ----------------------------------------------------
 
     @property
-    def mps(self) -> mps.MpsControl:
+    def mps(self) -> MpsControl:
         if not self.facts.mps_control:
             raise HamidError("MPS shares cannot run on this node: "
                              + (self.facts.mps_missing or "no GPU of it serves mps (operatingMode, deviceModes)"))
@@ -659,7 +660,7 @@ class NodeCore:
             except Exception as e:
                 log.warning("could not record the MPS failure", owner=o, error=str(e))
 
-    def _mps_server_faults(self, ctl: mps.MpsControl, uuid: str, owners: list[str]) -> list[dict[str, Any]]:
+    def _mps_server_faults(self, ctl: MpsControl, uuid: str, owners: list[str]) -> list[dict[str, Any]]:
         """What went wrong in GPU ``uuid``'s MPS server while its daemon is fine: a server that has given
         no status in two checks in a row (wedged: killed, so the daemon starts a new one for the next
         client; its clients lose it, as they would a dead one), and the clients' fatal faults the

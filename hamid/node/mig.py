@@ -31,7 +31,7 @@ def wanted(res: Reservation) -> list:
 
 
 def create_instances(backend: DeviceBackend, res: Reservation, facts: NodeFacts,
-                     record: Callable[[dict[str, Any]], None]) -> None:
+                     record: Callable[[dict[str, Any]], object]) -> None:
     """Make the reservation's missing instances, ``record``-ing each one
     (``{gpu uuid: {gi, ci, uuid, caps}}``) as soon as it exists, so a crash
     right after leaves a row that release can tear down by its record."""
