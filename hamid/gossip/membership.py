@@ -339,7 +339,8 @@ class Membership:
         key = (len(self.members), self._table_gen)
         if self._names_key != key:
             self._names, self._names_key = list(self.members), key
-        names, picked = self._names, {}
+        names = self._names
+        picked: dict[str, Member] = {}
         for _ in range(4 * k + 8):
             if len(picked) >= k:
                 return list(picked.values())
@@ -573,7 +574,8 @@ class Membership:
             self._send_raw(ask, {"t": "capreq", "names": [name]})
 
     def _answer_capreq(self, msg: dict) -> None:
-        batch, size = [], 0
+        batch: list[dict] = []
+        size = 0
         budget = self.p.max_frame_bytes // 2
         for name in msg["names"]:
             d = self.docs.get(name)

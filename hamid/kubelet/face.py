@@ -320,9 +320,12 @@ class KubeletFace:
     async def _follow_pods(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """This node's pods through the shared informer: each event acted on in order
         (a deleted pod's share released at once), the cache read by the reconciler."""
-        receive = self.pod_informer.subscribe()
+        informer = self.pod_informer
+        if informer is None:
+            raise RuntimeError("no API server: this face has no pods to follow")
+        receive = informer.subscribe()
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.pod_informer.run)
+            await nursery.start(informer.run)
             task_status.started()
             async for kind, pod in receive:
                 if pod is not None:

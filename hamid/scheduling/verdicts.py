@@ -78,7 +78,7 @@ class Verdicts:
             self._by.move_to_end(key)
             return hit
         changed = snap.log.since(hit.gen) if hit is not None else None
-        if changed is None:
+        if hit is None or changed is None:
             table = {name: verdict(request, m) for name, m in snap.members.items()}
             hit = _Shape(snap.gen, table, {name for name, v in table.items() if v is None})
             self.computed += len(table)
