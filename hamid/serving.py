@@ -391,9 +391,10 @@ async def serve_asgi(app, bind: str, *, what: str = "", certfile: str | None = N
     for sock in [*sockets.secure_sockets, *sockets.insecure_sockets]:
         sock.listen(cfg.backlog)
         inner = CappedListener(trio.SocketListener(trio.socket.from_stdlib_socket(sock)), cap, counts)
-        secure = ssl_context is not None
-        listeners.append(trio.SSLListener(inner, ssl_context, https_compatible=True) if secure else inner)
-        binds.append(f"{'https' if secure else 'http'}://{repr_socket_addr(sock.family, sock.getsockname())}")
+        listeners.append(trio.SSLListener(inner, ssl_context, https_compatible=True) if ssl_context is not None
+                         else inner)
+        binds.append(f"{'https' if ssl_context is not None else 'http'}://"
+                     f"{repr_socket_addr(sock.family, sock.getsockname())}")
     timed = _with_deadline(app, deadline_s)
     if client_ca is not None:  # a request reaching the app came over a handshake with a certificate the CA signed
         timed = _authenticated_by_certificate(timed, counts)

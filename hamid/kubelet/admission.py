@@ -37,7 +37,7 @@ Two strategies (``deviceListStrategy``):
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -122,7 +122,7 @@ class PodAdmission:
                                               permissions=n.permissions))
         return resp
 
-    def _mps_edits(self, gpus: list[str], resp: pb.ContainerAllocateResponse) -> None:
+    def _mps_edits(self, gpus: Sequence[str], resp: pb.ContainerAllocateResponse) -> None:
         """One GPU that may serve MPS: its control daemon's pipe directory, in case the pod
         turns out to be an MPS share (the shim joins it only when the limits file says so;
         ``CUDA_MPS_PIPE_DIRECTORY`` is set here only where the GPU serves nothing else, so a

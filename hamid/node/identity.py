@@ -54,7 +54,9 @@ class Owner:
     def from_dict(cls, d: Any) -> "Owner":
         if not isinstance(d, dict):
             raise OwnerError(f"owner: expected an object with kind, uid and name, got {type(d).__name__}")
-        return cls(kind=d.get("kind"), uid=d.get("uid"), name=d.get("name") or "")
+        kind: Any = d.get("kind")  # whatever was stored: __post_init__ names what is wrong with it
+        uid: Any = d.get("uid")
+        return cls(kind=kind, uid=uid, name=d.get("name") or "")
 
     @classmethod
     def from_key(cls, key: str, name: str = "") -> "Owner":

@@ -25,6 +25,7 @@ gets the parent GPU's node, the instance's two capability nodes and
 from __future__ import annotations
 
 from dataclasses import replace
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import HamidError
@@ -94,7 +95,7 @@ def _gpu_node(facts: NodeFacts, uuid: str) -> DeviceNode | None:
     return node
 
 
-def gpu_device_nodes(facts: NodeFacts, uuids: list[str]) -> list[DeviceNode]:
+def gpu_device_nodes(facts: NodeFacts, uuids: Sequence[str]) -> list[DeviceNode]:
     """The device nodes a shim share of these GPUs gets: theirs, then the driver's control nodes.
     :class:`RealizeError` for a GPU of a real node without one."""
     return _with_control(facts, [n for u in uuids if (n := _gpu_node(facts, u)) is not None])

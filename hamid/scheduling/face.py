@@ -176,15 +176,17 @@ class SchedulingFace:
             elif self.mode == "extender" and self.extender_listen:
                 from ..serving import serve_asgi
 
+                listen = self.extender_listen
+
                 certfile = keyfile = None
                 if self.extender_tls is not None:
                     certfile, keyfile = await trio.to_thread.run_sync(self.extender_tls)
-                elif not self.extender_listen.startswith("unix:"):  # a socket: hamid front does TLS and callers
+                elif not listen.startswith("unix:"):  # a socket: hamid front does TLS and callers
                     log.warning("extender on plain HTTP without authentication (extenderInsecure): anyone who "
-                                "reaches it can bind pods", listen=self.extender_listen)
+                                "reaches it can bind pods", listen=listen)
                 nursery.start_soon(self.elector.run_while_leading, self._lead_extender)
                 await nursery.start(lambda task_status: serve_asgi(
-                    self.extender.app(), self.extender_listen, what="extenderListen", certfile=certfile,
+                    self.extender.app(), listen, what="extenderListen", certfile=certfile,
                     keyfile=keyfile, client_ca=self.extender_client_ca, unix_group=self.extender_group,
                     task_status=task_status))
             task_status.started()

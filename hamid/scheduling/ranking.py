@@ -75,7 +75,8 @@ def choose_ranked(request: Request, pod: dict, snap: Snapshot, ranked: RankedVie
     says why, node by node). ``load_of(node, pod)``: the pods on ``node`` as
     :func:`~.kubefit.kube_filters` takes them (a list, or their :class:`~.kubefit.NodeLoad`)."""
     if kube_filters is None:
-        from .kubefit import kube_filters
+        from .kubefit import kube_filters as default_filters
+        kube_filters = default_filters
     skip = set(exclude)
     for d in ranked.ranked(snap, request.node_policy or node_policy, nodes).fits(request):
         name = d.node

@@ -77,7 +77,7 @@ class Guard:
         if auth.startswith("Bearer ") and self.token_ok(auth[7:].strip()):
             return True
         got = cookies.get(COOKIE, "")
-        return bool(got) and hmac.compare_digest(got.encode(), self._session.encode())
+        return bool(got) and self._session is not None and hmac.compare_digest(got.encode(), self._session.encode())
 
 
 class ConnectionCap:
