@@ -215,6 +215,16 @@ class NodeSettings(BaseModel):
     host's pid namespace, as for priority). ``report`` only logs and counts
     it, and it runs unlimited."""
 
+    memoryBypass: Literal["kill", "report"] = "kill"
+    """What the daemon does with a container that has a GPU memory limit and
+    whose processes hold more than it (NVML's per-process count, plus 2 % or
+    at least 128 MiB) two passes running, where some of its processes have no
+    shim mapped (nothing inside counts their allocations). ``kill`` kills
+    those processes (SIGKILL), as a cgroup's memory limit does: memory a
+    stopped process holds stays held. ``report`` only logs and counts it
+    (``hamid_vgpu_memory_over_limit_passes_total``). Processes that map the
+    shim are never killed: their shim holds their allocations."""
+
     memoryFactor: int = Field(1, ge=1, le=1 << 20)
     """Multiplier on ``nvidia.com/gpumem`` (HAMi's ``memoryFactor``): with
     1024 a pod writes GiB. 1, HAMi's default, keeps the value in MiB. Docker's

@@ -213,7 +213,8 @@ def prepare(config: Config, settings: NodeSettings, node: str) -> Daemon:
             defaults={"memory_mib": settings.defaultMemory, "cores": settings.defaultCores,
                       "gpu_num": settings.defaultGPUNum},
             node_policy=settings.nodeSchedulerPolicy, region_tmpfs=config.regionTmpfs,
-            core_policy=settings.gpuCorePolicy, compute_bypass=settings.computeBypass, mps_control=mps_control, mps_dir=settings.mpsDir,
+            core_policy=settings.gpuCorePolicy, compute_bypass=settings.computeBypass,
+            memory_bypass=settings.memoryBypass, mps_control=mps_control, mps_dir=settings.mpsDir,
             mps_missing=mps_missing)
         write_facts(state_dir, facts)
         (state_dir / CONTAINERS_DIR).mkdir(mode=0o700, exist_ok=True)

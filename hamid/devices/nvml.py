@@ -137,9 +137,13 @@ class NvmlBackend:
                 except pynvml.NVMLError:
                     continue
                 try:  # who is on the GPU (the host's pid map says whose they are: hamid/shimlimits/hostpids.py)
-                    on = frozenset(p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))
+                    running = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                    on = frozenset(p.pid for p in running)
+                    # usedGpuMemory is None where NVML has no figure (NVML_VALUE_NOT_AVAILABLE)
+                    mem: dict[int, int] | None = {p.pid: int(p.usedGpuMemory) for p in running
+                                                  if isinstance(p.usedGpuMemory, int)}
                 except pynvml.NVMLError:
-                    on = None
+                    on, mem = None, None
                 fresh = [s for s in samples if s.timeStamp > last_dev]
                 self._busy_ts[uuid] = (max([last_dev, *(s.timeStamp for s in samples)]),
                                        max([last_proc, *(p.timeStamp for p in procs)]))
@@ -150,7 +154,7 @@ class NvmlBackend:
                     per_pid.setdefault(p.pid, []).append(p.smUtil)
                 out[uuid] = BusyReading(busy_pct=sum(s.sampleValue.uiVal for s in fresh) / len(fresh),
                                         busy_pids=frozenset(p.pid for p in procs if p.smUtil > 0), pids=on,
-                                        pid_busy={pid: sum(v) / len(v) for pid, v in per_pid.items()})
+                                        pid_busy={pid: sum(v) / len(v) for pid, v in per_pid.items()}, pid_mem=mem)
         return out
 
     def gpus(self) -> list[GpuInfo]:

@@ -113,6 +113,9 @@ class BusyReading:
     # GPU this is the process's share of GPU time; time-sliced beside others each busy process reads about the
     # device's whole busy share (an over-read, never an under-read)
     pid_busy: Mapping[int, float] | None = None
+    # pid -> the GPU memory (bytes) NVML's process list says it holds now (usedGpuMemory); None: not known
+    # (a pid NVML lists without a figure is left out)
+    pid_mem: Mapping[int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -415,9 +415,10 @@ class KubeletFace:
 
     async def _tell_pods(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """An Event on each pod the node has news of: its GPU's MPS control daemon failed (and was restarted),
-        or a container of it began to be held to its compute limit from outside."""
+        or a container of it began to be held to its compute limit from outside, or had processes killed for
+        its GPU memory."""
         send, receive = trio.open_memory_channel(1024)
-        tell = {"mps_failed": self._mps_event, "compute_held": self._held_event}
+        tell = {"mps_failed": self._mps_event, "compute_held": self._held_event, "memory_killed": self._killed_event}
 
         def on_change(event: str, key: str) -> None:
             if event in tell and key.startswith("pod:"):
@@ -430,6 +431,15 @@ class KubeletFace:
         task_status.started()
         async for event, key in receive:
             await self.node.run_blocking(tell[event], key)
+
+    def _killed_event(self, key: str) -> None:
+        res = self.door.get(key)
+        if res is None:
+            return
+        ns, _, name = (res.name or "").partition("/")
+        pod = {"metadata": {"namespace": ns, "name": name, "uid": res.uid}}
+        for h in self.door.take_memory_kills(key):
+            self.pods.event(pod, "HamidMemoryKilled", f"container {h['container']} on GPU {h['gpu']}: {h['says']}.")
 
     def _held_event(self, key: str) -> None:
         res = self.door.get(key)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..devices import DeviceBackend
 from ..errors import HamidError
@@ -35,6 +35,7 @@ from ..logs import get_logger
 from ..placement.reasons import refusal_headline
 from ..request.model import Defaults, Request
 from ..shimlimits.live import UNTRUSTED_SAYS, GpuReading, LiveCounts, LivePass, Tenant
+from ..shimlimits.memguard import MEMORY_SAYS, MemoryGuard, MemUse
 from . import layout, mig, mps, regionfs, released
 from .edits import ContainerEdits
 from .facts import NodeFacts
@@ -107,6 +108,23 @@ def _limits_on_disk(path: str):
         return None
 
 
+KILLS_KEPT = 8  # an owner's kills kept until told: a container killed again and again needs one Event, not all
+
+
+class _Slot(NamedTuple):
+    """One container's use of one GPU, as a live pass finds it in the ledger and its files."""
+
+    uuid: str
+    limits: str  # its limits file on the host
+    device: int  # the GPU's index in that file
+    priority: int
+    usage: Any  # its region's device usage (shimregion's), None: no region yet
+    charged: bool  # its shim charges its kernels there
+    limit_pct: int  # the compute limit the bypass guard holds it to (0: none)
+    policy: str
+    mem_bytes: int  # the memory limit the memory guard holds it to (0: none)
+
+
 class NodeCore:
     def __init__(self, ledger: Ledger, facts: NodeFacts, backend: Callable[[], DeviceBackend]) -> None:
         self.ledger = ledger
@@ -116,6 +134,8 @@ class NodeCore:
         self._backend: DeviceBackend | None = None
         self.claimant = claimant_id()
         self._live = LivePass()  # the limits files' live part: hold lists, sharing correction
+        self._memory = MemoryGuard()  # GPU memory no shim counts (memguard.py); its killer set on the first pass
+        self._kills_untold: dict[str, list[dict[str, Any]]] = {}  # owner -> its kills no face has told yet
         self._guard_ready = False  # the bypass guard is made (and a previous daemon's stops undone) on the first pass
         self._pids_unseen_passes = 0
         # Directories outside the state directory where a face writes files for
@@ -514,7 +534,7 @@ class NodeCore:
         from ..shimregion import RegionError, read_region
 
         self._ready_guard()
-        found = []  # (uuid, limits file, device index, priority, region device usage or None, charged)
+        found: list[_Slot] = []
         for res in self.ledger.list():
             if res.state not in ("allocated", "running") or not res.decision:
                 continue
@@ -541,15 +561,18 @@ class NodeCore:
                     # the limit the bypass guard holds it to: none where its file says observe (charged, never
                     # held: a limit being tried out)
                     held_to = lim.devices[i].sm_percent if i < len(lim.devices) and lim.sm_mode != "observe" else 0
-                    found.append((d.uuid, str(limits), i, prio, snap.device(i) if snap else None, charged,
-                                  held_to, lim.sm_policy))
+                    # memory: a MIG instance's is the GPU's own partition (and NVML's process list of its parent
+                    # says nothing of it)
+                    mem = lim.devices[i].memory_bytes if i < len(lim.devices) and not d.mig_profile else 0
+                    found.append(_Slot(d.uuid, str(limits), i, prio, snap.device(i) if snap else None, charged,
+                                       held_to, lim.sm_policy, mem))
         try:
             readings = self.backend.busy()
         except Exception as e:  # no reading: no sharing correction, no pids this pass
             log.warning("GPU busy shares not read", error=str(e)[:300])
             readings = {}
         on: dict[str, frozenset[int]] = {u: (r.pids or frozenset()) | r.busy_pids for u, r in readings.items()}
-        whose = owners({p for ps in on.values() for p in ps}, {f[1]: f[1] for f in found},
+        whose = owners({p for ps in on.values() for p in ps}, {one.limits: one.limits for one in found},
                        layout.LIMITS_IN_CONTAINER)
         self._check_pid_namespace(whose)
         # every shim this daemon ever installed (versioned files, never rewritten nor removed: a container
@@ -557,14 +580,20 @@ class NodeCore:
         shim_dir = self.state_dir / layout.SHIM_DIR
         shims = file_idents(sorted(shim_dir.glob("libvgpu.so.*"))) if shim_dir.is_dir() else frozenset()
         on_gpu: dict[str, list[Tenant]] = {}
-        for uuid, limits, i, prio, du, charged, limit_pct, policy in found:
-            pids = tuple(sorted(p for p in on.get(uuid, ()) if whose.get(p) == limits))
-            unshimmed = tuple(p for p in pids if maps_any(p, shims) is False) if charged and shims else ()
-            on_gpu.setdefault(uuid, []).append(Tenant(
-                limits=limits, device=i, priority=prio, pids=pids,
-                charged_ns=None if du is None else du.gpu_time_ns, charged=charged,
-                last_kernel_ns=(du.last_kernel_realtime_ns or None) if du is not None else None,
-                limit_pct=limit_pct, policy=policy, unshimmed=unshimmed))
+        memory: list[MemUse] = []
+        for one in found:
+            pids = tuple(sorted(p for p in on.get(one.uuid, ()) if whose.get(p) == one.limits))
+            bare = tuple(p for p in pids if maps_any(p, shims) is False) if (one.charged or one.mem_bytes) and shims \
+                else ()
+            on_gpu.setdefault(one.uuid, []).append(Tenant(
+                limits=one.limits, device=one.device, priority=one.priority, pids=pids,
+                charged_ns=None if one.usage is None else one.usage.gpu_time_ns, charged=one.charged,
+                last_kernel_ns=(one.usage.last_kernel_realtime_ns or None) if one.usage is not None else None,
+                limit_pct=one.limit_pct, policy=one.policy, unshimmed=bare if one.charged else ()))
+            pid_mem = readings[one.uuid].pid_mem if one.uuid in readings else None
+            if one.mem_bytes and pid_mem is not None:
+                memory.append(MemUse((one.limits, one.device), one.mem_bytes, sum(pid_mem.get(p, 0) for p in pids), bare))
+        self._memory.run(memory)
         try:
             return self._live.run(time.monotonic(), {
                 u: (GpuReading(readings[u].busy_pct, readings[u].busy_pids, readings[u].pid_busy)
@@ -582,12 +611,15 @@ class NodeCore:
         self._guard_ready = True
         from ..shimlimits.bypass import BypassGuard, Signals
         from ..shimlimits.hostpids import owned_by
+        from ..shimlimits.memguard import PidfdKiller
 
         signals = Signals(self.state_dir / layout.STOPPED_NAME,
                           lambda key, pid: owned_by(pid, key[0], layout.LIMITS_IN_CONTAINER))
         signals.recover()
         if self.facts.compute_bypass == "stop":
             self._live.guard = BypassGuard(signals)
+        if self.facts.memory_bypass == "kill":
+            self._memory.killer = PidfdKiller(lambda key, pid: owned_by(pid, key[0], layout.LIMITS_IN_CONTAINER))
 
     def resume_if_stale(self) -> bool:
         """Continues every container the bypass guard stopped when no pass has run for a while (the daemon's
@@ -613,8 +645,25 @@ class NodeCore:
 
     def live_counts(self) -> LiveCounts:
         """What the live pass counted since start: regions not trusted, GPUs whose busy time was not accounted
-        for, passes the bypass guard held a container stopped."""
-        return self._live.counts()
+        for, passes the bypass guard held a container stopped, and the memory guard's passes and kills."""
+        return replace(self._live.counts(), memory_over_passes=self._memory.over_passes,
+                       memory_kills=self._memory.kills)
+
+    def memory_killed(self) -> list[dict[str, Any]]:
+        """The containers whose processes with no shim the last pass killed for their GPU memory (owner,
+        container, GPU, reason, what it means), each also kept for :meth:`take_memory_kills` until a face
+        takes it (at most KILLS_KEPT per owner)."""
+        got = self._containers_of(dict.fromkeys(self._memory.killed_last, "over-memory"))
+        for k in got:
+            if not k["owner"].startswith("pod:"):
+                continue  # a Docker container's kill is in the log and /metrics: no face tells it
+            kept = self._kills_untold.setdefault(k["owner"], [])
+            kept[:] = [*kept, k][-KILLS_KEPT:]
+        return got
+
+    def take_memory_kills(self, owner: str) -> list[dict[str, Any]]:
+        """The kills of ``owner``'s processes not yet told (the kubelet face's Event), forgotten once taken."""
+        return self._kills_untold.pop(owner, [])
 
     # --- MPS control daemons ----------------------------------------------------
 
@@ -750,7 +799,11 @@ class NodeCore:
     def held_containers(self) -> list[dict[str, Any]]:
         """The containers the live pass holds to their compute limits from outside (bypass.py), by owner,
         container and GPU, with the reason: what an operator looks for when a container stalls."""
-        held = self._live.held()
+        return self._containers_of(self._live.held())
+
+    def _containers_of(self, keys: Mapping[tuple[str, int], str]) -> list[dict[str, Any]]:
+        """Each (limits file, device) of ``keys`` as its owner, container and GPU, with its reason."""
+        held = keys
         out: list[dict[str, Any]] = []
         if not held:
             return out
@@ -763,5 +816,6 @@ class NodeCore:
                     why = held.get((str(limits), i))
                     if why:
                         out.append({"owner": res.owner, "container": c.name, "gpu": dev.uuid, "reason": why,
-                                    "says": UNTRUSTED_SAYS.get(why, UNTRUSTED_SAYS[None])})
+                                    "says": UNTRUSTED_SAYS.get(why) or MEMORY_SAYS.get(why)
+                                    or UNTRUSTED_SAYS[None]})
         return out

@@ -38,6 +38,7 @@ class NodeFacts:
     region_tmpfs: bool = True  # region directories on a tmpfs of their own (node/regionfs.py)
     core_policy: str = "default"  # gpuCorePolicy: GPU_CORE_UTILIZATION_POLICY unless a container asks force
     compute_bypass: str = "stop"  # computeBypass: stop or only report a container its shim does not charge
+    memory_bypass: str = "kill"  # memoryBypass: kill or only report unshimmed processes over a memory limit
     mps_control: str | None = None  # nvidia-cuda-mps-control's path, where some GPU serves MPS and it was found
     mps_dir: str | None = None  # mpsDir: where the GPUs' MPS pipe and log directories are (None: stateDir/mps)
     mps_missing: str | None = None  # why MPS cannot run here though some GPU serves it (its programs not found)
@@ -56,6 +57,7 @@ class NodeFacts:
                 "shim": {"library": self.shim_library, "preload": self.shim_preload},
                 "defaults": self.defaults, "node_policy": self.node_policy, "region_tmpfs": self.region_tmpfs,
                 "core_policy": self.core_policy, "compute_bypass": self.compute_bypass,
+                "memory_bypass": self.memory_bypass,
                 "mps_control": self.mps_control, "mps_dir": self.mps_dir, "mps_missing": self.mps_missing}
 
     @classmethod
@@ -70,7 +72,7 @@ class NodeFacts:
                    shim_library=shim.get("library"), shim_preload=shim.get("preload"),
                    defaults=dict(d.get("defaults") or {}), node_policy=d.get("node_policy", "binpack"),
                    region_tmpfs=bool(d.get("region_tmpfs", True)), core_policy=d.get("core_policy", "default"),
-                   compute_bypass=d.get("compute_bypass", "stop"),
+                   compute_bypass=d.get("compute_bypass", "stop"), memory_bypass=d.get("memory_bypass", "kill"),
                    mps_control=d.get("mps_control"), mps_dir=d.get("mps_dir"), mps_missing=d.get("mps_missing"))
 
 

@@ -33,7 +33,8 @@ log = get_logger("node")
 __all__ = ["Abandoned", "Admitted", "Details", "LedgerConflict", "Liveness", "NodeDoor", "NodeService",
            "Reservation", "container_answer", "missing_gpus", "refusal"]
 
-# (event, owner key): event is one of admitted, committed, released, state, conflict, mps_failed, compute_held
+# (event, owner key): event is one of admitted, committed, released, state, conflict, mps_failed, compute_held,
+# memory_killed
 Listener = Callable[[str, str], None]
 
 
@@ -187,8 +188,11 @@ class NodeService:
 
     async def priority_pass(self) -> int:
         """One live pass (NodeCore.priority_pass); ``compute_held`` is announced for each owner with a
-        container the pass began to hold to its compute limit from outside."""
+        container the pass began to hold to its compute limit from outside, ``memory_killed`` for each whose
+        processes with no shim it killed for their GPU memory."""
         n = await self._run(self.core.priority_pass)
+        for owner in sorted({k["owner"] for k in await self._run(self.core.memory_killed)}):
+            self._notify("memory_killed", owner)
         held = {(h["owner"], h["container"], h["gpu"]) for h in await self._run(self.core.held_containers)}
         for owner in sorted({k[0] for k in held - self._held}):
             self._notify("compute_held", owner)
@@ -272,6 +276,10 @@ class NodeDoor:
     def held_containers(self) -> list[dict[str, Any]]:
         """The containers the live pass holds to their compute limits from outside (NodeCore.held_containers)."""
         return self._core.held_containers()
+
+    def take_memory_kills(self, owner: str) -> list[dict[str, Any]]:
+        """``owner``'s kills for its GPU memory not yet told (NodeCore.take_memory_kills)."""
+        return self._core.take_memory_kills(owner)
 
     def admit(self, owner: Owner, request: Request, *, slots: Mapping[str, str]) -> Admitted:
         """A pod admitted on the node itself (it came bound, or without a reservation),

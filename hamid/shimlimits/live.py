@@ -218,6 +218,8 @@ class LiveCounts:
     untrusted: Mapping[str, int]  # reason -> passes in which a region was not trusted
     unaccounted: Mapping[str, int]  # GPU uuid -> passes in which its busy time was not accounted for
     bypass_stops: int  # passes in which the bypass guard held a container stopped
+    memory_over_passes: int = 0  # passes in which a container was over its memory limit (memguard.py)
+    memory_kills: int = 0  # processes with no shim the memory guard killed
 
 
 @dataclass

@@ -40,6 +40,10 @@ hamid.hamimetrics, legacy names with ``legacy``):
   hamid_vgpu_bypass_stops_total        live passes in which the bypass guard kept a container
                                        that runs outside its shim stopped (over its compute
                                        limit; hamid/shimlimits/bypass.py)
+  hamid_vgpu_memory_over_limit_passes_total  live passes in which a container's processes held
+                                       more GPU memory than its limit by NVML's count
+                                       (hamid/shimlimits/memguard.py)
+  hamid_vgpu_memory_kills_total        processes with no shim killed for it
 The labeler maps a container directory name to (namespace, pod, container);
 the default splits HAMi's `<podUID>_<container>` and leaves namespace empty.
 
@@ -259,6 +263,12 @@ class ShimRegionCollector(Collector):
             yield CounterMetricFamily("hamid_vgpu_bypass_stops",
                                       "live passes in which a container running outside its shim was held stopped",
                                       value=live.bypass_stops)
+            yield CounterMetricFamily("hamid_vgpu_memory_over_limit_passes",
+                                      "live passes in which a container's processes held more GPU memory than its "
+                                      "limit (NVML's count)", value=live.memory_over_passes)
+            yield CounterMetricFamily("hamid_vgpu_memory_kills",
+                                      "processes with no shim killed for their container's GPU memory",
+                                      value=live.memory_kills)
 
 
 def register_collector(

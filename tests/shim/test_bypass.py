@@ -25,6 +25,9 @@ from pathlib import Path
 import pytest
 
 from hamid.shimlimits import ContainerLimits, DeviceLimits, write_limits_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nodeharness import MAPPER, busy_gpu, installed_shims, limited_process  # noqa: E402
 from hamid.shimlimits.bypass import BypassGuard, Signals, start_time
 from hamid.shimlimits.live import DISAGREE_PASSES, OVER_LIMIT_PASSES, GpuReading, LivePass, Tenant
 
@@ -270,15 +273,6 @@ def test_a_stuck_pass_does_not_keep_a_container_stopped(tmp_path):
 
 # ---- no shim mapped: whatever the region says --------------------------------------------------------------
 
-MAPPER = """
-import mmap, sys
-f = open(sys.argv[1], "rb")
-m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-print("ok", flush=True)
-sys.stdin.read()
-"""
-
-
 def test_the_kernels_list_of_mappings_says_whether_a_process_has_the_shim(tmp_path):
     """hostpids.maps_any reads /proc/<pid>/maps: a process that maps the shim's file (same device and inode)
     has it; one that maps another file of the same name, or nothing, has not; a gone pid is unknown."""
@@ -331,38 +325,6 @@ def test_a_container_with_no_shim_is_held_whatever_its_region_charges(tmp_path, 
 
 
 @root_only
-def limited_process(limits: Path, argv: list[str]) -> subprocess.Popen:
-    """``argv`` in a mount namespace of its own that shows ``limits`` at the shim's fixed path, as a container
-    of the daemon's does; it prints "ok" first."""
-    from hamid.node.layout import LIMITS_IN_CONTAINER
-
-    top = "/" + "/".join(LIMITS_IN_CONTAINER.strip("/").split("/")[:2])
-    script = (f'mount -t tmpfs none {top} && mkdir -p "$(dirname {LIMITS_IN_CONTAINER})" && '
-              f'touch {LIMITS_IN_CONTAINER} && mount --bind "$0" {LIMITS_IN_CONTAINER} && exec "$@"')
-    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(limits), *argv],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "ok"
-    return p
-
-
-def busy_gpu(d, uuid: str, pids) -> None:
-    """NVML's stand-in: the GPU 100 % busy, each of ``pids`` read at that share (time-sliced)."""
-    from hamid.devices.types import BusyReading
-
-    d.core.backend.busy = lambda: {uuid: BusyReading(busy_pct=100.0, busy_pids=frozenset(pids), pids=frozenset(pids),
-                                                     pid_busy={p: 100.0 for p in pids})}
-
-
-def installed_shims(d, state: Path) -> list[Path]:
-    from hamid.node import layout
-
-    got = sorted((state / layout.SHIM_DIR).glob("libvgpu.so.*"))
-    if not got:
-        d.close()
-        pytest.skip("no shim built (make shim)")
-    return got
-
-
 def test_the_daemon_tells_a_process_with_the_installed_shim_from_one_without(tmp_path):
     """NodeCore.priority_pass: two limited containers busy on one GPU, one whose process maps the shim the
     daemon installed (stateDir/shim/libvgpu.so.<version>, as the preload does), one whose process maps none.
