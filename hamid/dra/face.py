@@ -264,6 +264,9 @@ class DraFace:
         self.door.use_loop(token)
         self.servers = PluginServers(self.kubelet_dir, token, self.prepare, self.unprepare, self.health)
         self.kube = AsyncKube.of(self.api) if self.api is not None else None
+        # the devices on the board before kubelet can ask: a stream's first message lists them all (under load
+        # kubelet's first question came before the pool loop's first reading, and heard of no device)
+        self.health.set(await self.node.run_blocking(self.health_now))
         try:
             await trio.to_thread.run_sync(self.servers.start)
             log.info("serving kubelet as a DRA driver", driver=names.DRIVER, socket=self.servers.reg_path,

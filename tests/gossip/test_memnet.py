@@ -62,8 +62,13 @@ async def test_a_group_over_the_memory_network_joins_spreads_detects_and_kills_n
         members, scopes = await _start_group(nursery, net, p, N, "m", "10.0.0",
                                              lambda obs, who: deaths.append((obs, who)))
         await trio.sleep(30)
-        for m in members.values():
-            assert sum(1 for x in m.members.values() if x.state == ALIVE) == N, m.name
+        # a join whose gossip was lost (1 %) comes with the next push/pull at the latest; which ones are lost
+        # follows the process's string hashing (set order), so some runs need that push/pull and most do not
+        t0 = trio.current_time()
+        while any(sum(1 for x in m.members.values() if x.state == ALIVE) < N for m in members.values()):
+            await trio.sleep(1)
+            assert trio.current_time() - t0 < p.push_pull_scaled(N), \
+                {m.name: sum(1 for x in m.members.values() if x.state == ALIVE) for m in members.values()}
         # a document whose request or reply was lost comes with the next push/pull at the latest
         t0 = trio.current_time()
         while any(len(m.live_docs()) < N for m in members.values()):
