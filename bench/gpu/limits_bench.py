@@ -251,6 +251,8 @@ def live_pass(tenants):
                    "factor": LIVE.factor(NV.uuid), "unaccounted": dict(LIVE.unaccounted),
                    "shared": LIVE.shared(NV.uuid), "written": n, "untrusted": dict(LIVE.untrusted),
                    "pid_busy": None if b is None or b.pid_busy is None else {str(k): v for k, v in b.pid_busy.items()},
+                   # NVML's per-pid GPU memory, the memory guard's sensor (memguard.py): first read on a GPU here
+                   "pid_mem": None if b is None or b.pid_mem is None else {str(k): v for k, v in b.pid_mem.items()},
                    "stopped": sorted(Path(k[0]).parent.name for k in LIVE.guard.stopped) if LIVE.guard else []})
 
 
