@@ -400,9 +400,12 @@ class LeaderElector:
         log.info("stopped leading", identity=self.identity, lease=f"{self.namespace}/{self.name}")
 
     async def _label_loop(self) -> None:
+        label = self.label
+        if label is None:
+            return  # no pod to label (started only with one)
         while True:
             try:
-                stale = await self.label.mark()
+                stale = await label.mark()
                 if stale:
                     log.info("removed the leader label from a stale leader's pod", pods=stale)
                 await trio.sleep(self.lease_duration_s)
@@ -439,8 +442,9 @@ class LeaderElector:
         lease_name = f"{self.namespace}/{self.name}"
 
         # 1. the leader's fast path: update the object last seen
-        if self._observed_is_me() and self._valid(now) and self._lease is not None:
-            record = replace(record, acquire_time=self._observed.acquire_time, transitions=self._observed.transitions)
+        seen = self._observed
+        if seen is not None and self._observed_is_me() and self._valid(now) and self._lease is not None:
+            record = replace(record, acquire_time=seen.acquire_time, transitions=seen.transitions)
             try:
                 self._lease = await self._put(self._lease, record)
                 self._set_observed(record)
@@ -486,10 +490,11 @@ class LeaderElector:
         return True
 
     async def _release(self) -> None:
-        if not self._observed_is_me() or self._lease is None:
+        seen = self._observed
+        if seen is None or not self._observed_is_me() or self._lease is None:
             return
         stamp = micro_time()
-        record = LeaseRecord("", 1, stamp, stamp, self._observed.transitions)
+        record = LeaseRecord("", 1, stamp, stamp, seen.transitions)
         try:
             self._lease = await self._put(self._lease, record)
         except KubeApiError as e:

@@ -65,4 +65,4 @@ def caller_details(d: Any) -> Details:
             raise DetailsError(f"details: key {str(k)[:40]!r} may not be set by a caller; accepted: "
                                f"{', '.join(ACCEPTED)}")
         out[k] = v
-    return Details(**out)
+    return Details(placed_by=out.get("placed_by", ""), attempt=out.get("attempt", ""))
