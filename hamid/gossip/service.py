@@ -180,7 +180,7 @@ class GossipService:
 
     def _save_known(self) -> None:
         now = self.membership.known()
-        if now == self._saved_known:
+        if now == self._saved_known or self.state_dir is None:
             return
         try:
             known_members.save(self.state_dir, now)
@@ -211,13 +211,16 @@ class GossipService:
     async def publish(self) -> None:
         """Read this node's view now and spread a new document if it changed
         (with ``read_stamp``: only if the stamp moved since the last read)."""
+        read = self.read_view
+        if read is None:
+            return  # a member with no GPUs of its own to tell of
         stamp = self.read_stamp() if self.read_stamp is not None else None
         if stamp is not None and stamp == self._stamp and self._doc is not None:
             return
         if self.view_in_thread:
-            view = await trio.to_thread.run_sync(self.read_view)
+            view = await trio.to_thread.run_sync(read)
         else:
-            view = self.read_view()
+            view = read()
         doc = doc_from_view(view, 0)
         if self.peer_address:
             doc["peer"] = self.peer_address

@@ -192,7 +192,7 @@ class PeerFace:
     def _unsigned(self, msg: dict) -> str | None:
         """Why ``msg`` is not signed by the node it names as sender, or None."""
         sender = msg["from"]
-        pk = self.identities(sender) if sender else None
+        pk = self.identities(sender) if sender and self.identities is not None else None
         if pk is None:
             return f"no gossiped identity for sender {sender!r}: not a live member of this cluster"
         sig = msg.get("sig")
@@ -293,7 +293,7 @@ class PeerFace:
                 verdicts[i] = {"ok": False, "error": frames.REFUSED, "message": str(out), "reasons": list(out.reasons)}
             else:
                 verdicts[i] = {"ok": True, "reservation": out.to_dict()}
-        log.info("committed for a peer", owners=len(todo), refused=sum(1 for v in verdicts if not v["ok"]))
+        log.info("committed for a peer", owners=len(todo), refused=sum(1 for v in verdicts if v and not v["ok"]))
         return {"results": verdicts}
 
     # --- serving -----------------------------------------------------------

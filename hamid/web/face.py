@@ -226,6 +226,8 @@ class WebFace:
         try:
             async with self._fetch_limit:
                 with trio.move_on_after(REMOTE_TIMEOUT_S):
+                    if self.remote_status is None:
+                        return
                     status = await self.remote_status(node, peer)
                     from .tenants import tenants_from_status
 
