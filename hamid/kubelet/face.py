@@ -432,21 +432,25 @@ class KubeletFace:
         async for event, key in receive:
             await self.node.run_blocking(tell[event], key)
 
-    def _killed_event(self, key: str) -> None:
+    def _pod_of(self, key: str) -> tuple[Reservation, dict[str, Any]] | None:
+        """The reservation of pod ``key`` and the pod as an Event names it; None when it is gone."""
         res = self.door.get(key)
         if res is None:
-            return
+            return None
         ns, _, name = (res.name or "").partition("/")
-        pod = {"metadata": {"namespace": ns, "name": name, "uid": res.uid}}
+        return res, {"metadata": {"namespace": ns, "name": name, "uid": res.uid}}
+
+    def _killed_event(self, key: str) -> None:
+        if (got := self._pod_of(key)) is None:
+            return
+        _, pod = got
         for h in self.door.take_memory_kills(key):
             self.pods.event(pod, "HamidMemoryKilled", f"container {h['container']} on GPU {h['gpu']}: {h['says']}.")
 
     def _held_event(self, key: str) -> None:
-        res = self.door.get(key)
-        if res is None:
+        if (got := self._pod_of(key)) is None:
             return
-        ns, _, name = (res.name or "").partition("/")
-        pod = {"metadata": {"namespace": ns, "name": name, "uid": res.uid}}
+        _, pod = got
         for h in self.door.held_containers():
             if h["owner"] == key:
                 self.pods.event(pod, "HamidComputeHeld",
@@ -455,12 +459,10 @@ class KubeletFace:
                                 "and continued once back under; it may look hung meanwhile.")
 
     def _mps_event(self, key: str) -> None:
-        res = self.door.get(key)
-        if res is None:
+        if (got := self._pod_of(key)) is None:
             return
-        ns, _, name = (res.name or "").partition("/")
+        res, pod = got
         note = res.details.mps_failure
-        pod = {"metadata": {"namespace": ns, "name": name, "uid": res.uid}}
         if note.get("kind") == "client_fault":
             text = (f"on GPU {note.get('gpu')}, {note.get('reason')}. This pod's CUDA work running then failed with it "
                     "and must be restarted; its reservation is kept.")

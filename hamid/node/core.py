@@ -803,9 +803,8 @@ class NodeCore:
 
     def _containers_of(self, keys: Mapping[tuple[str, int], str]) -> list[dict[str, Any]]:
         """Each (limits file, device) of ``keys`` as its owner, container and GPU, with its reason."""
-        held = keys
         out: list[dict[str, Any]] = []
-        if not held:
+        if not keys:
             return out
         for res in self.ledger.list():
             if not res.decision:
@@ -813,7 +812,7 @@ class NodeCore:
             for c in res.decision.containers:
                 limits = layout.limits_file(self.state_dir, slot_name(res, c.name))
                 for i, dev in enumerate(slot_assignment(res, c.name).devices):
-                    why = held.get((str(limits), i))
+                    why = keys.get((str(limits), i))
                     if why:
                         out.append({"owner": res.owner, "container": c.name, "gpu": dev.uuid, "reason": why,
                                     "says": UNTRUSTED_SAYS.get(why) or MEMORY_SAYS.get(why)
